@@ -1,0 +1,135 @@
+"""The `hindsight` command.
+
+  hindsight label   --env SPEC --episodes N --rollouts K --replacement Q --seed S --out DIR
+                    [--exact] [--chunk-size C] [--gamma G]
+  hindsight export  DIR --format jsonl
+  hindsight summary DIR
+
+Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse, but usage mistakes are one line (and exit 2) like every other bad input."""
+
+  def error(self, message):
+    self.exit(2, f"hindsight: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _use_all_cpu_cores() -> None:
+  """One XLA CPU device per core, so labeling shards episodes over every core.
+
+  Must run before JAX creates its CPU client; a user's own XLA_FLAGS setting wins.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count or 1}".strip()
+
+
+def _parser() -> argparse.ArgumentParser:
+  from hindsight.credit.replacement import REPLACEMENTS
+
+  p = _Parser(prog="hindsight", description="Interventional credit for every step.")
+  sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+  lab = sub.add_parser("label", help="label episodes with interventional credit")
+  lab.add_argument("--env", required=True, help="environment spec, e.g. tabular:PATH.npz")
+  lab.add_argument("--episodes", type=int, required=True, help="number of episodes N")
+  lab.add_argument("--rollouts", type=int, default=32, help="branches K per arm and step")
+  lab.add_argument("--replacement", default="policy", choices=REPLACEMENTS, help="q(a'|s,a)")
+  lab.add_argument("--seed", type=int, default=0, help="root of every random key")
+  lab.add_argument("--out", required=True, help="output directory (resumable)")
+  lab.add_argument("--exact", action="store_true", help="dynamic programming (tabular only)")
+  lab.add_argument("--chunk-size", type=int, default=256, help="episodes per saved chunk")
+  lab.add_argument("--gamma", type=float, default=1.0, help="discount (1 = undiscounted)")
+  lab.add_argument(
+    "--tolerance", type=float, default=0.05, help="|credit| under this is decorative"
+  )
+  lab.add_argument("--confidence", type=float, default=0.95, help="level of the klass interval")
+  lab.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+  exp = sub.add_parser("export", help="print a label dataset")
+  exp.add_argument("dir", help="a `hindsight label --out` directory")
+  exp.add_argument("--format", default="jsonl", choices=("jsonl",))
+
+  summ = sub.add_parser("summary", help="credit per tag and class counts of a label dataset")
+  summ.add_argument("dir", help="a `hindsight label --out` directory")
+  return p
+
+
+def _label(args) -> int:
+  from hindsight.labeling.engine import LabelConfig
+  from hindsight.labeling.job import LabelJob, run_label_job
+
+  if not 0.0 < args.confidence < 1.0:
+    from hindsight.errors import HindsightError
+
+    raise HindsightError(f"--confidence must be in (0, 1), got {args.confidence}")
+  config = LabelConfig(
+    num_rollouts=args.rollouts,
+    replacement=args.replacement,
+    gamma=args.gamma,
+    exact=args.exact,
+    decorative_tolerance=args.tolerance,
+    confidence=args.confidence,
+  )
+  job = LabelJob(
+    env=args.env,
+    episodes=args.episodes,
+    config=config,
+    seed=args.seed,
+    chunk_size=args.chunk_size,
+  )
+  path = run_label_job(job, args.out, progress=not args.no_progress)
+  print(f"labels: {path}")
+  return 0
+
+
+def _export(args) -> int:
+  from hindsight.data import episode_to_json, open_labels
+
+  labels = open_labels(args.dir)
+  klass_names = labels.metadata.get("klass_names")
+  for example in labels:
+    sys.stdout.write(json.dumps(episode_to_json(example, klass_names), sort_keys=True) + "\n")
+  return 0
+
+
+def _summary(args) -> int:
+  from hindsight.data import open_labels
+  from hindsight.metrics import summarize
+
+  print(summarize(open_labels(args.dir)))
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  _use_all_cpu_cores()
+  from hindsight.errors import HindsightError
+
+  commands = {"label": _label, "export": _export, "summary": _summary}
+  try:
+    return commands[args.command](args)
+  except HindsightError as e:
+    print(f"hindsight: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("hindsight: interrupted (rerun the same command to resume)", file=sys.stderr)
+    return 130
+  except BrokenPipeError:
+    # `hindsight export DIR | head`: the reader left; that is not an error.
+    sys.stderr.close()
+    return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

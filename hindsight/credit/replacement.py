@@ -1,0 +1,67 @@
+"""Replacement distributions q(a' | s_t, a_t) for the intervention do(a_t <- a').
+
+DESIGN section 1:
+  policy        a' ~ pi(. | s_t)                    (may redraw a_t itself)
+  policy_other  pi restricted to a' != a_t, renormalised; undefined if pi(a_t | s_t) = 1
+  uniform       a' uniform over the legal actions
+  null          the environment's declared null action
+
+Written for one step; vmap outside.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hindsight.errors import HindsightError
+
+REPLACEMENTS = ("policy", "policy_other", "uniform", "null")
+
+# pi(a_t | s_t) above this counts as 1: nothing else is left to renormalise.
+_DEGENERATE = 1.0 - 1e-6
+
+
+def check_replacement(kind: str, null_action: int | None, env_name: str = "environment") -> None:
+  """Raises a one-line HindsightError if `kind` cannot be used with this environment."""
+  if kind not in REPLACEMENTS:
+    raise HindsightError(f"unknown replacement '{kind}' (choose from {', '.join(REPLACEMENTS)})")
+  if kind == "null" and null_action is None:
+    raise HindsightError(f"replacement 'null' needs a null action, and {env_name} declares none")
+
+
+def replacement_probs(
+  kind: str,
+  pi_t: jax.Array,
+  legal_t: jax.Array,
+  a_t: jax.Array,
+  null_action: int | None,
+) -> tuple[jax.Array, jax.Array]:
+  """q(. | s_t, a_t) for one step.
+
+  Args:
+    kind: one of REPLACEMENTS (static).
+    pi_t: float32 [A], pi(. | s_t).
+    legal_t: bool [A], legal actions at s_t.
+    a_t: int32 [], the action taken.
+    null_action: the environment's null action (static), needed for kind == "null".
+
+  Returns:
+    q: float32 [A], a distribution (all zeros where undefined).
+    undefined: bool [], True where q does not exist (policy_other with pi(a_t|s_t) = 1).
+  """
+  check_replacement(kind, null_action)
+  num_actions = pi_t.shape[-1]
+  if kind == "policy":
+    return pi_t, jnp.bool_(False)
+  if kind == "policy_other":
+    others = pi_t * (jnp.arange(num_actions) != a_t)
+    mass = others.sum()
+    undefined = pi_t[a_t] >= _DEGENERATE
+    q = jnp.where(undefined, 0.0, others / jnp.where(undefined, 1.0, mass))
+    return q, undefined
+  if kind == "uniform":
+    legal = legal_t.astype(jnp.float32)
+    return legal / legal.sum(), jnp.bool_(False)
+  # null
+  return jax.nn.one_hot(null_action, num_actions, dtype=jnp.float32), jnp.bool_(False)

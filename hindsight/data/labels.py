@@ -1,0 +1,195 @@
+"""Labels on disk: a TFDS array_record dataset, one example per episode (DESIGN section 2).
+
+Layout of a labeling job's `--out DIR`:
+  DIR/hindsight_labels/1.0.0/   the finished dataset (TFDS writes it under an
+                                `incomplete.*` name and renames it only when complete)
+  DIR/_chunks/                  the resumable work area of a running job (gone when done)
+
+Read with `open_labels(DIR)`: `tfds.data_source` machinery, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.errors import HindsightError
+from hindsight.labeling.engine import STEP_FIELDS
+
+DATASET_NAME = "hindsight_labels"
+VERSION = "1.0.0"
+
+# Extra per-step float fields written beside STEP_FIELDS.
+AUX_STEP_FIELDS = ("return_to_go", "phi", "phi_stderr")
+
+
+def dataset_dir(out_dir: str) -> str:
+  return os.path.join(out_dir, DATASET_NAME, VERSION)
+
+
+def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool):
+  """The TFDS features of one episode of T steps (T varies)."""
+  step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
+  features = {
+    "episode": np.int64,
+    "length": np.int32,
+    "return": np.float32,
+    "success": np.bool_,
+    "actions": step(np.int32),
+    "rewards": step(np.float32),
+    "observations": tfds.features.Tensor(shape=(None, *obs_shape), dtype=obs_dtype),
+    "tags": tfds.features.Sequence(tfds.features.Text()),
+    "klass": tfds.features.Sequence(tfds.features.ClassLabel(names=KLASS_NAMES)),
+    "undefined": step(np.bool_),
+  }
+  for name in STEP_FIELDS + AUX_STEP_FIELDS:
+    features[name] = step(np.float32)
+  if with_states:
+    features["states"] = step(np.int32)
+  return tfds.features.FeaturesDict(features)
+
+
+class LabelsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Writes the episodes of a sequence of chunk files, in order, as one `train` split."""
+
+  VERSION = tfds.core.Version(VERSION)
+  RELEASE_NOTES: ClassVar[dict[str, str]] = {
+    str(VERSION): "Interventional credit labels (DESIGN section 1)."
+  }
+
+  def __init__(self, *, features, metadata: dict, episodes: Iterator[dict] | None = None, **kw):
+    self._features = features
+    self._metadata = metadata
+    self._episodes = episodes
+    super().__init__(**kw)
+
+  @property
+  def name(self):  # type: ignore[override]
+    return DATASET_NAME
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+      builder=self,
+      description="Per-step interventional credit labels produced by `hindsight label`.",
+      features=self._features,
+      metadata=tfds.core.MetadataDict(self._metadata),
+      # Generation order is the contract: episode i is example i.
+      disable_shuffling=True,
+    )
+
+  # TFDS prints download banners to stdout; a labeling job reports through its own bar.
+  def _log_download_bytes(self) -> None:
+    pass
+
+  def _log_download_done(self) -> None:
+    pass
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    for example in self._episodes:
+      yield int(example["episode"]), example
+
+
+def write_dataset(
+  out_dir: str, features, metadata: dict, episodes: Iterator[dict], download_dir: str
+) -> str:
+  """Writes the dataset atomically (TFDS renames its incomplete dir at the very end)."""
+  tfds.display_progress_bar(False)  # the job has its own bar
+  for stale in glob.glob(os.path.join(out_dir, DATASET_NAME, "incomplete.*")):
+    _rmtree(stale)
+  builder = LabelsBuilder(
+    features=features,
+    metadata=metadata,
+    episodes=episodes,
+    data_dir=out_dir,
+    file_format="array_record",
+  )
+  builder.download_and_prepare(
+    download_dir=download_dir,
+    download_config=tfds.download.DownloadConfig(verify_ssl=False),
+  )
+  return dataset_dir(out_dir)
+
+
+def _rmtree(path: str) -> None:
+  import shutil
+
+  shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class Labels:
+  """A finished label dataset: `len(labels)`, `labels[i]` (episode i), `labels.metadata`."""
+
+  path: str
+  source: Sequence[dict[str, Any]]
+  metadata: dict[str, Any]
+  info: Any
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    return self.source[i]
+
+  def __iter__(self):
+    for i in range(len(self.source)):
+      yield self.source[i]
+
+
+def is_complete(out_dir: str) -> bool:
+  return os.path.isfile(os.path.join(dataset_dir(out_dir), "dataset_info.json"))
+
+
+def open_labels(out_dir: str) -> Labels:
+  """Opens the dataset written by `hindsight label --out out_dir` (read-only, no TensorFlow)."""
+  path = dataset_dir(out_dir)
+  if not os.path.isdir(out_dir):
+    raise HindsightError(f"{out_dir}: no such directory")
+  if not is_complete(out_dir):
+    hint = (
+      " (an interrupted job: rerun the same `hindsight label` command to finish it)"
+      if os.path.isdir(os.path.join(out_dir, "_chunks"))
+      else ""
+    )
+    raise HindsightError(f"{out_dir} holds no complete label dataset{hint}")
+  try:
+    builder = tfds.builder_from_directory(path)
+    source = builder.as_data_source(split="train")
+  except Exception as e:  # TFDS raises many types for a damaged directory
+    raise HindsightError(f"{path}: unreadable label dataset ({type(e).__name__})") from e
+  return Labels(path=path, source=source, metadata=dict(builder.info.metadata), info=builder.info)
+
+
+def _nan_to_none(x):
+  if isinstance(x, list):
+    return [_nan_to_none(v) for v in x]
+  return None if isinstance(x, float) and x != x else x
+
+
+def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[str, Any]:
+  """One decoded example -> plain JSON types (NaN becomes null; tags and klass as names)."""
+  out = {}
+  for key, value in example.items():
+    if key == "tags":
+      out[key] = [t.decode() if isinstance(t, bytes) else str(t) for t in value]
+    elif key == "klass":
+      out[key] = [klass_names[int(k)] for k in value]
+    elif isinstance(value, np.ndarray):
+      out[key] = _nan_to_none(value.tolist())
+    elif isinstance(value, np.generic):
+      v = value.item()
+      out[key] = None if isinstance(v, float) and np.isnan(v) else v
+    else:
+      out[key] = value
+  return out

@@ -1,0 +1,25 @@
+"""Functional environments (gymnax style) and the `--env` spec parser."""
+
+from hindsight.envs.base import Environment
+from hindsight.envs.registry import make
+from hindsight.envs.tabular import (
+  TabularEnv,
+  TabularMDP,
+  TabularParams,
+  TabularState,
+  key_corridor_mdp,
+  load_tabular,
+  random_mdp,
+)
+
+__all__ = [
+  "Environment",
+  "TabularEnv",
+  "TabularMDP",
+  "TabularParams",
+  "TabularState",
+  "key_corridor_mdp",
+  "load_tabular",
+  "make",
+  "random_mdp",
+]

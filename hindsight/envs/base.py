@@ -1,0 +1,79 @@
+"""The functional environment protocol (gymnax style).
+
+An environment is a *static* Python object (sizes, horizon, names: everything that shapes
+compiled code) plus two pytrees: `EnvParams` (arrays that parameterise the dynamics) and
+`EnvState` (the *full* state, latent variables included). `reset` and `step` are pure
+functions of an explicit key, so branching a trajectory at step t is nothing more than
+calling `step` again on the saved state s_t.
+
+Every state carries `time` (steps taken since reset, int32 scalar) and `done` (bool scalar):
+the engine needs both to know how many steps of the horizon remain and whether a branch
+starts after the episode has already ended.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+class Environment(abc.ABC):
+  """A discrete-action episodic environment with a fixed horizon.
+
+  Attributes (static; changing one means recompiling):
+    name: short identifier written into label metadata.
+    num_actions: A, actions are int32 in [0, A).
+    horizon: H, the episode ends at the latest after H steps.
+    null_action: the declared "do nothing" action, or None if the environment has none.
+    tag_names: names of the per-step tags returned by `tag` (index -> name).
+    success_threshold: an episode succeeds when its return exceeds this.
+  """
+
+  name: str
+  num_actions: int
+  horizon: int
+  null_action: int | None = None
+  tag_names: tuple[str, ...] = ()
+  success_threshold: float = 0.0
+
+  @abc.abstractmethod
+  def default_params(self) -> PyTree:
+    """The environment's parameters as a pytree of arrays."""
+
+  @abc.abstractmethod
+  def reset(self, key: jax.Array, params: PyTree) -> PyTree:
+    """Draws s_0. Returns the state pytree (time 0, not done)."""
+
+  @abc.abstractmethod
+  def step(
+    self, key: jax.Array, state: PyTree, action: jax.Array, params: PyTree
+  ) -> tuple[PyTree, jax.Array, jax.Array]:
+    """One transition. Returns (s_{t+1}, r_t float32 [], done_{t+1} bool []).
+
+    `done` is True when the episode ends with this step (terminal state or horizon).
+    The returned state carries time + 1 and the done flag.
+    """
+
+  @abc.abstractmethod
+  def observation(self, state: PyTree, params: PyTree) -> jax.Array:
+    """What an agent (and the credit model) may see of the state; latents excluded."""
+
+  def legal_actions(self, state: PyTree, params: PyTree) -> jax.Array:
+    """bool [A]: which actions are legal in `state`. Default: all of them."""
+    del state, params
+    return jnp.ones((self.num_actions,), dtype=bool)
+
+  def tag(self, state: PyTree, action: jax.Array, params: PyTree) -> jax.Array:
+    """int32 []: index into `tag_names` naming what taking `action` in `state` does."""
+    del state, params
+    return jnp.asarray(action, jnp.int32)
+
+  def state_index(self, state: PyTree) -> jax.Array | None:
+    """int32 [] index of a discrete state (exported as `states`), or None if not discrete."""
+    del state
+    return None

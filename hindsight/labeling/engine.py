@@ -1,0 +1,333 @@
+"""The labeling engine: every field of DESIGN section 1 for every step of a trajectory.
+
+For each step t and branch k = 1..K three arms start from the saved state s_t and share the
+continuation key c_{t,k} (common random numbers):
+  keep     a_t itself                        -> G^keep_{t,k}    estimates Q(s_t, a_t)
+  replace  a' ~ q(. | s_t, a_t)              -> G^rep_{t,k}     estimates E_q Q(s_t, a')
+  phi      a'' ~ pi(. | s_t)                 -> G^phi_{t,k}     estimates Phi(s_t) = V(s_t)
+Then
+  credit_t          = mean_k (G^keep - G^rep)                  stderr of the paired mean
+  credit_realized_t = G_t(tau) - mean_k G^rep                  stderr of mean_k G^rep
+  progress_t        = r_t + gamma Phi(s_{t+1}) - Phi(s_t)      the two Phi estimates come from
+                                                               different branch keys, so they
+                                                               are independent: se^2 adds
+  phi_hard_t        = 1 if any k: R_{<=t} + gamma^{t+1} G^phi_{t+1,k} > success_threshold
+                      (Math-Shepherd "hard" estimate, N = K continuations from s_{t+1});
+                      stderr = sqrt(h (1 - h)), h = 1 - (1 - p)^K with p the fraction of
+                      continuations that succeed: the plug-in spread of the indicator itself.
+With `exact`, credit, credit_realized and progress come from the dynamic-programming tables
+instead (stderr 0) and only the phi arm is rolled (for phi_hard).
+
+Keys: episode key e = fold_in(key(seed), episode_index); the trajectory uses fold_in(e, 0);
+branch (t, k) uses fold_in(fold_in(fold_in(e, 1), t), k). No key depends on how episodes are
+batched, so labels are identical for any chunk size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hindsight.credit.estimators import UNDETERMINED, classify, mean_stderr, z_value
+from hindsight.credit.exact import exact_step_credit, tabular_values
+from hindsight.credit.replacement import check_replacement, replacement_probs
+from hindsight.envs.base import Environment
+from hindsight.envs.tabular import TabularEnv
+from hindsight.errors import HindsightError
+from hindsight.labeling.rollout import (
+  Trajectory,
+  continuation_return,
+  returns_to_go,
+  sample_episode,
+)
+from hindsight.policies.base import Policy, sample_categorical
+
+PyTree = Any
+
+# Branches are rolled in this many groups of start steps (see Labeler._rollout).
+_TIME_BUCKETS = 8
+
+# Target number of branch rollouts in one micro-batch (see Labeler.micro_batch).
+_LANES_PER_MICRO_BATCH = 32768
+
+# Per-step float fields, in the order they are written.
+STEP_FIELDS = (
+  "credit",
+  "credit_stderr",
+  "credit_realized",
+  "credit_realized_stderr",
+  "progress",
+  "progress_stderr",
+  "phi_hard",
+  "phi_hard_stderr",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelConfig:
+  """How to label. Static: every field shapes the compiled program.
+
+  num_rollouts: K branches per arm and step (>= 2, for a standard error).
+  replacement: q, one of hindsight.credit.REPLACEMENTS.
+  gamma: discount of returns (1 = undiscounted, the default everywhere).
+  exact: dynamic programming for credit, credit_realized and progress (tabular only).
+  decorative_tolerance: |credit| below this counts as decorative (see credit.classify).
+  confidence: level of the interval that decides klass.
+  """
+
+  num_rollouts: int = 32
+  replacement: str = "policy"
+  gamma: float = 1.0
+  exact: bool = False
+  decorative_tolerance: float = 0.05
+  confidence: float = 0.95
+
+
+def episode_key(seed: int | jax.Array, episode_index: int | jax.Array) -> jax.Array:
+  """The root key of one episode: a function of the seed and the episode's index only."""
+  return jax.random.fold_in(jax.random.key(seed), episode_index)
+
+
+class Labeler:
+  """Samples and labels episodes of one (environment, policy, config).
+
+  `label(trajectories, keys)` labels trajectories from anywhere (a replay buffer, an RL
+  loop): their saved states, actions, rewards and masks. `sample_and_label(seed, indices)`
+  samples the episodes itself first. Both are jitted and vmapped over the leading batch axis.
+  """
+
+  def __init__(
+    self,
+    env: Environment,
+    policy: Policy,
+    config: LabelConfig,
+    env_params: PyTree | None = None,
+    policy_params: PyTree | None = None,
+  ):
+    check_replacement(config.replacement, env.null_action, env.name)
+    if not config.exact and config.num_rollouts < 2:
+      raise HindsightError(
+        f"--rollouts must be >= 2 for a standard error, got {config.num_rollouts}"
+      )
+    if config.num_rollouts < 1:
+      raise HindsightError(f"--rollouts must be >= 1, got {config.num_rollouts}")
+    if not 0.0 < config.gamma <= 1.0:
+      raise HindsightError(f"gamma must be in (0, 1], got {config.gamma}")
+    self.env, self.policy, self.config = env, policy, config
+    self.env_params = env.default_params() if env_params is None else env_params
+    self.policy_params = policy.default_params() if policy_params is None else policy_params
+    self._tables = None
+    if config.exact:
+      if not isinstance(env, TabularEnv):
+        raise HindsightError(f"--exact needs a tabular MDP, not environment '{env.name}'")
+      q, v = tabular_values(env.mdp, config.gamma)
+      self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
+    self._z = z_value(config.confidence)
+    self.label = jax.jit(self._label_batch)
+    self.sample = jax.jit(jax.vmap(self._sample_episode))
+    self.sample_and_label = jax.jit(self._sample_and_label)
+
+  # -- the chunk program used by labeling jobs ---------------------------------------------
+
+  def micro_batch(self, chunk_size: int | None = None) -> int:
+    """Episodes rolled together: about _LANES_PER_MICRO_BATCH branch rollouts, so the
+    working set of one while_loop stays cache-sized on CPU; a power of two, and no more
+    than one device's share of `chunk_size`."""
+    lanes = self.env.horizon * self.config.num_rollouts * (1 if self.config.exact else 3)
+    micro = max(1, _LANES_PER_MICRO_BATCH // lanes)
+    if chunk_size is not None:
+      micro = min(micro, max(1, chunk_size // jax.local_device_count()))
+    return 1 << (micro.bit_length() - 1)
+
+  def chunk_multiple(self, chunk_size: int | None = None) -> int:
+    """Chunk sizes must be multiples of this: devices x micro-batch."""
+    return jax.local_device_count() * self.micro_batch(chunk_size)
+
+  def chunk_program(self, chunk_size: int):
+    """A jitted fn(seed, episode_indices [C]) -> (Trajectory, labels), sharded over devices.
+
+    Episodes are split over a 1-D `data` mesh of all local devices (each device runs its
+    share as a `lax.map` over micro-batches). C must be a multiple of `chunk_multiple()`.
+    """
+    devices = np.array(jax.local_devices())
+    mesh = jax.sharding.Mesh(devices, ("data",))
+    micro = self.micro_batch(chunk_size)
+    if chunk_size % (len(devices) * micro):
+      raise ValueError(f"chunk_size {chunk_size} is not a multiple of {len(devices) * micro}")
+
+    def per_device(seed, indices):
+      batches = indices.reshape(-1, micro)
+      out = jax.lax.map(lambda idx: self._sample_and_label(seed, idx), batches)
+      return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+    spec = jax.sharding.PartitionSpec("data")
+    return jax.jit(
+      jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(jax.sharding.PartitionSpec(), spec),
+        out_specs=spec,
+        # Episodes never communicate; skipping the varying-axis checks keeps the scans
+        # of the environment code free of pcast annotations.
+        check_vma=False,
+      )
+    )
+
+  # -- one episode ------------------------------------------------------------------------
+
+  def _sample_episode(self, key: jax.Array) -> Trajectory:
+    return sample_episode(
+      self.env, self.policy, self.env_params, self.policy_params, jax.random.fold_in(key, 0)
+    )
+
+  def _sample_and_label(self, seed, episode_indices):
+    keys = jax.vmap(episode_key, (None, 0))(seed, episode_indices)
+    traj = jax.vmap(self._sample_episode)(keys)
+    return traj, self._label_batch(traj, keys)
+
+  def _branch_starts(self, traj: Trajectory, key: jax.Array):
+    """Where each branch of one episode starts: state, forced first action and key.
+
+    Returns (states, first_actions, keys, q, undefined): the first three with leading dims
+    [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q [H, A], undefined [H].
+    """
+    env, cfg = self.env, self.config
+    H, K = env.horizon, cfg.num_rollouts
+    states, a = traj.states, traj.actions
+    pi = jax.vmap(self.policy.probs, (None, 0, None))(self.policy_params, states, self.env_params)
+    legal = jax.vmap(env.legal_actions, (0, None))(states, self.env_params)
+    q, undefined = jax.vmap(replacement_probs, (None, 0, 0, 0, None))(
+      cfg.replacement, pi, legal, a, env.null_action
+    )
+    branch_root = jax.random.fold_in(key, 1)
+
+    def one_branch(a_t, q_t, pi_t, t, k):
+      k_rep, k_phi, k_cont = jax.random.split(
+        jax.random.fold_in(jax.random.fold_in(branch_root, t), k), 3
+      )
+      a_phi = sample_categorical(k_phi, pi_t)
+      # exact: only the phi arm is needed (for phi_hard); DP gives the rest.
+      firsts = a_phi[None] if cfg.exact else jnp.stack([a_t, sample_categorical(k_rep, q_t), a_phi])
+      return firsts, jnp.broadcast_to(k_cont, firsts.shape)
+
+    per_step = jax.vmap(one_branch, (None, None, None, None, 0))
+    firsts, keys = jax.vmap(per_step, (0, 0, 0, 0, None))(a, q, pi, jnp.arange(H), jnp.arange(K))
+    n_arms = firsts.shape[-1]
+    branch_states = jax.tree.map(
+      lambda x: jnp.broadcast_to(x[:, None, None], (H, K, n_arms, *x.shape[1:])), states
+    )
+    return branch_states, firsts, keys, q, undefined & traj.mask
+
+  def _rollout(self, states, firsts, keys):
+    """Branch returns G and step counts, both [E, H, K, n_arms], from the branch starts.
+
+    Branches are grouped by start step into `_TIME_BUCKETS` blocks, each rolled as one flat
+    vmapped while_loop: a block of late starts stops after its few remaining steps instead
+    of waiting for the branches that start at t = 0. (Flat batches also matter on CPU: XLA's
+    gathers are much faster over one batch axis than over several.)
+    """
+    E, H, K, n = firsts.shape
+    run = jax.vmap(
+      functools.partial(
+        continuation_return,
+        self.env,
+        self.policy,
+        self.env_params,
+        self.policy_params,
+        gamma=self.config.gamma,
+      )
+    )
+    time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [H, E, ...]
+    states, firsts, keys = jax.tree.map(time_major, (states, firsts, keys))
+    bounds = np.linspace(0, H, min(_TIME_BUCKETS, H) + 1).astype(int)
+    G, steps = [], []
+    for lo, hi in itertools.pairwise(bounds):
+      flat = lambda x, lo=lo, hi=hi: x[lo:hi].reshape(-1, *x.shape[4:])  # noqa: E731
+      g, st = run(jax.tree.map(flat, states), flat(firsts), flat(keys))
+      G.append(g.reshape(hi - lo, E, K, n))
+      steps.append(st.reshape(hi - lo, E, K, n))
+    return time_major(jnp.concatenate(G)), time_major(jnp.concatenate(steps))
+
+  def _label_batch(self, traj: Trajectory, keys: jax.Array) -> dict[str, jax.Array]:
+    """Labels a batch of episodes: traj leaves [E, H, ...], keys [E]."""
+    states, firsts, bkeys, q, undefined = jax.vmap(self._branch_starts)(traj, keys)
+    G, steps = self._rollout(states, firsts, bkeys)  # [E, H, K, n_arms]
+    return jax.vmap(self._reduce)(traj, G, steps, q, undefined)
+
+  def _reduce(self, traj: Trajectory, G, steps, q, undefined) -> dict[str, jax.Array]:
+    """All label fields of one episode from its branch returns G [H, K, n_arms]."""
+    env, cfg = self.env, self.config
+    H, K, gamma = env.horizon, cfg.num_rollouts, cfg.gamma
+    states, a, r, mask = traj.states, traj.actions, traj.rewards, traj.mask
+    t_index = jnp.arange(H)
+    G_phi = G[..., -1]
+
+    g_tau = returns_to_go(r, gamma)  # [H]
+    phi, phi_se = mean_stderr(G_phi)  # [H]
+    nan = jnp.full((H,), jnp.nan, jnp.float32)
+
+    if cfg.exact:
+      q_table, v_table = self._tables
+      s = jax.vmap(env.state_index)(states)
+      qvals = q_table[t_index, s]  # [H, A]
+      credit, realized = jax.vmap(exact_step_credit)(q, qvals, a, g_tau)
+      # V_{t+1}(s_{t+1}) counts only if step t+1 happens (not terminal, not past the horizon).
+      mask_next = jnp.append(mask[1:], False)
+      v_next = jnp.where(mask_next, v_table[t_index + 1, jnp.append(s[1:], 0)], 0.0)
+      progress = r + gamma * v_next - v_table[t_index, s]
+      credit_se = realized_se = progress_se = jnp.zeros((H,), jnp.float32)
+    else:
+      credit, credit_se = mean_stderr(G[..., 0] - G[..., 1])
+      rep_mean, realized_se = mean_stderr(G[..., 1])
+      realized = g_tau - rep_mean
+      phi_next = jnp.append(phi[1:], 0.0)  # Phi after the end is 0: those states are done
+      phi_next_se = jnp.append(phi_se[1:], 0.0)
+      progress = r + gamma * phi_next - phi
+      progress_se = jnp.sqrt(phi_se**2 + (gamma * phi_next_se) ** 2)
+
+    # Math-Shepherd hard estimate from the continuations out of s_{t+1}.
+    discounts = gamma ** t_index.astype(jnp.float32)
+    prefix = jnp.cumsum(discounts * r)  # R_{<=t}
+    G_phi_next = jnp.concatenate([G_phi[1:], jnp.zeros((1, K))], axis=0)  # [H, K]
+    success = (prefix[:, None] + gamma * discounts[:, None] * G_phi_next) > env.success_threshold
+    p_success = success.mean(-1)
+    phi_hard = success.any(-1).astype(jnp.float32)
+    h = 1.0 - (1.0 - p_success) ** K
+    phi_hard_se = jnp.sqrt(h * (1.0 - h))
+
+    credit = jnp.where(undefined, jnp.nan, credit)
+    realized = jnp.where(undefined, jnp.nan, realized)
+    fields = dict(
+      credit=credit,
+      credit_stderr=credit_se,
+      credit_realized=realized,
+      credit_realized_stderr=realized_se,
+      progress=progress,
+      progress_stderr=progress_se,
+      phi_hard=phi_hard,
+      phi_hard_stderr=phi_hard_se,
+    )
+    out = {k: jnp.where(mask, v, nan).astype(jnp.float32) for k, v in fields.items()}
+    klass = classify(credit, credit_se, cfg.decorative_tolerance, self._z)
+    out["klass"] = jnp.where(mask, klass, UNDETERMINED)
+    out["undefined"] = undefined
+    out["return_to_go"] = jnp.where(mask, g_tau, nan)
+    out["phi"] = jnp.where(mask, phi, nan)
+    out["phi_stderr"] = jnp.where(mask, phi_se, nan)
+    out["tags"] = jax.vmap(env.tag, (0, 0, None))(states, a, self.env_params)
+    out["length"] = mask.sum().astype(jnp.int32)
+    out["return"] = g_tau[0]
+    out["success"] = g_tau[0] > env.success_threshold
+    out["rollout_steps"] = steps.sum().astype(jnp.int64 if jax.config.x64_enabled else jnp.int32)
+    return out
+
+
+def to_numpy(tree) -> Any:
+  """Device arrays -> NumPy (one transfer per leaf)."""
+  return jax.tree.map(np.asarray, jax.device_get(tree))

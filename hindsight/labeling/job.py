@@ -1,0 +1,220 @@
+"""The labeling job: chunked, sharded over devices, resumable after SIGKILL.
+
+A job labels episodes 0..N-1 in chunks of C. Each finished chunk is written atomically
+(temp file + rename) to `OUT/_chunks/`; a restarted job with the same arguments skips the
+chunks it finds. When every chunk exists the TFDS dataset is written (atomically, by TFDS's
+own incomplete-dir + rename) and the work area is removed. A killed job therefore leaves
+either no dataset at all or the finished one, never one that reads as complete but is not.
+
+Labels depend only on (seed, episode index, step, branch), never on the chunk: any chunk size
+gives identical labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data import labels as label_io
+from hindsight.envs import make
+from hindsight.errors import HindsightError
+from hindsight.labeling.engine import LabelConfig, Labeler, to_numpy
+from hindsight.labeling.rollout import Trajectory
+
+CHUNKS = "_chunks"
+JOB_FILE = "job.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelJob:
+  """Everything that determines a label dataset (all of it goes into its metadata)."""
+
+  env: str
+  episodes: int
+  config: LabelConfig
+  seed: int = 0
+  chunk_size: int = 256
+
+  def describe(self) -> dict:
+    d = dataclasses.asdict(self)
+    d.update(d.pop("config"))
+    return d
+
+
+def _check(job: LabelJob) -> None:
+  if job.episodes < 1:
+    raise HindsightError(f"--episodes must be >= 1, got {job.episodes}")
+  if job.chunk_size < 1:
+    raise HindsightError(f"--chunk-size must be >= 1, got {job.chunk_size}")
+  if not 0 <= job.seed < 2**32:
+    raise HindsightError(f"--seed must be in [0, 2^32), got {job.seed}")
+
+
+def _chunk_path(work: str, start: int, stop: int) -> str:
+  return os.path.join(work, f"episodes_{start:09d}_{stop:09d}.npz")
+
+
+def _atomic_savez(path: str, arrays: dict) -> None:
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, **arrays)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -> dict:
+  """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...])."""
+  n = stop - start
+  arrays = {k: np.asarray(v)[:n] for k, v in labels.items()}
+  arrays["actions"] = np.asarray(traj.actions)[:n]
+  arrays["rewards"] = np.asarray(traj.rewards)[:n]
+  arrays["mask"] = np.asarray(traj.mask)[:n]
+  states = jax.tree.map(lambda x: x[:n], traj.states)
+  flat = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))
+  arrays["observations"] = np.asarray(flat(states, env.default_params()))
+  if env.state_index(jax.tree.map(lambda x: x[0, 0], states)) is not None:
+    arrays["states"] = np.asarray(jax.vmap(jax.vmap(env.state_index))(states))
+  arrays["episode"] = np.arange(start, stop)
+  return arrays
+
+
+def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
+  """Yields one TFDS example per episode, in order, cut to its length T."""
+  for path in paths:
+    with np.load(path) as z:
+      c = {k: z[k] for k in z.files}
+    for i in range(len(c["episode"])):
+      T = int(c["length"][i])
+      ex = {
+        "episode": np.int64(c["episode"][i]),
+        "length": np.int32(T),
+        "return": np.float32(c["return"][i]),
+        "success": bool(c["success"][i]),
+        "actions": c["actions"][i, :T].astype(np.int32),
+        "rewards": c["rewards"][i, :T].astype(np.float32),
+        "observations": c["observations"][i, :T],
+        "tags": [tag_names[j] for j in c["tags"][i, :T]],
+        "klass": c["klass"][i, :T].astype(np.int64),
+        "undefined": c["undefined"][i, :T].astype(bool),
+      }
+      for name in label_io.STEP_FIELDS + label_io.AUX_STEP_FIELDS:
+        ex[name] = c[name][i, :T].astype(np.float32)
+      if "states" in c:
+        ex["states"] = c["states"][i, :T].astype(np.int32)
+      yield ex
+
+
+def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
+  """Runs (or resumes, or recognises as finished) a labeling job. Returns the dataset dir."""
+  _check(job)
+  env, policy = make(job.env)
+  labeler = Labeler(env, policy, job.config)
+  multiple = labeler.chunk_multiple(job.chunk_size)
+  chunk = -(-job.chunk_size // multiple) * multiple  # round up to whole micro-batches
+  described = job.describe()
+  described["chunk_size"] = chunk
+
+  work = os.path.join(out_dir, CHUNKS)
+  job_file = os.path.join(work, JOB_FILE)
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise HindsightError(f"--out {out_dir} exists and is not a directory")
+  if label_io.is_complete(out_dir):
+    meta = label_io.open_labels(out_dir).metadata
+    if json.loads(meta.get("job", "{}")) != described:
+      raise HindsightError(f"--out {out_dir} already holds labels of a different job")
+    shutil.rmtree(work, ignore_errors=True)
+    return label_io.dataset_dir(out_dir)
+  if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(job_file):
+    raise HindsightError(f"--out {out_dir} is not empty and holds no hindsight job")
+  os.makedirs(work, exist_ok=True)
+  if os.path.isfile(job_file):
+    with open(job_file) as f:
+      previous = json.load(f)
+    if previous != described:
+      changed = sorted(k for k in described if previous.get(k) != described[k])
+      raise HindsightError(
+        f"--out {out_dir} holds an unfinished job with other arguments ({', '.join(changed)}); "
+        "rerun it with the same arguments or choose another --out"
+      )
+  else:
+    _atomic_write_text(job_file, json.dumps(described, sort_keys=True))
+
+  program = labeler.chunk_program(chunk)
+  ranges = [(s, min(s + chunk, job.episodes)) for s in range(0, job.episodes, chunk)]
+  todo = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
+  done_eps = job.episodes - sum(b - a for a, b in todo)
+  bar = tqdm(
+    total=job.episodes,
+    initial=done_eps,
+    unit="ep",
+    desc=f"label {env.name}",
+    disable=not progress,
+    dynamic_ncols=True,
+  )
+  env_steps = 0
+  with bar:
+    for start, stop in todo:
+      indices = np.arange(start, start + chunk, dtype=np.int32)
+      traj, labels = to_numpy(program(np.uint32(job.seed), indices))
+      arrays = _flatten_chunk(env, traj, labels, start, stop)
+      _atomic_savez(_chunk_path(work, start, stop), arrays)
+      env_steps += int(arrays["rollout_steps"].sum())
+      bar.update(stop - start)
+      bar.set_postfix(env_steps=f"{env_steps:.3g}")
+
+  obs_spec = jax.eval_shape(
+    lambda: env.observation(
+      env.reset(jax.random.key(0), env.default_params()), env.default_params()
+    )
+  )
+  with_states = env.state_index(env.reset(jax.random.key(0), env.default_params())) is not None
+  metadata = dict(
+    job=json.dumps(described, sort_keys=True),
+    env=job.env,
+    env_name=env.name,
+    policy=policy.name,
+    replacement=job.config.replacement,
+    rollouts=job.config.num_rollouts,
+    exact=job.config.exact,
+    seed=job.seed,
+    gamma=job.config.gamma,
+    horizon=env.horizon,
+    num_actions=env.num_actions,
+    null_action=-1 if env.null_action is None else env.null_action,
+    success_threshold=env.success_threshold,
+    decorative_tolerance=job.config.decorative_tolerance,
+    confidence=job.config.confidence,
+    tag_names=list(env.tag_names),
+    klass_names=list(KLASS_NAMES),
+  )
+  features = label_io.build_features(tuple(obs_spec.shape), obs_spec.dtype, with_states)
+  paths = [_chunk_path(work, *r) for r in ranges]
+  path = label_io.write_dataset(
+    out_dir,
+    features,
+    metadata,
+    _episodes_from_chunks(paths, env.tag_names),
+    download_dir=os.path.join(work, "downloads"),
+  )
+  shutil.rmtree(work, ignore_errors=True)
+  return path

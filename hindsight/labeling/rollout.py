@@ -1,0 +1,121 @@
+"""Rollouts: one `lax.scan` per trajectory, vmapped outside (gymnax / purejaxrl style).
+
+Keys. Every random number is a function of an explicit key and the *absolute* time index of
+the step it serves (`fold_in(key, state.time)`). Two arms of a branch that start from the same
+s_t with the same continuation key therefore consume the same random numbers at the same
+time steps: common random numbers, so their paired difference has low variance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from hindsight.envs.base import Environment
+from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
+
+PyTree = Any
+
+
+@struct.dataclass
+class Trajectory:
+  """One episode padded to the horizon H (batch dims are added by vmap).
+
+  states:  pytree, leaves [H, ...]: s_t, the full state *before* action t. After the
+           episode ends the last state is repeated (its `done` flag is set).
+  actions: int32 [H], a_t (0 on padding).
+  rewards: float32 [H], r_t (0 on padding).
+  mask:    bool [H], t < T (the step happened).
+  """
+
+  states: PyTree
+  actions: jax.Array
+  rewards: jax.Array
+  mask: jax.Array
+
+
+def _where_tree(pred, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def sample_episode(
+  env: Environment, policy: Policy, env_params, policy_params, key: jax.Array
+) -> Trajectory:
+  """Rolls pi from s_0 ~ reset for H steps. key: the episode's trajectory key."""
+  reset_key, steps_key = jax.random.split(key)
+  state0 = env.reset(reset_key, env_params)
+
+  def body(state, _):
+    k_pol, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
+    action = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
+    next_state, reward, _ = env.step(k_env, state, action, env_params)
+    alive = ~state.done
+    out = (state, jnp.where(alive, action, 0), jnp.where(alive, reward, 0.0), alive)
+    return _where_tree(alive, next_state, state), out
+
+  _, (states, actions, rewards, mask) = jax.lax.scan(body, state0, length=env.horizon)
+  return Trajectory(states=states, actions=actions, rewards=rewards.astype(jnp.float32), mask=mask)
+
+
+def continuation_return(
+  env: Environment,
+  policy: Policy,
+  env_params,
+  policy_params,
+  state,
+  first_action: jax.Array,
+  key: jax.Array,
+  gamma: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+  """G_t of do(a_t = first_action) at `state`, then pi to the end of the episode.
+
+  Args:
+    state: s_t (time t). A state that is already done yields G = 0.
+    first_action: int32 [], the action forced at s_t.
+    key: the continuation key. The environment's step at time u gets fold_in(k_env, u); the
+      policy's draw at time u is uniform number u of one bulk draw from k_pol. Both depend
+      only on u, which is what makes arms sharing `key` use common random numbers.
+    gamma: discount (static).
+
+  Returns:
+    G: float32 [], sum_{u>=t} gamma^(u-t) r_u.
+    steps: int32 [], env steps simulated before the episode ended.
+
+  A `while_loop` rather than a fixed-length scan: under vmap it runs until the last branch
+  of the batch has ended, so a batch of late or short branches stops early.
+  """
+  k_pol, k_env = jax.random.split(key)
+  # One bulk draw is several times cheaper than a fresh key per step (threefry dominates).
+  u_pol = jax.random.uniform(k_pol, (env.horizon,))
+
+  def cond(carry):
+    state, *_ = carry
+    return ~state.done
+
+  def body(carry):
+    state, ret, discount, steps = carry
+    probs = policy.probs(policy_params, state, env_params)
+    sampled = sample_categorical_from_uniform(u_pol[state.time], probs)
+    action = jnp.where(steps == 0, first_action, sampled)
+    next_state, reward, _ = env.step(
+      jax.random.fold_in(k_env, state.time), state, action, env_params
+    )
+    return next_state, ret + discount * reward, discount * gamma, steps + 1
+
+  init = (state, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
+  _, ret, _, steps = jax.lax.while_loop(cond, body, init)
+  return ret, steps
+
+
+def returns_to_go(rewards: jax.Array, gamma: float = 1.0) -> jax.Array:
+  """G_t = r_t + gamma G_{t+1}, float32 [H] -> [H] (padding rewards are 0)."""
+
+  def body(g_next, r_t):
+    g_t = r_t + gamma * g_next
+    return g_t, g_t
+
+  _, g = jax.lax.scan(body, jnp.float32(0.0), rewards, reverse=True)
+  return g
