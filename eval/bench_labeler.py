@@ -115,7 +115,7 @@ def main(argv=None):
     f"MDP S={args.states} A={args.actions} H={args.horizon}; {args.episodes} episodes x "
     f"{args.horizon} steps x {args.rollouts} branches x 3 arms = {branches:,} branch rollouts"
   )
-  micro = labeler.micro_batch(args.episodes)
+  micro = labeler.micro_batch()
   print(f"JAX: {len(jax.devices())} CPU devices (one per core), micro-batch {micro} episodes")
 
   jax_time, (traj, labels) = best_of(lambda: to_numpy(run_chunk(args.seed, idx)), args.repeats)

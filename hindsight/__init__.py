@@ -1,0 +1,49 @@
+"""hindsight: which steps of a trajectory earned the reward?
+
+One flat public API (rlax style). Environments and policies are functional (gymnax style);
+the labeler branches trajectories at every step and measures interventional credit.
+"""
+
+from hindsight import credit
+from hindsight.credit import KLASS_NAMES, REPLACEMENTS, tabular_values
+from hindsight.data import Labels, open_labels
+from hindsight.envs import (
+  Environment,
+  TabularEnv,
+  TabularMDP,
+  key_corridor_mdp,
+  load_tabular,
+  make,
+  random_mdp,
+)
+from hindsight.errors import HindsightError
+from hindsight.labeling import LabelConfig, Labeler, Trajectory
+from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.metrics import summarize, tag_table
+from hindsight.policies import Policy, TabularPolicy
+
+__all__ = [
+  "KLASS_NAMES",
+  "REPLACEMENTS",
+  "Environment",
+  "HindsightError",
+  "LabelConfig",
+  "LabelJob",
+  "Labeler",
+  "Labels",
+  "Policy",
+  "TabularEnv",
+  "TabularMDP",
+  "TabularPolicy",
+  "Trajectory",
+  "credit",
+  "key_corridor_mdp",
+  "load_tabular",
+  "make",
+  "open_labels",
+  "random_mdp",
+  "run_label_job",
+  "summarize",
+  "tabular_values",
+  "tag_table",
+]

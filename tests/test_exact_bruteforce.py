@@ -23,9 +23,7 @@ def _brute_q(mdp, t, s, a):
         cur = next_states[k]
         if mdp.terminal[cur] or t + k + 1 == H:
           # The path ended: the remaining choices must be "unused" (count them once).
-          unused = all(x == 0 for x in next_states[k + 1 :]) and all(
-            x == 0 for x in actions[k:]
-          )
+          unused = all(x == 0 for x in next_states[k + 1 :]) and all(x == 0 for x in actions[k:])
           prob = prob if unused else 0.0
           break
         act = actions[k]

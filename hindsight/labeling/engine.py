@@ -55,6 +55,7 @@ _TIME_BUCKETS = 8
 
 # Target number of branch rollouts in one micro-batch (see Labeler.micro_batch).
 _LANES_PER_MICRO_BATCH = 32768
+_MAX_MICRO_BATCH = 16
 
 # Per-step float fields, in the order they are written.
 STEP_FIELDS = (
@@ -135,19 +136,23 @@ class Labeler:
 
   # -- the chunk program used by labeling jobs ---------------------------------------------
 
-  def micro_batch(self, chunk_size: int | None = None) -> int:
-    """Episodes rolled together: about _LANES_PER_MICRO_BATCH branch rollouts, so the
-    working set of one while_loop stays cache-sized on CPU; a power of two, and no more
-    than one device's share of `chunk_size`."""
+  def micro_batch(self) -> int:
+    """Episodes rolled together: about _LANES_PER_MICRO_BATCH branch rollouts (so the
+    working set of one while_loop stays cache-sized on CPU), a power of two, at most
+    _MAX_MICRO_BATCH.
+
+    It depends on the configuration only, never on the chunk size: every episode then runs
+    through the same compiled micro-batch at the same lane, which is what makes labels
+    bitwise identical for any chunk size (XLA may round a*b+c differently in differently
+    shaped programs).
+    """
     lanes = self.env.horizon * self.config.num_rollouts * (1 if self.config.exact else 3)
-    micro = max(1, _LANES_PER_MICRO_BATCH // lanes)
-    if chunk_size is not None:
-      micro = min(micro, max(1, chunk_size // jax.local_device_count()))
+    micro = min(_MAX_MICRO_BATCH, max(1, _LANES_PER_MICRO_BATCH // lanes))
     return 1 << (micro.bit_length() - 1)
 
-  def chunk_multiple(self, chunk_size: int | None = None) -> int:
-    """Chunk sizes must be multiples of this: devices x micro-batch."""
-    return jax.local_device_count() * self.micro_batch(chunk_size)
+  def chunk_multiple(self) -> int:
+    """Chunk sizes are multiples of this: local devices x micro-batch."""
+    return jax.local_device_count() * self.micro_batch()
 
   def chunk_program(self, chunk_size: int):
     """A jitted fn(seed, episode_indices [C]) -> (Trajectory, labels), sharded over devices.
@@ -157,7 +162,7 @@ class Labeler:
     """
     devices = np.array(jax.local_devices())
     mesh = jax.sharding.Mesh(devices, ("data",))
-    micro = self.micro_batch(chunk_size)
+    micro = self.micro_batch()
     if chunk_size % (len(devices) * micro):
       raise ValueError(f"chunk_size {chunk_size} is not a multiple of {len(devices) * micro}")
 

@@ -129,7 +129,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   _check(job)
   env, policy = make(job.env)
   labeler = Labeler(env, policy, job.config)
-  multiple = labeler.chunk_multiple(job.chunk_size)
+  multiple = labeler.chunk_multiple()
   chunk = -(-job.chunk_size // multiple) * multiple  # round up to whole micro-batches
   described = job.describe()
   described["chunk_size"] = chunk
