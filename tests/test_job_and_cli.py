@@ -1,10 +1,10 @@
 """The labeling job and the CLI: storage, determinism, resume after SIGKILL, bad input."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -200,7 +200,7 @@ def test_bad_arguments_one_line_errors(tmp_path, mdp_file, capsys):
     (["--env", env, "--episodes", "2", "--confidence", "1.5"], "--confidence"),
   ]  # fmt: skip
   for argv, fragment in cases:
-    with pytest.raises(SystemExit) if "bogus" in argv else _nullcontext():
+    with pytest.raises(SystemExit) if "bogus" in argv else contextlib.nullcontext():
       code = main(["label", *argv, "--out", str(tmp_path / "o"), "--no-progress"])
       assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -213,14 +213,6 @@ def test_bad_arguments_one_line_errors(tmp_path, mdp_file, capsys):
   assert "not empty" in capsys.readouterr().err
 
 
-class _nullcontext:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
-
-
 def test_cli_subprocess_exit_code_and_single_line(tmp_path):
   """The real executable path: exit 2, one line, no traceback, nothing written."""
   mu0 = np.zeros(4)
@@ -231,4 +223,3 @@ def test_cli_subprocess_exit_code_and_single_line(tmp_path):
   assert not (tmp_path / "o").exists()
   proc = run_cli("export", tmp_path / "nowhere")
   assert_one_line_error(proc, "no such directory")
-  assert sys.executable

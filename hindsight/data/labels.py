@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -106,7 +107,7 @@ def write_dataset(
   """Writes the dataset atomically (TFDS renames its incomplete dir at the very end)."""
   tfds.display_progress_bar(False)  # the job has its own bar
   for stale in glob.glob(os.path.join(out_dir, DATASET_NAME, "incomplete.*")):
-    _rmtree(stale)
+    shutil.rmtree(stale, ignore_errors=True)
   builder = LabelsBuilder(
     features=features,
     metadata=metadata,
@@ -119,12 +120,6 @@ def write_dataset(
     download_config=tfds.download.DownloadConfig(verify_ssl=False),
   )
   return dataset_dir(out_dir)
-
-
-def _rmtree(path: str) -> None:
-  import shutil
-
-  shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclasses.dataclass
