@@ -32,6 +32,9 @@ class Environment(abc.ABC):
     null_action: the declared "do nothing" action, or None if the environment has none.
     tag_names: names of the per-step tags returned by `tag` (index -> name).
     success_threshold: an episode succeeds when its return exceeds this.
+    num_step_uniforms: n > 0 declares that `step` consumes exactly n uniform numbers and
+      that `step_from_uniforms` exists. The labeler then draws a branch's random numbers
+      in one bulk call instead of a key per step (threefry dominates rollout cost on CPU).
   """
 
   name: str
@@ -40,6 +43,7 @@ class Environment(abc.ABC):
   null_action: int | None = None
   tag_names: tuple[str, ...] = ()
   success_threshold: float = 0.0
+  num_step_uniforms: int = 0
 
   @abc.abstractmethod
   def default_params(self) -> PyTree:
@@ -58,6 +62,12 @@ class Environment(abc.ABC):
     `done` is True when the episode ends with this step (terminal state or horizon).
     The returned state carries time + 1 and the done flag.
     """
+
+  def step_from_uniforms(
+    self, u: jax.Array, state: PyTree, action: jax.Array, params: PyTree
+  ) -> tuple[PyTree, jax.Array, jax.Array]:
+    """`step` driven by u float32 [num_step_uniforms] instead of a key (optional)."""
+    raise NotImplementedError(f"{self.name} declares no uniform-driven step")
 
   @abc.abstractmethod
   def observation(self, state: PyTree, params: PyTree) -> jax.Array:

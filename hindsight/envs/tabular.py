@@ -129,8 +129,14 @@ class TabularEnv(Environment):
     s = inverse_cdf(jax.random.uniform(key), params.mu0_cdf)
     return TabularState(s=s, time=jnp.int32(0), done=jnp.bool_(False))
 
+  num_step_uniforms = 1
+
   def step(self, key, state: TabularState, action, params: TabularParams):
-    s_next = inverse_cdf(jax.random.uniform(key), params.P_cdf[state.s, action])
+    return self.step_from_uniforms(jax.random.uniform(key, (1,)), state, action, params)
+
+  def step_from_uniforms(self, u, state: TabularState, action, params: TabularParams):
+    # Inverse CDF: the same u under two actions gives monotonically coupled next states.
+    s_next = inverse_cdf(u[0], params.P_cdf[state.s, action])
     reward = params.r[state.s, action]
     time = state.time + 1
     done = params.terminal[s_next] | (time >= self.horizon)

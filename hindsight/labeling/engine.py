@@ -54,7 +54,7 @@ PyTree = Any
 _TIME_BUCKETS = 8
 
 # Target number of branch rollouts in one micro-batch (see Labeler.micro_batch).
-_LANES_PER_MICRO_BATCH = 32768
+_LANES_PER_MICRO_BATCH = 65536
 _MAX_MICRO_BATCH = 16
 
 # Per-step float fields, in the order they are written.
@@ -238,15 +238,13 @@ class Labeler:
     gathers are much faster over one batch axis than over several.)
     """
     E, H, K, n = firsts.shape
-    run = jax.vmap(
-      functools.partial(
-        continuation_return,
-        self.env,
-        self.policy,
-        self.env_params,
-        self.policy_params,
-        gamma=self.config.gamma,
-      )
+    run = functools.partial(
+      continuation_return,
+      self.env,
+      self.policy,
+      self.env_params,
+      self.policy_params,
+      gamma=self.config.gamma,
     )
     time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [H, E, ...]
     states, firsts, keys = jax.tree.map(time_major, (states, firsts, keys))
@@ -254,7 +252,9 @@ class Labeler:
     G, steps = [], []
     for lo, hi in itertools.pairwise(bounds):
       flat = lambda x, lo=lo, hi=hi: x[lo:hi].reshape(-1, *x.shape[4:])  # noqa: E731
-      g, st = run(jax.tree.map(flat, states), flat(firsts), flat(keys))
+      # Branches starting at t >= lo have at most H - lo steps left.
+      run_block = jax.vmap(functools.partial(run, max_steps=int(H - lo)))
+      g, st = run_block(jax.tree.map(flat, states), flat(firsts), flat(keys))
       G.append(g.reshape(hi - lo, E, K, n))
       steps.append(st.reshape(hi - lo, E, K, n))
     return time_major(jnp.concatenate(G)), time_major(jnp.concatenate(steps))

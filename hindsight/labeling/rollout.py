@@ -69,16 +69,19 @@ def continuation_return(
   first_action: jax.Array,
   key: jax.Array,
   gamma: float = 1.0,
+  max_steps: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """G_t of do(a_t = first_action) at `state`, then pi to the end of the episode.
 
   Args:
     state: s_t (time t). A state that is already done yields G = 0.
     first_action: int32 [], the action forced at s_t.
-    key: the continuation key. The environment's step at time u gets fold_in(k_env, u); the
-      policy's draw at time u is uniform number u of one bulk draw from k_pol. Both depend
-      only on u, which is what makes arms sharing `key` use common random numbers.
+    key: the continuation key. Step j of the branch (time t + j) uses random numbers that
+      depend on (key, j) only, so arms that start from the same s_t with the same key use
+      common random numbers.
     gamma: discount (static).
+    max_steps: static bound on the steps left (default: the horizon); the caller knows it
+      from the start step, and it sizes the bulk draw of random numbers.
 
   Returns:
     G: float32 [], sum_{u>=t} gamma^(u-t) r_u.
@@ -87,22 +90,28 @@ def continuation_return(
   A `while_loop` rather than a fixed-length scan: under vmap it runs until the last branch
   of the batch has ended, so a batch of late or short branches stops early.
   """
-  k_pol, k_env = jax.random.split(key)
-  # One bulk draw is several times cheaper than a fresh key per step (threefry dominates).
-  u_pol = jax.random.uniform(k_pol, (env.horizon,))
+  n = env.horizon if max_steps is None else max_steps
+  n_env = env.num_step_uniforms
+  if n_env:
+    # One bulk draw for the whole branch: several times cheaper than a key per step.
+    u = jax.random.uniform(key, (n, 1 + n_env))
+    u_pol = u[:, 0]
+    env_step = lambda j, s, a: env.step_from_uniforms(u[j, 1:], s, a, env_params)  # noqa: E731
+  else:
+    k_pol, k_env = jax.random.split(key)
+    u_pol = jax.random.uniform(k_pol, (n,))
+    env_step = lambda j, s, a: env.step(jax.random.fold_in(k_env, j), s, a, env_params)  # noqa: E731
 
   def cond(carry):
-    state, *_ = carry
-    return ~state.done
+    state, _, _, steps = carry
+    return ~state.done & (steps < n)
 
   def body(carry):
     state, ret, discount, steps = carry
     probs = policy.probs(policy_params, state, env_params)
-    sampled = sample_categorical_from_uniform(u_pol[state.time], probs)
+    sampled = sample_categorical_from_uniform(u_pol[steps], probs)
     action = jnp.where(steps == 0, first_action, sampled)
-    next_state, reward, _ = env.step(
-      jax.random.fold_in(k_env, state.time), state, action, env_params
-    )
+    next_state, reward, _ = env_step(steps, state, action)
     return next_state, ret + discount * reward, discount * gamma, steps + 1
 
   init = (state, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
