@@ -42,7 +42,7 @@ def test_branches_share_random_numbers_and_done_states_return_zero():
   ep, pp = env.default_params(), policy.default_params()
   traj = sample_episode(env, policy, ep, pp, jax.random.key(5))
   s2 = jax.tree.map(lambda x: x[2], traj.states)
-  roll = jax.jit(lambda s, a, k: continuation_return(env, policy, ep, pp, s, a, k))
+  roll = jax.jit(lambda s, a, k: continuation_return(env, policy, ep, pp, s, a, k)[:2])
   keys = jax.random.split(jax.random.key(9), 64)
   g1, n1 = jax.vmap(roll, (None, None, 0))(s2, traj.actions[2], keys)
   g2, _ = jax.vmap(roll, (None, None, 0))(s2, traj.actions[2], keys)

@@ -5,6 +5,10 @@ DESIGN section 1:
   policy_other  pi restricted to a' != a_t, renormalised; undefined if pi(a_t | s_t) = 1
   uniform       a' uniform over the legal actions
   null          the environment's declared null action
+  policy_no_repeat  q as policy_other, and the continuation may not take an action of a_t's
+                content class again (Macar et al. 2025's resilience: a step looks
+                unnecessary when the policy simply regenerates it later); the rollout side
+                lives in hindsight.labeling.rollout.
 
 Written for one step; vmap outside.
 """
@@ -16,18 +20,27 @@ import jax.numpy as jnp
 
 from hindsight.errors import HindsightError
 
-REPLACEMENTS = ("policy", "policy_other", "uniform", "null")
+REPLACEMENTS = ("policy", "policy_other", "uniform", "null", "policy_no_repeat")
 
 # pi(a_t | s_t) above this counts as 1: nothing else is left to renormalise.
 _DEGENERATE = 1.0 - 1e-6
 
 
-def check_replacement(kind: str, null_action: int | None, env_name: str = "environment") -> None:
+def check_replacement(
+  kind: str,
+  null_action: int | None,
+  env_name: str = "environment",
+  has_action_classes: bool = True,
+) -> None:
   """Raises a one-line HindsightError if `kind` cannot be used with this environment."""
   if kind not in REPLACEMENTS:
     raise HindsightError(f"unknown replacement '{kind}' (choose from {', '.join(REPLACEMENTS)})")
   if kind == "null" and null_action is None:
     raise HindsightError(f"replacement 'null' needs a null action, and {env_name} declares none")
+  if kind == "policy_no_repeat" and not has_action_classes:
+    raise HindsightError(
+      f"replacement 'policy_no_repeat' needs action content classes, and {env_name} declares none"
+    )
 
 
 def replacement_probs(
@@ -54,7 +67,7 @@ def replacement_probs(
   num_actions = pi_t.shape[-1]
   if kind == "policy":
     return pi_t, jnp.bool_(False)
-  if kind == "policy_other":
+  if kind in ("policy_other", "policy_no_repeat"):
     others = pi_t * (jnp.arange(num_actions) != a_t)
     mass = others.sum()
     undefined = pi_t[a_t] >= _DEGENERATE

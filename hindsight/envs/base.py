@@ -35,6 +35,8 @@ class Environment(abc.ABC):
     num_step_uniforms: n > 0 declares that `step` consumes exactly n uniform numbers and
       that `step_from_uniforms` exists. The labeler then draws a branch's random numbers
       in one bulk call instead of a key per step (threefry dominates rollout cost on CPU).
+    has_action_classes: `action_class` names the content class of an action (what it
+      does), which the `policy_no_repeat` replacement needs.
   """
 
   name: str
@@ -44,6 +46,7 @@ class Environment(abc.ABC):
   tag_names: tuple[str, ...] = ()
   success_threshold: float = 0.0
   num_step_uniforms: int = 0
+  has_action_classes: bool = False
 
   @abc.abstractmethod
   def default_params(self) -> PyTree:
@@ -73,6 +76,15 @@ class Environment(abc.ABC):
   def observation(self, state: PyTree, params: PyTree) -> jax.Array:
     """What an agent (and the credit model) may see of the state; latents excluded."""
 
+  def success(self, final_state: PyTree, episode_return: jax.Array) -> jax.Array:
+    """bool []: did the episode that ended in `final_state` with this return succeed?
+
+    Default: return > success_threshold (DESIGN section 1). Environments whose success is
+    an event rather than a return level (a door opened) override this.
+    """
+    del final_state
+    return episode_return > self.success_threshold
+
   def legal_actions(self, state: PyTree, params: PyTree) -> jax.Array:
     """bool [A]: which actions are legal in `state`. Default: all of them."""
     del state, params
@@ -82,6 +94,10 @@ class Environment(abc.ABC):
     """int32 []: index into `tag_names` naming what taking `action` in `state` does."""
     del state, params
     return jnp.asarray(action, jnp.int32)
+
+  def action_class(self, state: PyTree, action: jax.Array, params: PyTree) -> jax.Array:
+    """int32 []: the content class of `action` in `state` (see `has_action_classes`)."""
+    raise NotImplementedError(f"{self.name} declares no action classes")
 
   def state_index(self, state: PyTree) -> jax.Array | None:
     """int32 [] index of a discrete state (exported as `states`), or None if not discrete."""

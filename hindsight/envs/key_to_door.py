@@ -4,10 +4,12 @@ After the TVT task of Hung et al. (2019), used by the hindsight / counterfactual
 assignment papers (Harutyunyan et al. 2019, Mesnard et al. 2021). Three phases, switched by
 time, the agent placed at cell 0 of a fresh corridor at each switch:
 
-  phase 1 (15 steps)  a corridor of 5 cells with a key on a random cell (1..4): `grab` there
+  phase 1 (15 steps)  a corridor of 5 cells with a key on a random cell (1..3): `grab` there
                       picks it up
-  phase 2 (90 steps)  a corridor of 10 cells, an apple on each, worth U(1, 10) (drawn at
-                      reset, held in the state): `grab` on a cell with an apple eats it
+  phase 2 (90 steps)  10 apples worth U(1, 10) each (drawn at reset, held in the state),
+                      one passing by every 9 steps: `grab` at that step eats it, otherwise
+                      it is gone (a reduced corridor: apples are distractors whose reward
+                      variance hides the key's delayed effect, not a navigation problem)
   phase 3 (15 steps)  a corridor of 5 cells with a door on the last: `grab` there opens it
                       if the agent holds the key: reward 10 and the episode ends
 
@@ -17,8 +19,10 @@ grab that opens the door), `move` (everything else).
 The key is worth nothing until 90+ steps later, behind the apples' reward variance: that
 delay and that noise are what make credit hard here.
 
-The behaviour policy (`KeyToDoorPolicy`) walks towards what is useful with some noise and
-grabs the key with probability `p_key` when it stands on it.
+The behaviour policy (`KeyToDoorPolicy`) walks towards what is useful with some noise, grabs
+the key with probability `p_key` when it first stands on it and otherwise walks on without
+ever turning back for it, so a missed key stays missed (the credit of the pickup is then the
+door's value, not diluted by second chances).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class KeyToDoorState:
   has_key: jax.Array  # bool []
   key_pos: jax.Array  # int32 [] the key's cell in phase 1
   apple_values: jax.Array  # float32 [n_apples]
-  apples_left: jax.Array  # bool [n_apples]
+  door_open: jax.Array  # bool []
 
 
 @struct.dataclass
@@ -75,8 +79,13 @@ class KeyToDoor(Environment):
     self.corridor, self.num_apples = corridor, num_apples
     self.horizon = key_steps + apple_steps + door_steps
     self._door_reward = door_reward
-    # Success means the door was opened (apples alone never reach the door's reward).
-    self.success_threshold = door_reward - 1e-3 + 0.0 * num_apples
+    self.success_threshold = door_reward  # informational: success is the door (see success)
+
+  def success(self, final_state: KeyToDoorState, episode_return) -> jax.Array:
+    """The door was opened. (Apples alone can add up past the door's 10, so success is an
+    event here, not a return level.)"""
+    del episode_return
+    return final_state.door_open
 
   def default_params(self) -> KeyToDoorParams:
     return KeyToDoorParams(
@@ -92,41 +101,45 @@ class KeyToDoor(Environment):
       done=jnp.bool_(False),
       pos=jnp.int32(0),
       has_key=jnp.bool_(False),
-      key_pos=jax.random.randint(k_key, (), 1, self.corridor),
+      # Never on the last cell: walking on from the key must leave it behind.
+      key_pos=jax.random.randint(k_key, (), 1, self.corridor - 1),
       apple_values=jax.random.uniform(
         k_apple, (self.num_apples,), minval=params.apple_low, maxval=params.apple_high
       ),
-      apples_left=jnp.ones((self.num_apples,), bool),
+      door_open=jnp.bool_(False),
     )
 
   def phase(self, time: jax.Array) -> jax.Array:
     """1, 2 or 3."""
     return 1 + (time >= self.key_steps) + (time >= self.key_steps + self.apple_steps)
 
-  def _width(self, phase):
-    return jnp.where(phase == 2, self.num_apples, self.corridor)
+  def apple_here(self, time: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(an apple passes at this step, its index)."""
+    since = time - self.key_steps
+    every = self.apple_steps // self.num_apples
+    index = jnp.clip(since // every, 0, self.num_apples - 1)
+    return (self.phase(time) == 2) & (since % every == 0) & (
+      since // every < self.num_apples
+    ), index
 
   def _events(self, state: KeyToDoorState, action):
     """(takes_key, eats_apple, opens_door) for `action` in `state`."""
     phase = self.phase(state.time)
     grab = action == GRAB
     takes_key = grab & (phase == 1) & (state.pos == state.key_pos) & ~state.has_key
-    here = jnp.clip(state.pos, 0, self.num_apples - 1)
-    eats_apple = grab & (phase == 2) & state.apples_left[here]
+    eats_apple = grab & self.apple_here(state.time)[0]
     opens_door = grab & (phase == 3) & (state.pos == self.corridor - 1) & state.has_key
     return takes_key, eats_apple, opens_door
 
   def step(self, key, state: KeyToDoorState, action, params: KeyToDoorParams):
     del key  # deterministic transitions
     takes_key, eats_apple, opens_door = self._events(state, action)
-    here = jnp.clip(state.pos, 0, self.num_apples - 1)
     reward = (
-      jnp.where(eats_apple, state.apple_values[here], 0.0)
+      jnp.where(eats_apple, state.apple_values[self.apple_here(state.time)[1]], 0.0)
       + jnp.where(opens_door, params.door_reward, 0.0)
     ).astype(jnp.float32)
-    width = self._width(self.phase(state.time))
     move = jnp.where(action == LEFT, -1, jnp.where(action == RIGHT, 1, 0))
-    pos = jnp.clip(state.pos + move, 0, width - 1)
+    pos = jnp.clip(state.pos + move, 0, self.corridor - 1)
     time = state.time + 1
     # A new phase starts at cell 0 of its own corridor.
     pos = jnp.where(self.phase(time) != self.phase(state.time), 0, pos)
@@ -136,7 +149,7 @@ class KeyToDoor(Environment):
       done=done,
       pos=pos,
       has_key=state.has_key | takes_key,
-      apples_left=state.apples_left.at[here].set(state.apples_left[here] & ~eats_apple),
+      door_open=state.door_open | opens_door,
     )
     return next_state, reward, done
 
@@ -144,14 +157,13 @@ class KeyToDoor(Environment):
     """float32 [8]: phase one-hot, position, key held, key cell, apple here (its value)."""
     del params
     phase = self.phase(state.time)
-    here = jnp.clip(state.pos, 0, self.num_apples - 1)
-    apple_here = (phase == 2) & state.apples_left[here]
+    apple_here, here = self.apple_here(state.time)
     return jnp.concatenate(
       [
         jax.nn.one_hot(phase - 1, 3),
         jnp.stack(
           [
-            state.pos / self.num_apples,
+            state.pos / self.corridor,
             state.has_key.astype(jnp.float32),
             state.key_pos / self.corridor,
             apple_here.astype(jnp.float32),
@@ -177,13 +189,13 @@ class KeyToDoor(Environment):
 # (noop, left, right, grab). Row ON_KEY's grab probability is p_key.
 ON_KEY, BEFORE_KEY, PAST_KEY, ON_APPLE, NO_APPLE, AT_DOOR, TO_DOOR = range(7)
 _DEFAULT_TABLE = (
-  (0.0, 0.0, 0.0, 0.0),  # ON_KEY: filled from p_key
-  (0.1, 0.1, 0.7, 0.1),  # BEFORE_KEY: walk right towards the key
-  (0.2, 0.4, 0.3, 0.1),  # PAST_KEY (or key held): wander
-  (0.2, 0.1, 0.2, 0.5),  # ON_APPLE: eat it half the time
-  (0.2, 0.2, 0.5, 0.1),  # NO_APPLE: move on
+  (0.0, 0.0, 0.0, 0.0),  # ON_KEY: grab with p_key, else walk on
+  (0.1, 0.05, 0.8, 0.05),  # BEFORE_KEY: walk right towards the key
+  (0.3, 0.0, 0.65, 0.05),  # PAST_KEY (or key held): never turns back for a missed key
+  (0.2, 0.15, 0.15, 0.5),  # ON_APPLE: eat it half the time
+  (0.5, 0.2, 0.2, 0.1),  # NO_APPLE: idle
   (0.1, 0.0, 0.0, 0.9),  # AT_DOOR with the key: open
-  (0.1, 0.1, 0.7, 0.1),  # TO_DOOR: walk right
+  (0.1, 0.05, 0.8, 0.05),  # TO_DOOR: walk right
 )
 
 
@@ -196,20 +208,20 @@ class KeyToDoorPolicy(Policy):
     self.env, self.p_key = env, p_key
 
   def default_params(self) -> jax.Array:
-    rest = (1.0 - self.p_key) / 3.0
+    rest = 1.0 - self.p_key
+    on_key = [0.0, 0.0, rest, self.p_key]  # noop, left, right, grab
     table = jnp.asarray(_DEFAULT_TABLE, jnp.float32)
-    return table.at[ON_KEY].set(jnp.asarray([rest, rest, rest, self.p_key], jnp.float32))
+    return table.at[ON_KEY].set(jnp.asarray(on_key, jnp.float32))
 
   def probs(self, params, state: KeyToDoorState, env_params) -> jax.Array:
     env = self.env
     phase = env.phase(state.time)
-    here = jnp.clip(state.pos, 0, env.num_apples - 1)
     situation = jnp.select(
       [
         (phase == 1) & ~state.has_key & (state.pos == state.key_pos),
         (phase == 1) & ~state.has_key & (state.pos < state.key_pos),
         phase == 1,
-        (phase == 2) & state.apples_left[here],
+        env.apple_here(state.time)[0],
         phase == 2,
         (state.pos == env.corridor - 1) & state.has_key,
       ],

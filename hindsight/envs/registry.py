@@ -11,7 +11,21 @@ from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
 from hindsight.policies.tabular import TabularPolicy
 
-KNOWN_SPECS = ("tabular:PATH.npz",)
+KNOWN_SPECS = ("tabular:PATH.npz", "key_to_door[:p_key=P]", "reasoning[:decorative_rate=D]")
+
+
+def _options(spec: str, arg: str, allowed: dict[str, float]) -> dict[str, float]:
+  """Parses `name=value,name=value` into floats, refusing unknown names and bad numbers."""
+  out = dict(allowed)
+  for item in filter(None, arg.split(",")):
+    name, sep, value = item.partition("=")
+    if not sep or name not in allowed:
+      raise HindsightError(f"--env {spec}: unknown option '{item}' (known: {', '.join(allowed)})")
+    try:
+      out[name] = float(value)
+    except ValueError:
+      raise HindsightError(f"--env {spec}: {name} must be a number, got '{value}'") from None
+  return out
 
 
 def make(spec: str) -> tuple[Environment, Policy]:
@@ -22,4 +36,19 @@ def make(spec: str) -> tuple[Environment, Policy]:
       raise HindsightError("--env tabular needs a file: tabular:PATH.npz")
     mdp = load_tabular(arg)
     return TabularEnv(mdp), TabularPolicy(mdp.pi)
+  if kind == "key_to_door":
+    from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
+
+    opts = _options(spec, arg, {"p_key": 0.5})
+    if not 0.0 <= opts["p_key"] <= 1.0:
+      raise HindsightError(f"--env {spec}: p_key must be in [0, 1]")
+    env = KeyToDoor()
+    return env, KeyToDoorPolicy(env, p_key=opts["p_key"])
+  if kind == "reasoning":
+    from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
+
+    opts = _options(spec, arg, {"decorative_rate": 1.0})
+    if opts["decorative_rate"] < 0:
+      raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
+    return Reasoning(), ReasoningPolicy(opts["decorative_rate"])
   raise HindsightError(f"unknown environment '{spec}' (known: {', '.join(KNOWN_SPECS)})")

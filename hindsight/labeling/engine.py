@@ -111,7 +111,7 @@ class Labeler:
     env_params: PyTree | None = None,
     policy_params: PyTree | None = None,
   ):
-    check_replacement(config.replacement, env.null_action, env.name)
+    check_replacement(config.replacement, env.null_action, env.name, env.has_action_classes)
     if not config.exact and config.num_rollouts < 2:
       raise HindsightError(
         f"--rollouts must be >= 2 for a standard error, got {config.num_rollouts}"
@@ -124,6 +124,8 @@ class Labeler:
     self.env_params = env.default_params() if env_params is None else env_params
     self.policy_params = policy.default_params() if policy_params is None else policy_params
     self._tables = None
+    if config.exact and config.replacement == "policy_no_repeat":
+      raise HindsightError("--exact does not cover policy_no_repeat (its continuation differs)")
     if config.exact:
       if not isinstance(env, TabularEnv):
         raise HindsightError(f"--exact needs a tabular MDP, not environment '{env.name}'")
@@ -199,12 +201,13 @@ class Labeler:
   def _branch_starts(self, traj: Trajectory, key: jax.Array):
     """Where each branch of one episode starts: state, forced first action and key.
 
-    Returns (states, first_actions, keys, q, undefined): the first three with leading dims
-    [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q [H, A], undefined [H].
+    Returns (states, first_actions, keys, banned, q, undefined): the first four with leading
+    dims [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q [H, A],
+    undefined [H]. `banned` is the content class a continuation may not take (-1: none).
     """
     env, cfg = self.env, self.config
     H, K = env.horizon, cfg.num_rollouts
-    states, a = traj.states, traj.actions
+    states, a = jax.tree.map(lambda x: x[:H], traj.states), traj.actions
     pi = jax.vmap(self.policy.probs, (None, 0, None))(self.policy_params, states, self.env_params)
     legal = jax.vmap(env.legal_actions, (0, None))(states, self.env_params)
     q, undefined = jax.vmap(replacement_probs, (None, 0, 0, 0, None))(
@@ -227,10 +230,16 @@ class Labeler:
     branch_states = jax.tree.map(
       lambda x: jnp.broadcast_to(x[:, None, None], (H, K, n_arms, *x.shape[1:])), states
     )
-    return branch_states, firsts, keys, q, undefined & traj.mask
+    # policy_no_repeat: only the replace arm's continuation avoids a_t's content class.
+    banned = jnp.full((H, K, n_arms), -1, jnp.int32)
+    if cfg.replacement == "policy_no_repeat" and not cfg.exact:
+      klass_t = jax.vmap(env.action_class, (0, 0, None))(states, a, self.env_params)
+      banned = banned.at[:, :, 1].set(klass_t[:, None])
+    return branch_states, firsts, keys, banned, q, undefined & traj.mask
 
-  def _rollout(self, states, firsts, keys):
-    """Branch returns G and step counts, both [E, H, K, n_arms], from the branch starts.
+  def _rollout(self, states, firsts, keys, banned):
+    """Branch returns G, step counts (both [E, H, K, n_arms]) and the phi arm's final
+    states (leaves [E, H, K, ...]), from the branch starts.
 
     Branches are grouped by start step into `_TIME_BUCKETS` blocks, each rolled as one flat
     vmapped while_loop: a block of late starts stops after its few remaining steps instead
@@ -247,29 +256,40 @@ class Labeler:
       gamma=self.config.gamma,
     )
     time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [H, E, ...]
-    states, firsts, keys = jax.tree.map(time_major, (states, firsts, keys))
+    states, firsts, keys, banned = jax.tree.map(time_major, (states, firsts, keys, banned))
+    if self.config.replacement != "policy_no_repeat":
+      banned = None  # no masking compiled in
     bounds = np.linspace(0, H, min(_TIME_BUCKETS, H) + 1).astype(int)
-    G, steps = [], []
+    G, steps, finals = [], [], []
     for lo, hi in itertools.pairwise(bounds):
       flat = lambda x, lo=lo, hi=hi: x[lo:hi].reshape(-1, *x.shape[4:])  # noqa: E731
       # Branches starting at t >= lo have at most H - lo steps left.
       run_block = jax.vmap(functools.partial(run, max_steps=int(H - lo)))
-      g, st = run_block(jax.tree.map(flat, states), flat(firsts), flat(keys))
-      G.append(g.reshape(hi - lo, E, K, n))
-      steps.append(st.reshape(hi - lo, E, K, n))
-    return time_major(jnp.concatenate(G)), time_major(jnp.concatenate(steps))
+      block_banned = None if banned is None else flat(banned)
+      g, st, fin = run_block(
+        jax.tree.map(flat, states), flat(firsts), flat(keys), banned_class=block_banned
+      )
+      block = (hi - lo, E, K, n)
+      G.append(g.reshape(block))
+      steps.append(st.reshape(block))
+      # Only the phi arm's (the last arm's) final states are needed, for phi_hard.
+      finals.append(jax.tree.map(lambda x, b=block: x.reshape(*b, *x.shape[1:])[:, :, :, -1], fin))
+    finals = jax.tree.map(lambda *xs: time_major(jnp.concatenate(xs)), *finals)
+    return time_major(jnp.concatenate(G)), time_major(jnp.concatenate(steps)), finals
 
   def _label_batch(self, traj: Trajectory, keys: jax.Array) -> dict[str, jax.Array]:
     """Labels a batch of episodes: traj leaves [E, H, ...], keys [E]."""
-    states, firsts, bkeys, q, undefined = jax.vmap(self._branch_starts)(traj, keys)
-    G, steps = self._rollout(states, firsts, bkeys)  # [E, H, K, n_arms]
-    return jax.vmap(self._reduce)(traj, G, steps, q, undefined)
+    states, firsts, bkeys, banned, q, undefined = jax.vmap(self._branch_starts)(traj, keys)
+    G, steps, finals = self._rollout(states, firsts, bkeys, banned)  # [E, H, K, n_arms]
+    return jax.vmap(self._reduce)(traj, G, steps, finals, q, undefined)
 
-  def _reduce(self, traj: Trajectory, G, steps, q, undefined) -> dict[str, jax.Array]:
+  def _reduce(self, traj: Trajectory, G, steps, finals, q, undefined) -> dict[str, jax.Array]:
     """All label fields of one episode from its branch returns G [H, K, n_arms]."""
     env, cfg = self.env, self.config
     H, K, gamma = env.horizon, cfg.num_rollouts, cfg.gamma
-    states, a, r, mask = traj.states, traj.actions, traj.rewards, traj.mask
+    states = jax.tree.map(lambda x: x[:H], traj.states)
+    final_state = jax.tree.map(lambda x: x[H], traj.states)
+    a, r, mask = traj.actions, traj.rewards, traj.mask
     t_index = jnp.arange(H)
     G_phi = G[..., -1]
 
@@ -299,8 +319,15 @@ class Labeler:
     # Math-Shepherd hard estimate from the continuations out of s_{t+1}.
     discounts = gamma ** t_index.astype(jnp.float32)
     prefix = jnp.cumsum(discounts * r)  # R_{<=t}
+    # Continuations from s_{t+1}: the phi arms at t + 1; after step H - 1, the final state.
     G_phi_next = jnp.concatenate([G_phi[1:], jnp.zeros((1, K))], axis=0)  # [H, K]
-    success = (prefix[:, None] + gamma * discounts[:, None] * G_phi_next) > env.success_threshold
+    finals_next = jax.tree.map(
+      lambda f, x: jnp.concatenate([f[1:], jnp.broadcast_to(x, (1, K, *x.shape))]),
+      finals,
+      final_state,
+    )
+    totals = prefix[:, None] + gamma * discounts[:, None] * G_phi_next
+    success = jax.vmap(jax.vmap(env.success))(finals_next, totals)
     p_success = success.mean(-1)
     phi_hard = success.any(-1).astype(jnp.float32)
     h = 1.0 - (1.0 - p_success) ** K
@@ -328,7 +355,7 @@ class Labeler:
     out["tags"] = jax.vmap(env.tag, (0, 0, None))(states, a, self.env_params)
     out["length"] = mask.sum().astype(jnp.int32)
     out["return"] = g_tau[0]
-    out["success"] = g_tau[0] > env.success_threshold
+    out["success"] = env.success(final_state, g_tau[0])
     out["rollout_steps"] = steps.sum().astype(jnp.int64 if jax.config.x64_enabled else jnp.int32)
     return out
 

@@ -89,7 +89,7 @@ def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -
   arrays["actions"] = np.asarray(traj.actions)[:n]
   arrays["rewards"] = np.asarray(traj.rewards)[:n]
   arrays["mask"] = np.asarray(traj.mask)[:n]
-  states = jax.tree.map(lambda x: x[:n], traj.states)
+  states = jax.tree.map(lambda x: x[:n, : env.horizon], traj.states)
   flat = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))
   arrays["observations"] = np.asarray(flat(states, env.default_params()))
   if env.state_index(jax.tree.map(lambda x: x[0, 0], states)) is not None:

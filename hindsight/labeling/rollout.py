@@ -24,8 +24,9 @@ PyTree = Any
 class Trajectory:
   """One episode padded to the horizon H (batch dims are added by vmap).
 
-  states:  pytree, leaves [H, ...]: s_t, the full state *before* action t. After the
-           episode ends the last state is repeated (its `done` flag is set).
+  states:  pytree, leaves [H + 1, ...]: s_t, the full state *before* action t, and last
+           the state after step H - 1. After the episode ends its final state is
+           repeated (its `done` flag set), so states[H] is always the final state.
   actions: int32 [H], a_t (0 on padding).
   rewards: float32 [H], r_t (0 on padding).
   mask:    bool [H], t < T (the step happened).
@@ -56,7 +57,8 @@ def sample_episode(
     out = (state, jnp.where(alive, action, 0), jnp.where(alive, reward, 0.0), alive)
     return _where_tree(alive, next_state, state), out
 
-  _, (states, actions, rewards, mask) = jax.lax.scan(body, state0, length=env.horizon)
+  final, (states, actions, rewards, mask) = jax.lax.scan(body, state0, length=env.horizon)
+  states = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, final)
   return Trajectory(states=states, actions=actions, rewards=rewards.astype(jnp.float32), mask=mask)
 
 
@@ -70,7 +72,8 @@ def continuation_return(
   key: jax.Array,
   gamma: float = 1.0,
   max_steps: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
+  banned_class: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, PyTree]:
   """G_t of do(a_t = first_action) at `state`, then pi to the end of the episode.
 
   Args:
@@ -82,10 +85,14 @@ def continuation_return(
     gamma: discount (static).
     max_steps: static bound on the steps left (default: the horizon); the caller knows it
       from the start step, and it sizes the bulk draw of random numbers.
+    banned_class: int32 [] or None. If given (>= 0), the continuation after the first step
+      never takes an action whose `env.action_class` equals it (pi renormalised over the
+      rest; if nothing is left, pi itself). -1 bans nothing.
 
   Returns:
     G: float32 [], sum_{u>=t} gamma^(u-t) r_u.
     steps: int32 [], env steps simulated before the episode ended.
+    final_state: the state the branch ended in (for `env.success`).
 
   A `while_loop` rather than a fixed-length scan: under vmap it runs until the last branch
   of the batch has ended, so a batch of late or short branches stops early.
@@ -109,14 +116,25 @@ def continuation_return(
   def body(carry):
     state, ret, discount, steps = carry
     probs = policy.probs(policy_params, state, env_params)
+    if banned_class is not None:
+      probs = _without_class(env, env_params, state, probs, banned_class)
     sampled = sample_categorical_from_uniform(u_pol[steps], probs)
     action = jnp.where(steps == 0, first_action, sampled)
     next_state, reward, _ = env_step(steps, state, action)
     return next_state, ret + discount * reward, discount * gamma, steps + 1
 
   init = (state, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
-  _, ret, _, steps = jax.lax.while_loop(cond, body, init)
-  return ret, steps
+  final, ret, _, steps = jax.lax.while_loop(cond, body, init)
+  return ret, steps, final
+
+
+def _without_class(env, env_params, state, probs, banned_class):
+  """pi renormalised over actions whose content class is not `banned_class`."""
+  actions = jnp.arange(env.num_actions)
+  classes = jax.vmap(env.action_class, (None, 0, None))(state, actions, env_params)
+  kept = probs * (classes != banned_class)
+  total = kept.sum()
+  return jnp.where(total > 0, kept / jnp.where(total > 0, total, 1.0), probs)
 
 
 def returns_to_go(rewards: jax.Array, gamma: float = 1.0) -> jax.Array:

@@ -1,0 +1,107 @@
+"""key_to_door and reasoning: environments where credit is known by construction."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hindsight.envs import make
+from hindsight.errors import HindsightError
+from hindsight.labeling import LabelConfig, Labeler, sample_episode, to_numpy
+
+
+@pytest.mark.parametrize("spec", ["key_to_door", "reasoning"])
+def test_jitted_step_equals_unjitted_and_replay_reproduces(spec):
+  env, policy = make(spec)
+  ep, pp = env.default_params(), policy.default_params()
+  traj = sample_episode(env, policy, ep, pp, jax.random.key(3))
+  step = jax.jit(env.step)
+  for t in range(0, int(traj.mask.sum()), 7):
+    s_t = jax.tree.map(lambda x, t=t: x[t], traj.states)
+    key = jax.random.key(t)
+    with jax.disable_jit():
+      slow = env.step(key, s_t, traj.actions[t], ep)
+    jax.tree.map(np.testing.assert_array_equal, slow, step(key, s_t, traj.actions[t], ep))
+  # Branching from a mid-episode state with the episode's own keys reproduces it exactly.
+  again = sample_episode(env, policy, ep, pp, jax.random.key(3))
+  jax.tree.map(np.testing.assert_array_equal, traj, again)
+  mid = 5
+  steps_key = jax.random.split(jax.random.key(3))[1]
+  state = jax.tree.map(lambda x: x[mid], traj.states)
+  for t in range(mid, min(int(traj.mask.sum()), mid + 10)):
+    _, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
+    state, reward, _ = env.step(k_env, state, traj.actions[t], ep)
+    assert float(reward) == float(traj.rewards[t])
+    jax.tree.map(
+      np.testing.assert_array_equal, state, jax.tree.map(lambda x, t=t: x[t + 1], traj.states)
+    )
+
+
+def _per_tag(env, traj, labels):
+  m = traj.mask
+  out = {}
+  for i, name in enumerate(env.tag_names):
+    sel = m & (labels["tags"] == i)
+    c = labels["credit"][sel]
+    c = c[~np.isnan(c)]
+    if c.size > 1:
+      out[name] = (c.mean(), c.std(ddof=1) / np.sqrt(c.size), c.size)
+  return out
+
+
+def test_reasoning_classes_by_construction():
+  env, policy = make("reasoning")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=32, replacement="policy"))
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(96)))
+  tags = _per_tag(env, traj, labels)
+  z = 1.96
+  fact, hyp = tags["fact"], tags["wrong_hypothesis"]
+  assert fact[0] - z * fact[1] > 0, fact
+  assert hyp[0] + z * hyp[1] < 0, hyp
+  for name in ("restate", "verify"):
+    mean = tags[name][0]
+    assert abs(mean) < 0.03, (name, tags[name])
+
+
+def test_policy_no_repeat_differs_from_policy_for_redundant_facts():
+  """The policy re-fetches forgotten facts: forbidding the repeat makes facts matter."""
+  env, policy = make("reasoning")
+  results = {}
+  for rep in ("policy", "policy_no_repeat"):
+    labeler = Labeler(env, policy, LabelConfig(num_rollouts=16, replacement=rep))
+    traj, labels = to_numpy(labeler.sample_and_label(1, jnp.arange(48)))
+    results[rep] = _per_tag(env, traj, labels)["fact"]
+  (m_p, se_p, _), (m_n, se_n, _) = results["policy"], results["policy_no_repeat"]
+  assert m_n - m_p > 5 * np.hypot(se_p, se_n), results
+
+
+def test_key_to_door_key_carries_the_door_and_apples_only_themselves():
+  env, policy = make("key_to_door")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=8, replacement="policy_other"))
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(24)))
+  m = traj.mask
+  key = m & (labels["tags"] == env.tag_names.index("key"))
+  apple = m & (labels["tags"] == env.tag_names.index("apple"))
+  door_value = 10.0
+  assert key.sum() >= 5 and apple.sum() >= 20
+  assert labels["credit"][key].mean() > 0.7 * door_value, labels["credit"][key]
+  # An eaten apple is worth its own reward, nothing of the door's.
+  np.testing.assert_allclose(labels["credit"][apple], traj.rewards[apple], atol=1e-3)
+
+
+def test_policy_no_repeat_needs_action_classes(mdp_file):
+  from hindsight.envs import TabularEnv, load_tabular
+  from hindsight.policies import TabularPolicy
+
+  mdp = load_tabular(mdp_file)
+  with pytest.raises(HindsightError, match="declares none"):
+    Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), LabelConfig(replacement="policy_no_repeat"))
+
+
+def test_env_spec_options():
+  _, policy = make("key_to_door:p_key=0.9")
+  assert float(policy.default_params()[0, 3]) == pytest.approx(0.9)
+  with pytest.raises(HindsightError, match="unknown option"):
+    make("key_to_door:speed=2")
+  with pytest.raises(HindsightError, match="must be a number"):
+    make("reasoning:decorative_rate=lots")
