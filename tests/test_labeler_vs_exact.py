@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hindsight.credit import REPLACEMENTS, exact_step_credit, replacement_probs, tabular_values
+from hindsight.credit import exact_step_credit, replacement_probs, tabular_values
 from hindsight.envs import TabularEnv, random_mdp
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
 from hindsight.policies import TabularPolicy
@@ -35,7 +35,8 @@ def _oracle(mdp, traj, replacement):
   return out
 
 
-@pytest.mark.parametrize("replacement", REPLACEMENTS)
+# policy_no_repeat changes the continuation, which the DP oracle does not model.
+@pytest.mark.parametrize("replacement", ("policy", "policy_other", "uniform", "null"))
 def test_mc_matches_exact_in_z_score(replacement):
   """RMS of (MC - exact) / stderr over >= 500 steps lies in [0.8, 1.25], per field."""
   mdp = random_mdp(2, num_states=6, num_actions=3, horizon=8)

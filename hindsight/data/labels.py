@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.fields import STEP_FIELDS
 from hindsight.errors import HindsightError
-from hindsight.labeling.engine import STEP_FIELDS
 
 DATASET_NAME = "hindsight_labels"
 VERSION = "1.0.0"

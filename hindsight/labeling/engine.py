@@ -34,18 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import UNDETERMINED, classify, mean_stderr, z_value
+from hindsight.credit.estimators import z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
+from hindsight.credit.fields import continuation_totals, returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
-from hindsight.labeling.rollout import (
-  Trajectory,
-  continuation_return,
-  returns_to_go,
-  sample_episode,
-)
+from hindsight.labeling.rollout import Trajectory, continuation_return, sample_episode
 from hindsight.policies.base import Policy, sample_categorical
 
 PyTree = Any
@@ -56,18 +52,6 @@ _TIME_BUCKETS = 8
 # Target number of branch rollouts in one micro-batch (see Labeler.micro_batch).
 _LANES_PER_MICRO_BATCH = 65536
 _MAX_MICRO_BATCH = 16
-
-# Per-step float fields, in the order they are written.
-STEP_FIELDS = (
-  "credit",
-  "credit_stderr",
-  "credit_realized",
-  "credit_realized_stderr",
-  "progress",
-  "progress_stderr",
-  "phi_hard",
-  "phi_hard_stderr",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,71 +275,38 @@ class Labeler:
     final_state = jax.tree.map(lambda x: x[H], traj.states)
     a, r, mask = traj.actions, traj.rewards, traj.mask
     t_index = jnp.arange(H)
-    G_phi = G[..., -1]
-
-    g_tau = returns_to_go(r, gamma)  # [H]
-    phi, phi_se = mean_stderr(G_phi)  # [H]
-    nan = jnp.full((H,), jnp.nan, jnp.float32)
-
+    exact = None
     if cfg.exact:
       q_table, v_table = self._tables
       s = jax.vmap(env.state_index)(states)
       qvals = q_table[t_index, s]  # [H, A]
-      credit, realized = jax.vmap(exact_step_credit)(q, qvals, a, g_tau)
+      credit, realized = jax.vmap(exact_step_credit)(q, qvals, a, returns_to_go(r, gamma))
       # V_{t+1}(s_{t+1}) counts only if step t+1 happens (not terminal, not past the horizon).
       mask_next = jnp.append(mask[1:], False)
       v_next = jnp.where(mask_next, v_table[t_index + 1, jnp.append(s[1:], 0)], 0.0)
-      progress = r + gamma * v_next - v_table[t_index, s]
-      credit_se = realized_se = progress_se = jnp.zeros((H,), jnp.float32)
-    else:
-      credit, credit_se = mean_stderr(G[..., 0] - G[..., 1])
-      rep_mean, realized_se = mean_stderr(G[..., 1])
-      realized = g_tau - rep_mean
-      phi_next = jnp.append(phi[1:], 0.0)  # Phi after the end is 0: those states are done
-      phi_next_se = jnp.append(phi_se[1:], 0.0)
-      progress = r + gamma * phi_next - phi
-      progress_se = jnp.sqrt(phi_se**2 + (gamma * phi_next_se) ** 2)
+      exact = (credit, realized, r + gamma * v_next - v_table[t_index, s])
 
-    # Math-Shepherd hard estimate from the continuations out of s_{t+1}.
-    discounts = gamma ** t_index.astype(jnp.float32)
-    prefix = jnp.cumsum(discounts * r)  # R_{<=t}
     # Continuations from s_{t+1}: the phi arms at t + 1; after step H - 1, the final state.
-    G_phi_next = jnp.concatenate([G_phi[1:], jnp.zeros((1, K))], axis=0)  # [H, K]
     finals_next = jax.tree.map(
       lambda f, x: jnp.concatenate([f[1:], jnp.broadcast_to(x, (1, K, *x.shape))]),
       finals,
       final_state,
     )
-    totals = prefix[:, None] + gamma * discounts[:, None] * G_phi_next
+    totals = continuation_totals(G[..., -1], r, gamma)
     success = jax.vmap(jax.vmap(env.success))(finals_next, totals)
-    p_success = success.mean(-1)
-    phi_hard = success.any(-1).astype(jnp.float32)
-    h = 1.0 - (1.0 - p_success) ** K
-    phi_hard_se = jnp.sqrt(h * (1.0 - h))
-
-    credit = jnp.where(undefined, jnp.nan, credit)
-    realized = jnp.where(undefined, jnp.nan, realized)
-    fields = dict(
-      credit=credit,
-      credit_stderr=credit_se,
-      credit_realized=realized,
-      credit_realized_stderr=realized_se,
-      progress=progress,
-      progress_stderr=progress_se,
-      phi_hard=phi_hard,
-      phi_hard_stderr=phi_hard_se,
+    out = step_fields(
+      G,
+      r,
+      mask,
+      success,
+      undefined,
+      gamma=gamma,
+      tolerance=cfg.decorative_tolerance,
+      z=self._z,
+      exact=exact,
     )
-    out = {k: jnp.where(mask, v, nan).astype(jnp.float32) for k, v in fields.items()}
-    klass = classify(credit, credit_se, cfg.decorative_tolerance, self._z)
-    out["klass"] = jnp.where(mask, klass, UNDETERMINED)
-    out["undefined"] = undefined
-    out["return_to_go"] = jnp.where(mask, g_tau, nan)
-    out["phi"] = jnp.where(mask, phi, nan)
-    out["phi_stderr"] = jnp.where(mask, phi_se, nan)
     out["tags"] = jax.vmap(env.tag, (0, 0, None))(states, a, self.env_params)
-    out["length"] = mask.sum().astype(jnp.int32)
-    out["return"] = g_tau[0]
-    out["success"] = env.success(final_state, g_tau[0])
+    out["success"] = env.success(final_state, out["return"])
     out["rollout_steps"] = steps.sum().astype(jnp.int64 if jax.config.x64_enabled else jnp.int32)
     return out
 

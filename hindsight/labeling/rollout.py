@@ -135,14 +135,3 @@ def _without_class(env, env_params, state, probs, banned_class):
   kept = probs * (classes != banned_class)
   total = kept.sum()
   return jnp.where(total > 0, kept / jnp.where(total > 0, total, 1.0), probs)
-
-
-def returns_to_go(rewards: jax.Array, gamma: float = 1.0) -> jax.Array:
-  """G_t = r_t + gamma G_{t+1}, float32 [H] -> [H] (padding rewards are 0)."""
-
-  def body(g_next, r_t):
-    g_t = r_t + gamma * g_next
-    return g_t, g_t
-
-  _, g = jax.lax.scan(body, jnp.float32(0.0), rewards, reverse=True)
-  return g
