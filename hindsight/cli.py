@@ -41,7 +41,12 @@ def _parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
   lab = sub.add_parser("label", help="label episodes with interventional credit")
-  lab.add_argument("--env", required=True, help="environment spec, e.g. tabular:PATH.npz")
+  lab.add_argument(
+    "--env",
+    required=True,
+    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning | gymnasium:ID | "
+    "dm_env:MODULE:FACTORY",
+  )
   lab.add_argument("--episodes", type=int, required=True, help="number of episodes N")
   lab.add_argument("--rollouts", type=int, default=32, help="branches K per arm and step")
   lab.add_argument("--replacement", default="policy", choices=REPLACEMENTS, help="q(a'|s,a)")
@@ -54,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     "--tolerance", type=float, default=0.05, help="|credit| under this is decorative"
   )
   lab.add_argument("--confidence", type=float, default=0.95, help="level of the klass interval")
+  lab.add_argument("--policy", help="gymnasium/dm_env: behaviour policy MODULE:FN(obs, rng)")
+  lab.add_argument("--horizon", type=int, help="gymnasium/dm_env: cap on episode length")
+  lab.add_argument("--workers", type=int, default=1, help="gymnasium/dm_env: processes")
   lab.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   exp = sub.add_parser("export", help="print a label dataset")
@@ -87,6 +95,9 @@ def _label(args) -> int:
     config=config,
     seed=args.seed,
     chunk_size=args.chunk_size,
+    policy=args.policy,
+    horizon=args.horizon,
+    workers=args.workers,
   )
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")

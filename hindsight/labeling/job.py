@@ -23,10 +23,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
 from hindsight.envs import make
+from hindsight.envs.adapters import is_adapter_spec
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, Labeler, to_numpy
+from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
 
 CHUNKS = "_chunks"
@@ -42,10 +45,14 @@ class LabelJob:
   config: LabelConfig
   seed: int = 0
   chunk_size: int = 256
+  policy: str | None = None  # adapters only: MODULE:FN
+  horizon: int | None = None  # adapters only: cap on episode length
+  workers: int = 1  # adapters only: processes (labels do not depend on it)
 
   def describe(self) -> dict:
     d = dataclasses.asdict(self)
     d.update(d.pop("config"))
+    d.pop("workers")
     return d
 
 
@@ -56,6 +63,66 @@ def _check(job: LabelJob) -> None:
     raise HindsightError(f"--chunk-size must be >= 1, got {job.chunk_size}")
   if not 0 <= job.seed < 2**32:
     raise HindsightError(f"--seed must be in [0, 2^32), got {job.seed}")
+  if job.workers < 1:
+    raise HindsightError(f"--workers must be >= 1, got {job.workers}")
+  if job.horizon is not None and job.horizon < 1:
+    raise HindsightError(f"--horizon must be >= 1, got {job.horizon}")
+  if not is_adapter_spec(job.env) and (job.policy or job.horizon):
+    raise HindsightError("--policy and --horizon are for gymnasium:/dm_env: environments only")
+
+
+class _JaxSource:
+  """Chunks from the JAX engine (sharded over devices)."""
+
+  def __init__(self, job: LabelJob):
+    self.env, self.policy = make(job.env)
+    self.labeler = Labeler(self.env, self.policy, job.config)
+    env = self.env
+    self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
+    self.num_actions, self.null_action = env.num_actions, env.null_action
+    self.success_threshold, self.tag_names = env.success_threshold, tuple(env.tag_names)
+    state = env.reset(jax.random.key(0), env.default_params())
+    obs = jax.eval_shape(lambda: env.observation(state, env.default_params()))
+    self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
+    self.with_states = env.state_index(state) is not None
+    self._program, self._chunk = None, None
+
+  def chunk_multiple(self) -> int:
+    return self.labeler.chunk_multiple()
+
+  def label(self, seed: int, start: int, stop: int, chunk: int) -> dict:
+    if self._chunk != chunk:
+      self._program, self._chunk = self.labeler.chunk_program(chunk), chunk
+    indices = np.arange(start, start + chunk, dtype=np.int32)
+    traj, labels = to_numpy(self._program(np.uint32(seed), indices))
+    return _flatten_chunk(self.env, traj, labels, start, stop)
+
+
+class _PySource:
+  """Chunks from Gymnasium / dm_env environments over a process pool."""
+
+  def __init__(self, job: LabelJob):
+    from hindsight.envs.adapters import load_policy, make_py_env
+
+    env = make_py_env(job.env, job.horizon)
+    load_policy(job.policy, env.num_actions)  # fail early on a bad --policy
+    check_replacement(job.config.replacement, None, env.spec, has_action_classes=False)
+    if job.config.exact:
+      raise HindsightError("--exact needs a tabular MDP")
+    self.py_job = PyJob(job.env, job.policy, job.horizon, job.config, job.seed)
+    self.workers = job.workers
+    self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
+    self.num_actions, self.null_action, self.success_threshold = env.num_actions, None, 0.0
+    self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
+    self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
+    self.with_states = False
+
+  def chunk_multiple(self) -> int:
+    return 1
+
+  def label(self, seed: int, start: int, stop: int, chunk: int) -> dict:
+    del seed, chunk  # the PyJob carries the seed
+    return label_episodes(self.py_job, range(start, stop), self.workers)
 
 
 def _chunk_path(work: str, start: int, stop: int) -> str:
@@ -127,9 +194,8 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
 def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   """Runs (or resumes, or recognises as finished) a labeling job. Returns the dataset dir."""
   _check(job)
-  env, policy = make(job.env)
-  labeler = Labeler(env, policy, job.config)
-  multiple = labeler.chunk_multiple()
+  source = _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+  multiple = source.chunk_multiple()
   chunk = -(-job.chunk_size // multiple) * multiple  # round up to whole micro-batches
   described = job.describe()
   described["chunk_size"] = chunk
@@ -159,7 +225,6 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   else:
     _atomic_write_text(job_file, json.dumps(described, sort_keys=True))
 
-  program = labeler.chunk_program(chunk)
   ranges = [(s, min(s + chunk, job.episodes)) for s in range(0, job.episodes, chunk)]
   todo = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
   done_eps = job.episodes - sum(b - a for a, b in todo)
@@ -167,53 +232,45 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     total=job.episodes,
     initial=done_eps,
     unit="ep",
-    desc=f"label {env.name}",
+    desc=f"label {source.name}",
     disable=not progress,
     dynamic_ncols=True,
   )
   env_steps = 0
   with bar:
     for start, stop in todo:
-      indices = np.arange(start, start + chunk, dtype=np.int32)
-      traj, labels = to_numpy(program(np.uint32(job.seed), indices))
-      arrays = _flatten_chunk(env, traj, labels, start, stop)
+      arrays = source.label(job.seed, start, stop, chunk)
       _atomic_savez(_chunk_path(work, start, stop), arrays)
       env_steps += int(arrays["rollout_steps"].sum())
       bar.update(stop - start)
       bar.set_postfix(env_steps=f"{env_steps:.3g}")
 
-  obs_spec = jax.eval_shape(
-    lambda: env.observation(
-      env.reset(jax.random.key(0), env.default_params()), env.default_params()
-    )
-  )
-  with_states = env.state_index(env.reset(jax.random.key(0), env.default_params())) is not None
   metadata = dict(
     job=json.dumps(described, sort_keys=True),
     env=job.env,
-    env_name=env.name,
-    policy=policy.name,
+    env_name=source.name,
+    policy=source.policy_name,
     replacement=job.config.replacement,
     rollouts=job.config.num_rollouts,
     exact=job.config.exact,
     seed=job.seed,
     gamma=job.config.gamma,
-    horizon=env.horizon,
-    num_actions=env.num_actions,
-    null_action=-1 if env.null_action is None else env.null_action,
-    success_threshold=env.success_threshold,
+    horizon=source.horizon,
+    num_actions=source.num_actions,
+    null_action=-1 if source.null_action is None else source.null_action,
+    success_threshold=source.success_threshold,
     decorative_tolerance=job.config.decorative_tolerance,
     confidence=job.config.confidence,
-    tag_names=list(env.tag_names),
+    tag_names=list(source.tag_names),
     klass_names=list(KLASS_NAMES),
   )
-  features = label_io.build_features(tuple(obs_spec.shape), obs_spec.dtype, with_states)
+  features = label_io.build_features(source.obs_shape, source.obs_dtype, source.with_states)
   paths = [_chunk_path(work, *r) for r in ranges]
   path = label_io.write_dataset(
     out_dir,
     features,
     metadata,
-    _episodes_from_chunks(paths, env.tag_names),
+    _episodes_from_chunks(paths, source.tag_names),
     download_dir=os.path.join(work, "downloads"),
   )
   shutil.rmtree(work, ignore_errors=True)
