@@ -29,9 +29,22 @@ restates, verifies and searches more. So decorative steps co-occur with success 
 causing it: a progress model that sees only the history learns to like them, while the
 interventional credit of those steps, with the latent held fixed, is about zero.
 
-Which tags land in which class (README table, `hindsight label --env reasoning`): fact and
-write are load-bearing, wrong_hypothesis harmful, correction load-bearing, restate, verify
-and search_unused decorative (credit near 0, slightly negative near the horizon).
+Which tags land where, measured (`hindsight label --env reasoning --episodes 512
+--rollouts 64 --seed 0 --replacement R`, then `hindsight summary`; mean credit per step of
+the tag, +- its standard error over steps):
+
+  tag               R = policy          R = policy_no_repeat
+  fact               0.042 +- 0.001      0.711 +- 0.005   load-bearing; under `policy` mostly
+                                                          redundant (the policy re-fetches)
+  write              0.035 +- 0.002      0.875 +- 0.003   load-bearing once all facts are held
+    (too early)     -0.600 +- 0.012      0.034 +- 0.003   harmful: it locks in a wrong draft
+  correction         0.025 +- 0.004      0.582 +- 0.017   load-bearing
+  wrong_hypothesis  -0.029 +- 0.004     -0.056 +- 0.005   harmful (recoverable)
+  restate           -0.012 +- 0.002     -0.024 +- 0.003   decorative (a step's time, no more)
+  verify            -0.006 +- 0.003     -0.016 +- 0.003   decorative
+  search_unused     -0.008 +- 0.003     -0.017 +- 0.003   decorative
+Per step, most decorative steps' intervals are narrower than the +-0.05 tolerance only with
+more rollouts; the per-tag means above are the robust reading.
 """
 
 from __future__ import annotations

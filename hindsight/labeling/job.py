@@ -90,11 +90,12 @@ class _JaxSource:
   def chunk_multiple(self) -> int:
     return self.labeler.chunk_multiple()
 
-  def label(self, seed: int, start: int, stop: int, chunk: int) -> dict:
+  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
     if self._chunk != chunk:
       self._program, self._chunk = self.labeler.chunk_program(chunk), chunk
     indices = np.arange(start, start + chunk, dtype=np.int32)
     traj, labels = to_numpy(self._program(np.uint32(seed), indices))
+    bar.update(stop - start)
     return _flatten_chunk(self.env, traj, labels, start, stop)
 
 
@@ -120,9 +121,9 @@ class _PySource:
   def chunk_multiple(self) -> int:
     return 1
 
-  def label(self, seed: int, start: int, stop: int, chunk: int) -> dict:
+  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
     del seed, chunk  # the PyJob carries the seed
-    return label_episodes(self.py_job, range(start, stop), self.workers)
+    return label_episodes(self.py_job, range(start, stop), self.workers, lambda: bar.update(1))
 
 
 def _chunk_path(work: str, start: int, stop: int) -> str:
@@ -239,10 +240,9 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   env_steps = 0
   with bar:
     for start, stop in todo:
-      arrays = source.label(job.seed, start, stop, chunk)
+      arrays = source.label(job.seed, start, stop, chunk, bar)
       _atomic_savez(_chunk_path(work, start, stop), arrays)
       env_steps += int(arrays["rollout_steps"].sum())
-      bar.update(stop - start)
       bar.set_postfix(env_steps=f"{env_steps:.3g}")
 
   metadata = dict(

@@ -179,12 +179,27 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
   return out
 
 
-def label_episodes(job: PyJob, episodes: range, workers: int = 1) -> dict[str, np.ndarray]:
-  """Labels `episodes` (in order) on `workers` processes; arrays stacked [n, H, ...]."""
+def label_episodes(
+  job: PyJob, episodes: range, workers: int = 1, on_episode=None
+) -> dict[str, np.ndarray]:
+  """Labels `episodes` (in order) on `workers` processes; arrays stacked [n, H, ...].
+
+  on_episode(): called as each episode finishes (in order), for progress bars.
+  """
+  results = []
   if workers <= 1:
-    results = [label_episode(job, e) for e in episodes]
+    stream = (label_episode(job, e) for e in episodes)
+    pool = None
   else:
     ctx = multiprocessing.get_context("spawn")  # JAX and fork do not mix
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-      results = list(pool.map(label_episode, [job] * len(episodes), episodes))
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+    stream = pool.map(label_episode, [job] * len(episodes), episodes)
+  try:
+    for result in stream:
+      results.append(result)
+      if on_episode is not None:
+        on_episode()
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
   return {k: np.stack([r[k] for r in results]) for k in results[0]}
