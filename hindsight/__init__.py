@@ -16,6 +16,9 @@ from hindsight.envs import (
   make,
   random_mdp,
 )
+from hindsight.envs.adapters import make_py_env
+from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
+from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, Trajectory
 from hindsight.labeling.job import LabelJob, run_label_job
@@ -27,11 +30,15 @@ __all__ = [
   "REPLACEMENTS",
   "Environment",
   "HindsightError",
+  "KeyToDoor",
+  "KeyToDoorPolicy",
   "LabelConfig",
   "LabelJob",
   "Labeler",
   "Labels",
   "Policy",
+  "Reasoning",
+  "ReasoningPolicy",
   "TabularEnv",
   "TabularMDP",
   "TabularPolicy",
@@ -40,6 +47,7 @@ __all__ = [
   "key_corridor_mdp",
   "load_tabular",
   "make",
+  "make_py_env",
   "open_labels",
   "random_mdp",
   "run_label_job",
