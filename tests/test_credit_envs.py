@@ -49,11 +49,22 @@ def _per_tag(env, traj, labels):
   return out
 
 
-def test_reasoning_classes_by_construction():
+@pytest.fixture(scope="module")
+def reasoning_labels():
+  """Per-tag credit of `reasoning` under policy and policy_no_repeat (compiled once each)."""
   env, policy = make("reasoning")
-  labeler = Labeler(env, policy, LabelConfig(num_rollouts=32, replacement="policy"))
-  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(96)))
-  tags = _per_tag(env, traj, labels)
+  out = {}
+  for rep in ("policy", "policy_no_repeat"):
+    labeler = Labeler(env, policy, LabelConfig(num_rollouts=16, replacement=rep))
+    traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(96)))
+    out[rep] = _per_tag(env, traj, labels)
+  return out
+
+
+# One worker runs both, so the module fixture is computed once (make test: --dist loadgroup).
+@pytest.mark.xdist_group("reasoning")
+def test_reasoning_classes_by_construction(reasoning_labels):
+  tags = reasoning_labels["policy"]
   z = 1.96
   fact, hyp = tags["fact"], tags["wrong_hypothesis"]
   assert fact[0] - z * fact[1] > 0, fact
@@ -63,16 +74,11 @@ def test_reasoning_classes_by_construction():
     assert abs(mean) < 0.03, (name, tags[name])
 
 
-def test_policy_no_repeat_differs_from_policy_for_redundant_facts():
+@pytest.mark.xdist_group("reasoning")
+def test_policy_no_repeat_differs_from_policy_for_redundant_facts(reasoning_labels):
   """The policy re-fetches forgotten facts: forbidding the repeat makes facts matter."""
-  env, policy = make("reasoning")
-  results = {}
-  for rep in ("policy", "policy_no_repeat"):
-    labeler = Labeler(env, policy, LabelConfig(num_rollouts=16, replacement=rep))
-    traj, labels = to_numpy(labeler.sample_and_label(1, jnp.arange(48)))
-    results[rep] = _per_tag(env, traj, labels)["fact"]
-  (m_p, se_p, _), (m_n, se_n, _) = results["policy"], results["policy_no_repeat"]
-  assert m_n - m_p > 5 * np.hypot(se_p, se_n), results
+  (m_p, se_p, _), (m_n, se_n, _) = (reasoning_labels[r]["fact"] for r in reasoning_labels)
+  assert m_n - m_p > 5 * np.hypot(se_p, se_n), reasoning_labels
 
 
 def test_key_to_door_key_carries_the_door_and_apples_only_themselves():
