@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return commands[args.command](args)
   except HindsightError as e:
-    print(f"hindsight: error: {e}", file=sys.stderr)
+    # Messages can quote third-party errors; keep the promise of one line.
+    print(f"hindsight: error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print("hindsight: interrupted (rerun the same command to resume)", file=sys.stderr)
