@@ -113,7 +113,8 @@ class _PySource:
     self.py_job = PyJob(job.env, job.policy, job.horizon, job.config, job.seed)
     self.workers = job.workers
     self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
-    self.num_actions, self.null_action, self.success_threshold = env.num_actions, None, 0.0
+    self.num_actions, self.null_action = env.num_actions, None
+    self.success_threshold = self.py_job.success_threshold
     self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
     self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
     self.with_states = False
