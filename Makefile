@@ -12,10 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Label the reasoning environment, train the credit model, score the test split:
+# runs/demo/report.json (+ test_scatter.png, tensorboard/). Rerunning resumes or reuses.
 demo: $(STAMP)
-	$(BIN)/hindsight label --env tabular:data/key_corridor.npz --episodes 256 --rollouts 64 \
-		--replacement policy --seed 0 --out runs/demo/labels
-	$(BIN)/hindsight summary runs/demo/labels
+	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -24,6 +24,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python eval/bench_labeler.py
+	$(BIN)/python eval/bench_model.py --config configs/reasoning.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

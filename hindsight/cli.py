@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"hindsight: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _use_all_cpu_cores() -> None:
+def use_all_cpu_cores() -> None:
   """One XLA CPU device per core, so labeling shards episodes over every core.
 
   Must run before JAX creates its CPU client; a user's own XLA_FLAGS setting wins.
@@ -124,7 +124,7 @@ def _summary(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
-  _use_all_cpu_cores()
+  use_all_cpu_cores()
   from hindsight.errors import HindsightError
 
   commands = {"label": _label, "export": _export, "summary": _summary}

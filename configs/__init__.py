@@ -1,0 +1,1 @@
+"""Experiment configs: `get_config(arg)` returns an ml_collections.ConfigDict."""

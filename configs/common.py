@@ -1,0 +1,92 @@
+"""Fields every credit-model config shares, with their defaults (one comment per field)."""
+
+from ml_collections import ConfigDict
+
+
+def base_config() -> ConfigDict:
+  c = ConfigDict()
+  c.seed = 0  # root of every key: the split, the initialisation, dropout, the batch order
+
+  c.data = ConfigDict()
+  c.data.labels_dir = ""  # label dataset (the --out of `hindsight label`); "" = WORKDIR/labels
+  c.data.label = ConfigDict()  # the labeling job that makes WORKDIR/labels when it is missing
+  c.data.label.env = ""  # env spec (`hindsight label --env`); "" = labels must exist already
+  c.data.label.episodes = 0  # episodes to label
+  c.data.label.rollouts = 32  # K branches per arm and step
+  c.data.label.replacement = "policy"  # q(a'|s, a)
+  c.data.label.seed = 0  # the labeling job's seed
+  c.data.validation_fraction = 0.1  # share of episodes held out for checkpoint selection
+  c.data.test_fraction = 0.1  # share of episodes held out for the report
+  c.data.num_buckets = 4  # length buckets (padded shapes, so compiled programs)
+  c.data.batch_size = 32  # episodes per global batch (a multiple of the device count)
+
+  c.model = ConfigDict()
+  c.model.width = 64  # token width
+  c.model.depth = 2  # transformer blocks
+  c.model.num_heads = 4  # attention heads
+  c.model.mlp_ratio = 4  # block MLP hidden size / width
+  c.model.dropout = 0.0  # dropout on attention and MLP outputs (training only)
+
+  c.optim = ConfigDict()
+  c.optim.learning_rate = 1e-3  # peak AdamW learning rate
+  c.optim.warmup_steps = 100  # linear warmup from 0
+  c.optim.final_lr_ratio = 0.01  # cosine decay ends at this share of the peak
+  c.optim.weight_decay = 1e-4  # AdamW decoupled weight decay
+  c.optim.clip_norm = 1.0  # global gradient norm clip
+  c.optim.b1 = 0.9  # Adam beta1
+  c.optim.b2 = 0.99  # Adam beta2
+
+  c.loss = ConfigDict()
+  c.loss.class_weight = 0.1  # weight of the klass cross-entropy beside the Gaussian NLL
+  c.loss.beta = 0.5  # beta-NLL exponent: 0 = plain NLL, 0.5 keeps rare large credits fitted
+  c.loss.zero_weight = 0.1  # weight of the P(credit exactly 0) cross-entropy
+
+  c.train = ConfigDict()
+  c.train.steps = 2000  # optimizer steps
+  c.train.log_every = 50  # steps between training metrics (TensorBoard, progress bar)
+  c.train.eval_every = 250  # steps between validation + checkpoint
+  c.train.progress = True  # console progress bars
+
+  c.checkpoint = ConfigDict()
+  c.checkpoint.keep = 3  # latest checkpoints kept (the best by validation loss is kept too)
+  c.checkpoint.fallback = False  # on a damaged checkpoint, resume from the previous good one
+  c.checkpoint.evaluate = "best"  # checkpoint scored on the test split: "best" or "last"
+
+  c.mesh = ConfigDict()
+  c.mesh.devices = -1  # devices to use, the first N of jax.devices() (-1: all)
+  c.mesh.data = -1  # devices on the data axis (-1: all that fsdp leaves)
+  c.mesh.fsdp = 1  # devices parameters are sharded over (1 = replicated)
+  c.mesh.min_fsdp_size = 2**14  # arrays smaller than this stay replicated
+
+  c.distributed = ConfigDict()
+  c.distributed.coordinator = ""  # host:port of process 0; "" = a single process
+  c.distributed.num_processes = 1  # processes in the run
+  c.distributed.process_id = 0  # this process's index
+  return c
+
+
+def with_variant(c: ConfigDict, arg: str, smoke_episodes: int = 64) -> ConfigDict:
+  """`get_config(arg)`'s variants: "" (the config as is) or "smoke"."""
+  if arg == "smoke":
+    return smoke(c, smoke_episodes)
+  if arg:
+    raise ValueError(f"unknown variant {arg!r} (expected '' or 'smoke')")
+  return c
+
+
+def smoke(c: ConfigDict, episodes: int = 64) -> ConfigDict:
+  """A tiny variant for tests: few episodes and rollouts, a small model, a few steps."""
+  c.data.label.episodes = episodes
+  c.data.label.rollouts = 8
+  c.data.batch_size = 8
+  c.data.num_buckets = 2
+  c.model.width = 16
+  c.model.depth = 1
+  c.model.num_heads = 2
+  c.model.mlp_ratio = 2
+  c.optim.warmup_steps = 5
+  c.train.steps = 40
+  c.train.log_every = 10
+  c.train.eval_every = 10
+  c.train.progress = False
+  return c

@@ -1,0 +1,20 @@
+"""Credit model on `key_to_door` (labels by the `policy_other` replacement).
+
+  python -m train.main --config configs/key_to_door.py --workdir runs/key_to_door
+
+Expected: see README "Credit model"; the :smoke variant is for tests.
+"""
+
+from configs import common
+
+
+def get_config(arg: str = ""):
+  c = common.base_config()
+  c.data.label.env = "key_to_door"
+  c.data.label.episodes = 2048
+  c.data.label.rollouts = 32
+  c.data.label.replacement = "policy_other"
+  c.data.num_buckets = 1  # every episode runs to the door: lengths barely differ
+  c.data.batch_size = 16
+  c.train.steps = 3000
+  return common.with_variant(c, arg, smoke_episodes=32)

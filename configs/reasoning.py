@@ -1,0 +1,24 @@
+"""Credit model on the `reasoning` environment (labels by the `policy` replacement).
+
+  python -m train.main --config configs/reasoning.py --workdir runs/reasoning
+  (`make demo` runs this config into runs/demo.)
+
+Expected (2-core CPU, 4m19s including labeling): on 410 held-out episodes, Spearman 0.737,
+Pearson 0.947, MAE 0.0243 of predicted vs labeled credit; every tag's mean within 0.004.
+The :smoke variant (64 episodes, K=8, 40 steps) is for tests.
+"""
+
+from configs import common
+
+
+def get_config(arg: str = ""):
+  c = common.base_config()
+  c.data.label.env = "reasoning"
+  c.data.label.episodes = 4096
+  # Credits under `policy` are small (facts ~0.04): K=256 keeps the labels' own noise from
+  # capping the rank correlation (at K=64 labels + their noise reach Spearman 0.79 only).
+  c.data.label.rollouts = 256
+  c.data.label.replacement = "policy"
+  c.data.num_buckets = 2  # episodes are 2-20 steps
+  c.train.steps = 3000
+  return common.with_variant(c, arg)

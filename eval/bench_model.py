@@ -1,0 +1,131 @@
+"""Benchmark: credit-model training steps per second and steps scored per second.
+
+Uses the model and optimizer of a config (the same jitted programs as `train/train.py`) on
+random batches shaped like that config's data: the `data_spec.json` of a finished run when
+`--workdir` is given, else a reasoning-shaped spec (float obs [7], 10 actions, 20 steps).
+Programs are compiled and warmed up first; the best of `--repeats` timings is reported.
+
+  make bench
+  python eval/bench_model.py --config configs/reasoning.py --workdir runs/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+# One XLA CPU device per core, set before JAX starts, as `hindsight label` and training do.
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={os.cpu_count() or 1}")
+
+import jax
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from hindsight.data.batching import DataSpec
+from hindsight.model.sharding import global_batch, make_mesh
+from train.config_io import load_config
+from train.train import _programs
+
+
+def random_batch(spec: DataSpec, batch: int, length: int, rng: np.random.Generator) -> dict:
+  obs_shape = (batch, length, spec.obs_dim) if spec.obs_kind == "vector" else (batch, length)
+  obs = (
+    rng.normal(size=obs_shape).astype(np.float32)
+    if spec.obs_kind == "vector"
+    else rng.integers(0, spec.obs_dim, obs_shape).astype(np.int32)
+  )
+  lengths = rng.integers(length // 2, length + 1, batch)
+  mask = np.arange(length)[None] < lengths[:, None]
+  return {
+    "observations": obs,
+    "actions": rng.integers(0, spec.num_actions, (batch, length)).astype(np.int32),
+    "rewards": rng.random((batch, length)).astype(np.float32),
+    "credit": rng.normal(size=(batch, length)).astype(np.float32),
+    "credit_stderr": np.full((batch, length), 0.05, np.float32),
+    "progress": rng.random((batch, length)).astype(np.float32),
+    "klass": rng.integers(0, spec.num_classes, (batch, length)).astype(np.int32),
+    "mask": mask,
+    "label_mask": mask,
+    "success": rng.random(batch).astype(np.float32),
+  }
+
+
+def _best_rate(fn, count: int, repeats: int) -> float:
+  best = float("inf")
+  for _ in range(repeats):
+    tic = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - tic)
+  return count / best
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--config", default="configs/reasoning.py")
+  p.add_argument("--workdir", default="", help="a finished run: use its data_spec.json")
+  p.add_argument("--score-batch", type=int, default=512, help="episodes per forward pass")
+  p.add_argument("--steps", type=int, default=50, help="train steps per timing")
+  p.add_argument("--repeats", type=int, default=3)
+  args = p.parse_args()
+
+  config = load_config(args.config)
+  if args.workdir:
+    with open(os.path.join(args.workdir, "data_spec.json")) as f:
+      spec = DataSpec.from_json(f.read())
+  else:
+    spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)
+  length = spec.max_length
+  devices = jax.devices()
+  count = len(devices)
+  while config.data.batch_size % count:
+    count -= 1
+  mesh = make_mesh(-1, 1, devices[:count])
+  programs = _programs(config, spec, mesh)
+  state = programs.init(jax.random.key(0))
+  rng = np.random.default_rng(0)
+  batch = global_batch(random_batch(spec, config.data.batch_size, length, rng), mesh)
+  key = jax.random.key(1)
+
+  def train():
+    nonlocal state
+    for i in range(args.steps):
+      state, metrics = programs.train_step(state, batch, jax.random.fold_in(key, i))
+    jax.block_until_ready(metrics)
+
+  graphdef = programs.graphdef
+
+  @jax.jit
+  def score(state, batch):
+    model, _ = nnx.merge(graphdef, state)
+    return model(batch)["mean"]
+
+  big = global_batch(
+    random_batch(spec, args.score_batch - args.score_batch % count, length, rng), mesh
+  )
+  train()  # compile + warm up
+  jax.block_until_ready(score(state, big))
+  train_rate = _best_rate(train, args.steps, args.repeats)
+  real_steps = int(np.asarray(big["mask"]).sum())
+  score_rate = _best_rate(
+    lambda: jax.block_until_ready(score(state, big)), real_steps, args.repeats
+  )
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[0], nnx.Param)))
+  result = {
+    "devices": count,
+    "model_params": int(params),
+    "spec": {"obs": f"{spec.obs_kind}[{spec.obs_dim}]", "actions": spec.num_actions, "T": length},
+    "train_batch_episodes": config.data.batch_size,
+    "train_steps_per_s": round(train_rate, 1),
+    "train_env_steps_per_s": round(train_rate * int(np.asarray(batch["mask"]).sum()), 0),
+    "scored_env_steps_per_s": round(score_rate, 0),
+  }
+  print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  main()

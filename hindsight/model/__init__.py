@@ -1,0 +1,19 @@
+"""The credit model (flax.nnx), its loss, checkpoints and sharding."""
+
+from hindsight.model.checkpoints import Checkpoints, verify_manifest, write_manifest
+from hindsight.model.credit_model import CreditModel, ModelConfig
+from hindsight.model.loss import credit_loss, gaussian_nll
+from hindsight.model.sharding import global_batch, make_mesh, state_shardings
+
+__all__ = [
+  "Checkpoints",
+  "CreditModel",
+  "ModelConfig",
+  "credit_loss",
+  "gaussian_nll",
+  "global_batch",
+  "make_mesh",
+  "state_shardings",
+  "verify_manifest",
+  "write_manifest",
+]

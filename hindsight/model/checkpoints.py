@@ -1,0 +1,165 @@
+"""Checkpoints that refuse to come back damaged: orbax plus a manifest of checksums.
+
+orbax restores a checkpoint whose bytes were flipped on disk without complaint, with wrong
+values. So every saved step gets `hindsight_manifest.json` (SHA-256 of each of its files),
+written after orbax has finished the step, and `restore` checks it first:
+  - no manifest: the save was cut short (the process died between orbax and the manifest);
+    the step is set aside and the previous one used.
+  - a file missing or not matching: the step is damaged. Restoring raises a one-line
+    HindsightError naming the file, or, with `fallback=True`, sets the step aside under
+    `<directory>.damaged/` and falls back to the previous good step.
+
+Preservation: the last `keep` steps, plus the one with the lowest validation loss.
+Saving is synchronous: a step is complete on disk before training moves on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+
+import jax
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as policies
+
+from hindsight.errors import HindsightError
+
+MANIFEST = "hindsight_manifest.json"
+log = logging.getLogger(__name__)
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _files(step_dir: str) -> list[str]:
+  out = []
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      rel = os.path.relpath(os.path.join(root, name), step_dir)
+      if rel != MANIFEST:
+        out.append(rel)
+  return sorted(out)
+
+
+def write_manifest(step_dir: str) -> None:
+  """Checksums of every file of a finished step, written atomically."""
+  manifest = {rel: _sha256(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+  tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump({"sha256": manifest}, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+
+
+def verify_manifest(step_dir: str) -> str | None:
+  """None if every file listed matches its checksum, else the path of the first that does
+  not ("" when the manifest itself is missing: an unfinished save)."""
+  path = os.path.join(step_dir, MANIFEST)
+  if not os.path.isfile(path):
+    return ""
+  try:
+    with open(path) as f:
+      manifest = json.load(f)["sha256"]
+  except (OSError, ValueError, KeyError):
+    return path
+  for rel, digest in sorted(manifest.items()):
+    full = os.path.join(step_dir, rel)
+    if not os.path.isfile(full) or _sha256(full) != digest:
+      return full
+  return None
+
+
+class Checkpoints:
+  """An orbax CheckpointManager over one pytree, with manifests (see the module docstring)."""
+
+  def __init__(self, directory: str, keep: int):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(
+      enable_async_checkpointing=False,
+      cleanup_tmp_directories=True,
+      preservation_policy=policies.AnyPreservationPolicy(
+        [
+          policies.LatestN(n=keep),
+          policies.BestN(
+            get_metric_fn=lambda m: m["val_loss"],
+            reverse=True,  # sorted high to low, the kept end is the lowest loss
+            n=1,
+            keep_checkpoints_without_metrics=False,
+          ),
+        ]
+      ),
+    )
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state, val_loss: float) -> None:
+    self.manager.save(
+      step, args=ocp.args.StandardSave(state), metrics={"val_loss": float(val_loss)}, force=True
+    )
+    self.manager.wait_until_finished()
+    if jax.process_index() == 0:
+      write_manifest(self.step_dir(step))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"hindsight_manifest_{step}")
+
+  def best_step(self) -> int | None:
+    """The kept step with the lowest validation loss."""
+    scored = []
+    for step in self.steps():
+      metrics = self.manager.metrics(step)
+      if metrics and "val_loss" in metrics:
+        scored.append((float(metrics["val_loss"]), step))
+    return min(scored)[1] if scored else None
+
+  def _set_aside(self, step: int) -> None:
+    if jax.process_index() == 0:
+      dest = os.path.join(self.directory + ".damaged", str(step))
+      shutil.rmtree(dest, ignore_errors=True)
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      shutil.move(self.step_dir(step), dest)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"hindsight_set_aside_{step}")
+    self.manager.reload()
+
+  def restore(self, abstract_state, step: int | None = None, fallback: bool = False):
+    """(step, state) of `step` or else the latest good step; (None, None) when there is none.
+
+    abstract_state: ShapeDtypeStructs (with shardings) of the pytree that was saved.
+    """
+    candidates = [s for s in self.steps() if step is None or s <= step][::-1]
+    for s in candidates:
+      bad = verify_manifest(self.step_dir(s))
+      if bad == "":
+        log.warning("checkpoint step %d has no manifest (an unfinished save); set aside", s)
+        self._set_aside(s)
+        continue
+      if bad is not None:
+        if not fallback:
+          raise HindsightError(
+            f"checkpoint step {s} is damaged: {bad} does not match its manifest checksum "
+            "(set checkpoint.fallback=True to resume from the previous good step)"
+          )
+        log.warning("checkpoint step %d is damaged (%s); falling back", s, bad)
+        self._set_aside(s)
+        continue
+      restored = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
+      return s, restored
+    return None, None
+
+  def close(self) -> None:
+    self.manager.close()

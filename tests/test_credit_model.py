@@ -1,0 +1,151 @@
+"""The credit model's pieces: loss against scipy, padding invariance, batching, checkpoints."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import flip_byte_in_largest_file
+from flax import nnx
+from scipy import stats
+
+from hindsight.data import open_labels
+from hindsight.data.batching import (
+  BatchPlan,
+  EpisodeReader,
+  bucket_lengths,
+  make_batch,
+  process_rows,
+  split_episodes,
+)
+from hindsight.errors import HindsightError
+from hindsight.model import Checkpoints, CreditModel, ModelConfig, credit_loss, gaussian_nll
+from hindsight.model.loss import VARIANCE_FLOOR
+
+
+@pytest.fixture(scope="module")
+def data(synthetic_labels):
+  labels = open_labels(synthetic_labels)
+  reader = EpisodeReader(labels)
+  splits = split_episodes(len(labels), (0.1, 0.1), seed=0)
+  lengths, spec = reader.scan(splits["train"], horizon=16)
+  return reader, splits, lengths, spec
+
+
+def test_gaussian_nll_is_the_normal_log_density():
+  rng = np.random.default_rng(0)
+  mean, y = rng.normal(size=50), rng.normal(size=50)
+  log_var, se, scale = rng.normal(size=50), rng.random(50), 2.5
+  ours = np.asarray(gaussian_nll(mean, log_var, y, se, scale))
+  sd = np.sqrt(np.exp(log_var) + se**2) / scale
+  # In units of `scale`, with the variance floor.
+  ref = -stats.norm.logpdf(y / scale, loc=mean / scale, scale=np.sqrt(sd**2 + VARIANCE_FLOOR))
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+
+
+@nnx.jit
+def _score(model, batch):
+  return model(batch)
+
+
+def _model(spec, seed=0):
+  return CreditModel(ModelConfig(width=16, depth=2, num_heads=2), spec, rngs=nnx.Rngs(seed))
+
+
+def test_padding_and_batch_neighbours_do_not_change_a_step_score(data):
+  reader, splits, _, spec = data
+  model = _model(spec)
+  # Non-zero heads, so the test sees the transformer's output, not the zero init.
+  model.head.kernel[...] = jax.random.normal(jax.random.key(1), model.head.kernel.shape)
+  ids = splits["train"][:4]
+  short = make_batch(reader, ids, 16, spec)
+  long = make_batch(reader, np.concatenate([ids[::-1], [-1, ids[0]]]), 32, spec)
+  # Garbage where the mask says padding must not leak into valid steps.
+  long["observations"][~long["mask"]] = 1e3
+  long["rewards"][~long["mask"]] = 7.0
+  a = _score(model, {k: jnp.asarray(v) for k, v in short.items()})
+  b = _score(model, {k: jnp.asarray(v) for k, v in long.items()})
+  for row in range(4):
+    n = short["mask"][row].sum()
+    np.testing.assert_allclose(a["mean"][row, :n], b["mean"][3 - row, :n], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a["logits"][row, :n], b["logits"][3 - row, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_loss_masks_padding_and_undefined_labels(data):
+  reader, splits, _, spec = data
+  model = _model(spec)
+  batch = make_batch(reader, np.array([splits["train"][0], -1]), 16, spec)
+  jb = {k: jnp.asarray(v) for k, v in batch.items()}
+  out = _score(model, jb)
+  loss, metrics = credit_loss(out, jb, model.value_scale[...], class_weight=0.1)
+  poisoned = dict(jb)
+  poisoned["credit"] = jnp.where(jb["label_mask"], jb["credit"], 1e6)
+  poisoned["klass"] = jnp.where(jb["mask"], jb["klass"], 2)
+  loss2, _ = credit_loss(out, poisoned, model.value_scale[...], class_weight=0.1)
+  assert float(loss) == float(loss2)
+  assert float(metrics["label_steps"]) == batch["mask"][0].sum()
+  # An undefined (NaN) credit stays a valid step but leaves the regression loss.
+  i = int(splits["train"][0])
+  saved = reader[i]
+  reader._cache[i] = dict(saved, credit=np.where(np.arange(len(saved["credit"])) == 0, np.nan, 1.0))
+  try:
+    nan_batch = make_batch(reader, np.array([i]), 16, spec)
+  finally:
+    reader._cache[i] = saved
+  assert nan_batch["mask"][0, 0] and not nan_batch["label_mask"][0, 0]
+  assert nan_batch["credit"][0, 0] == 0.0 and nan_batch["label_mask"][0, 1]
+
+
+def test_splits_are_disjoint_seeded_and_cover_every_episode(data):
+  reader, splits, _, _ = data
+  all_ids = np.concatenate([splits[k] for k in ("train", "validation", "test")])
+  assert sorted(all_ids.tolist()) == list(range(len(reader)))
+  again = split_episodes(len(reader), (0.1, 0.1), seed=0)
+  other = split_episodes(len(reader), (0.1, 0.1), seed=1)
+  assert all(np.array_equal(splits[k], again[k]) for k in splits)
+  assert not np.array_equal(splits["test"], other["test"])
+  with pytest.raises(HindsightError, match="too few"):
+    split_episodes(2, (0.4, 0.4), seed=0)
+
+
+def test_batch_plan_uses_every_episode_once_per_epoch(data):
+  _, splits, lengths, _ = data
+  ids = splits["train"]
+  pads = bucket_lengths(lengths, 3)
+  plan = BatchPlan(ids, lengths[ids], 8, pads, seed=3, shuffle=True)
+  e0, e1 = plan.epoch(0), plan.epoch(1)
+  assert len(e0) == plan.steps_per_epoch
+  for epoch in (e0, e1):
+    used = np.concatenate([row for _, row in epoch])
+    assert sorted(used[used >= 0].tolist()) == sorted(ids.tolist())
+    for pad, row in epoch:  # every episode fits its bucket, and only just
+      lens = lengths[row[row >= 0]]
+      assert lens.max() <= pad
+  assert [r.tolist() for _, r in e0] != [r.tolist() for _, r in e1]
+  assert [r.tolist() for _, r in e0] == [r.tolist() for _, r in plan.epoch(0)]
+  # Processes read disjoint rows that together make the global batch.
+  parts = [process_rows(8, p, 4) for p in range(4)]
+  rows = np.arange(8)
+  assert np.concatenate([rows[s] for s in parts]).tolist() == rows.tolist()
+
+
+def test_damaged_checkpoint_is_refused_or_skipped(tmp_path):
+  ckpt = Checkpoints(str(tmp_path / "ckpt"), keep=3)
+  tree = {"w": jnp.arange(1000, dtype=jnp.float32), "b": jnp.ones(3)}
+  ckpt.save(1, tree, val_loss=2.0)
+  ckpt.save(2, jax.tree.map(lambda x: x + 1, tree), val_loss=1.0)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  step, restored = ckpt.restore(abstract)
+  assert step == 2 and float(restored["w"][5]) == 6.0
+  # Flip one byte in the largest file of step 2: orbax alone would restore wrong values.
+  victim = flip_byte_in_largest_file(ckpt.step_dir(2))
+  with pytest.raises(HindsightError) as err:
+    ckpt.restore(abstract)
+  assert "step 2 is damaged" in str(err.value) and victim in str(err.value)
+  assert "\n" not in str(err.value)
+  step, restored = ckpt.restore(abstract, fallback=True)
+  assert step == 1 and float(restored["w"][5]) == 5.0
+  assert ckpt.steps() == [1]
+  assert os.path.isdir(str(tmp_path / "ckpt.damaged" / "2"))
+  ckpt.close()

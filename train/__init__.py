@@ -1,0 +1,1 @@
+"""Training programs (thin mains over `train_and_evaluate(config, workdir)`)."""
