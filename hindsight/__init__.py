@@ -1,12 +1,14 @@
 """hindsight: which steps of a trajectory earned the reward?
 
 One flat public API (rlax style). Environments and policies are functional (gymnax style);
-the labeler branches trajectories at every step and measures interventional credit.
+the labeler branches trajectories at every step and measures interventional credit, and the
+credit model (`hindsight.model`) learns to predict it in one forward pass.
 """
 
-from hindsight import credit
+from hindsight import credit, model
 from hindsight.credit import KLASS_NAMES, REPLACEMENTS, tabular_values
 from hindsight.data import Labels, open_labels
+from hindsight.data.batching import DataSpec
 from hindsight.envs import (
   Environment,
   TabularEnv,
@@ -22,12 +24,15 @@ from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, Trajectory
 from hindsight.labeling.job import LabelJob, run_label_job
-from hindsight.metrics import summarize, tag_table
+from hindsight.metrics import prediction_metrics, summarize, tag_table
+from hindsight.model import CreditModel, ModelConfig
 from hindsight.policies import Policy, TabularPolicy
 
 __all__ = [
   "KLASS_NAMES",
   "REPLACEMENTS",
+  "CreditModel",
+  "DataSpec",
   "Environment",
   "HindsightError",
   "KeyToDoor",
@@ -36,6 +41,7 @@ __all__ = [
   "LabelJob",
   "Labeler",
   "Labels",
+  "ModelConfig",
   "Policy",
   "Reasoning",
   "ReasoningPolicy",
@@ -48,7 +54,9 @@ __all__ = [
   "load_tabular",
   "make",
   "make_py_env",
+  "model",
   "open_labels",
+  "prediction_metrics",
   "random_mdp",
   "run_label_job",
   "summarize",

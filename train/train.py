@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -160,9 +161,9 @@ class _Programs:
 
   graphdef: nnx.GraphDef
   abstract_state: nnx.State  # ShapeDtypeStructs carrying their shardings
-  init: callable
-  train_step: callable
-  eval_step: callable
+  init: Callable
+  train_step: Callable
+  eval_step: Callable
 
 
 def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
