@@ -4,6 +4,8 @@
                     [--exact] [--chunk-size C] [--gamma G]
   hindsight export  DIR --format jsonl
   hindsight summary DIR
+  hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
+                                           dividends as JSON)
 
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
@@ -70,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
 
   summ = sub.add_parser("summary", help="credit per tag and class counts of a label dataset")
   summ.add_argument("dir", help="a `hindsight label --out` directory")
+
+  coal = sub.add_parser("coalition", help="Shapley values, interactions, dividends of a game")
+  coal.add_argument(
+    "--values", required=True, help=".npy of v(S), length 2^n, index = bitmask of agents"
+  )
   return p
 
 
@@ -122,12 +129,48 @@ def _summary(args) -> int:
   return 0
 
 
+def _coalition(args) -> int:
+  import numpy as np
+
+  from hindsight.credit import coalition
+  from hindsight.errors import HindsightError
+
+  try:
+    values = np.load(args.values, allow_pickle=False)
+  except (OSError, ValueError) as e:
+    raise HindsightError(f"--values {args.values}: not a readable .npy file ({e})") from e
+  if values.ndim != 1 or not np.issubdtype(values.dtype, np.number):
+    raise HindsightError(f"--values {args.values}: expected a 1-D numeric array, got "
+                         f"{values.dtype} {values.shape}")  # fmt: skip
+  if not np.all(np.isfinite(values)):
+    bad = int(np.flatnonzero(~np.isfinite(values))[0])
+    raise HindsightError(f"--values {args.values}: v[{bad}] = {values[bad]} is not finite")
+  if coalition.num_agents(values) > 20:
+    raise HindsightError(f"--values {args.values}: more than 20 agents; use shapley_sampled")
+  n = coalition.num_agents(values)
+  d = np.asarray(coalition.dividends(values))
+  out = {
+    "agents": n,
+    "shapley": np.asarray(coalition.shapley(values)).round(6).tolist(),
+    "interaction": np.asarray(coalition.interaction(values)).round(6).tolist(),
+    "pair_terms": np.asarray(coalition.pair_terms(values)).round(6).tolist(),
+    # Non-zero dividends by coalition, members listed: {"0,2": d({0, 2}), ...}.
+    "dividends": {
+      ",".join(str(i) for i in range(n) if m >> i & 1) or "{}": round(float(d[m]), 6)
+      for m in range(1 << n)
+      if abs(d[m]) > 1e-9
+    },
+  }
+  print(json.dumps(out, indent=1))
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   use_all_cpu_cores()
   from hindsight.errors import HindsightError
 
-  commands = {"label": _label, "export": _export, "summary": _summary}
+  commands = {"label": _label, "export": _export, "summary": _summary, "coalition": _coalition}
   try:
     return commands[args.command](args)
   except HindsightError as e:

@@ -1,5 +1,13 @@
-"""The credit math: replacement distributions, MC estimators, exact oracles."""
+"""The credit math: replacement distributions, MC estimators, exact oracles, coalitions."""
 
+from hindsight.credit.coalition import (
+  coma_advantage,
+  dividends,
+  interaction,
+  pair_terms,
+  shapley,
+  shapley_sampled,
+)
 from hindsight.credit.estimators import KLASS_NAMES, classify, mean_stderr, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
 from hindsight.credit.replacement import REPLACEMENTS, check_replacement, replacement_probs
@@ -9,9 +17,15 @@ __all__ = [
   "REPLACEMENTS",
   "check_replacement",
   "classify",
+  "coma_advantage",
+  "dividends",
   "exact_step_credit",
+  "interaction",
   "mean_stderr",
+  "pair_terms",
   "replacement_probs",
+  "shapley",
+  "shapley_sampled",
   "tabular_values",
   "z_value",
 ]
