@@ -149,14 +149,18 @@ def _coalition(args) -> int:
     raise HindsightError(f"--values {args.values}: more than 20 agents; use shapley_sampled")
   n = coalition.num_agents(values)
   d = np.asarray(coalition.dividends(values))
+
+  def rounded(x):  # float32 results, printed to the precision they carry
+    return np.asarray(x, np.float64).round(5).tolist()
+
   out = {
     "agents": n,
-    "shapley": np.asarray(coalition.shapley(values)).round(6).tolist(),
-    "interaction": np.asarray(coalition.interaction(values)).round(6).tolist(),
-    "pair_terms": np.asarray(coalition.pair_terms(values)).round(6).tolist(),
+    "shapley": rounded(coalition.shapley(values)),
+    "interaction": rounded(coalition.interaction(values)),
+    "pair_terms": rounded(coalition.pair_terms(values)),
     # Non-zero dividends by coalition, members listed: {"0,2": d({0, 2}), ...}.
     "dividends": {
-      ",".join(str(i) for i in range(n) if m >> i & 1) or "{}": round(float(d[m]), 6)
+      ",".join(str(i) for i in range(n) if m >> i & 1) or "{}": round(float(d[m]), 5)
       for m in range(1 << n)
       if abs(d[m]) > 1e-9
     },
