@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
   lab.add_argument(
     "--env",
     required=True,
-    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning | gymnasium:ID | "
+    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning | team[:agents=N] | gymnasium:ID | "
     "dm_env:MODULE:FACTORY",
   )
   lab.add_argument("--episodes", type=int, required=True, help="number of episodes N")

@@ -11,7 +11,12 @@ from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
 from hindsight.policies.tabular import TabularPolicy
 
-KNOWN_SPECS = ("tabular:PATH.npz", "key_to_door[:p_key=P]", "reasoning[:decorative_rate=D]")
+KNOWN_SPECS = (
+  "tabular:PATH.npz",
+  "key_to_door[:p_key=P]",
+  "reasoning[:decorative_rate=D]",
+  "team[:agents=N,rounds=R,p_error=E]",
+)
 
 
 def _options(spec: str, arg: str, allowed: dict[str, float]) -> dict[str, float]:
@@ -51,4 +56,14 @@ def make(spec: str) -> tuple[Environment, Policy]:
     if opts["decorative_rate"] < 0:
       raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
     return Reasoning(), ReasoningPolicy(opts["decorative_rate"])
+  if kind == "team":
+    from hindsight.envs.team import Team, TeamPolicy
+
+    opts = _options(spec, arg, {"agents": 4, "rounds": 3, "p_error": 1.0})
+    agents, rounds = int(opts["agents"]), int(opts["rounds"])
+    if agents != opts["agents"] or agents < 4 or rounds != opts["rounds"] or rounds < 1:
+      raise HindsightError(f"--env {spec}: agents must be an integer >= 4 and rounds >= 1")
+    if not 0.0 <= opts["p_error"] <= 1.0:
+      raise HindsightError(f"--env {spec}: p_error must be in [0, 1]")
+    return Team(agents, rounds, p_error=opts["p_error"]), TeamPolicy()
   raise HindsightError(f"unknown environment '{spec}' (known: {', '.join(KNOWN_SPECS)})")

@@ -1,0 +1,173 @@
+"""`team`: agents taking turns on a shared task, built so that who earned what is known.
+
+Agent t % n acts at step t, for `rounds` rounds (horizon = rounds * n). Roles:
+  planner    restates the task: decorative by construction (changes nothing);
+  researcher finds the solution: each `act` succeeds with probability p_find;
+  critic     repairs the planted error in the solver's draft: worth something only after,
+             and only together with, the solver's draft;
+  solver     writes the draft once the solution is found; the draft carries a planted error
+             with probability p_error.
+Extra agents (n > 4) are planners: the scalable variant for sampled Shapley values.
+Actions: 0 = null (a turn that does nothing), 1 = act (the role's work), 2 = chatter.
+The episode pays 1 at its end if the draft is written and error-free (success).
+
+Coalition values v(S) for one episode (`coalition_values`): agents in S replay their actual
+actions, the others' turns are replaced (a null turn, or a fresh draw from their own policy),
+and the rollout is repeated K times from the episode's true initial state with common random
+numbers across coalitions. With p_error = 1 the game is a unanimity game of {researcher,
+solver, critic}: Shapley 1/3 each in expectation, 0 for planners, and a positive
+solver x critic interaction.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from hindsight.envs.base import Environment
+from hindsight.errors import HindsightError
+from hindsight.policies.base import Policy, sample_categorical
+
+PLANNER, RESEARCHER, CRITIC, SOLVER = range(4)
+ROLE_NAMES = ("planner", "researcher", "critic", "solver")
+NULL, ACT, CHATTER = range(3)
+
+
+@struct.dataclass
+class TeamState:
+  time: jax.Array  # int32 []
+  done: jax.Array  # bool []
+  found: jax.Array  # bool [] the solution is known
+  drafted: jax.Array  # bool [] the solver wrote the draft
+  error: jax.Array  # bool [] the draft carries the planted error
+
+
+@struct.dataclass
+class TeamParams:
+  p_find: jax.Array  # float32 []
+  p_error: jax.Array  # float32 []
+
+
+class Team(Environment):
+  """See the module docstring."""
+
+  name = "team"
+  num_actions = 3
+  null_action = NULL
+  success_threshold = 0.5
+  tag_names = tuple(f"{role}_{what}" for role in ROLE_NAMES for what in ("null", "act", "chatter"))
+
+  def __init__(self, num_agents: int = 4, rounds: int = 3, p_find=0.7, p_error=1.0):
+    if num_agents < 4:
+      raise HindsightError(f"team needs at least 4 agents, got {num_agents}")
+    self.num_agents, self.rounds = num_agents, rounds
+    self.horizon = num_agents * rounds
+    self.roles = np.array([PLANNER, RESEARCHER, CRITIC, SOLVER] + [PLANNER] * (num_agents - 4))
+    self._p_find, self._p_error = p_find, p_error
+
+  def default_params(self) -> TeamParams:
+    return TeamParams(p_find=jnp.float32(self._p_find), p_error=jnp.float32(self._p_error))
+
+  def agent(self, time) -> jax.Array:
+    """int32 []: the agent whose turn step `time` is."""
+    return jnp.asarray(time, jnp.int32) % self.num_agents
+
+  def role(self, time) -> jax.Array:
+    return jnp.asarray(self.roles)[self.agent(time)]
+
+  def reset(self, key, params: TeamParams) -> TeamState:
+    del key, params
+    false = jnp.bool_(False)
+    return TeamState(time=jnp.int32(0), done=false, found=false, drafted=false, error=false)
+
+  def step(self, key, state: TeamState, action, params: TeamParams):
+    u_find, u_error = jax.random.uniform(key, (2,))
+    role, acts = self.role(state.time), action == ACT
+    found = state.found | (acts & (role == RESEARCHER) & (u_find < params.p_find))
+    writes = acts & (role == SOLVER) & state.found & ~state.drafted
+    repairs = acts & (role == CRITIC) & state.drafted
+    error = jnp.where(writes, u_error < params.p_error, state.error & ~repairs)
+    drafted = state.drafted | writes
+    time = state.time + 1
+    done = time >= self.horizon
+    reward = jnp.where(done & drafted & ~error, 1.0, 0.0).astype(jnp.float32)
+    new = TeamState(time=time, done=done, found=found, drafted=drafted, error=error)
+    return new, reward, done
+
+  def observation(self, state: TeamState, params) -> jax.Array:
+    """float32 [4 + n]: found, drafted, error, time / H, and the acting agent one-hot."""
+    del params
+    flags = jnp.stack([state.found, state.drafted, state.error]).astype(jnp.float32)
+    turn = jax.nn.one_hot(self.agent(state.time), self.num_agents)
+    return jnp.concatenate([flags, jnp.float32(state.time / self.horizon)[None], turn])
+
+  def tag(self, state: TeamState, action, params) -> jax.Array:
+    del params
+    return (self.role(state.time) * 3 + jnp.asarray(action)).astype(jnp.int32)
+
+
+class TeamPolicy(Policy):
+  """Every agent acts with probability p_act, chatters with 1 - p_act."""
+
+  name = "team_scripted"
+
+  def __init__(self, p_act: float = 0.6):
+    self.p_act = p_act
+
+  def default_params(self):
+    return jnp.float32(self.p_act)
+
+  def probs(self, params, state, env_params):
+    del state, env_params
+    return jnp.stack([jnp.float32(0.0), params, 1.0 - params])
+
+
+def coalition_values(
+  env: Team,
+  policy: Policy,
+  actions: jax.Array,
+  key: jax.Array,
+  num_rollouts: int,
+  ablation: str = "null",
+  env_params=None,
+  policy_params=None,
+  masks: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """v(S) for every coalition S of one episode (or the bitmasks `masks` [...]), with its
+  standard error.
+
+  actions: int32 [H], the episode's actions (agent t % n took action t).
+  ablation: "null" (a non-member's turn does nothing) or "resample" (a fresh draw from the
+    non-member's own policy). Rollouts start from the true initial state; rollout k uses the
+    same environment randomness for every coalition (common random numbers).
+  Returns (mean, stderr) of the episode's success, [2^n] (or the shape of `masks`).
+  """
+  if ablation not in ("null", "resample"):
+    raise HindsightError(f"ablation must be 'null' or 'resample', got {ablation!r}")
+  env_params = env.default_params() if env_params is None else env_params
+  policy_params = policy.default_params() if policy_params is None else policy_params
+  masks = jnp.arange(1 << env.num_agents) if masks is None else jnp.asarray(masks)
+
+  def rollout(mask, k):
+    rollout_key = jax.random.fold_in(key, k)
+
+    def body(state, t):
+      k_env, k_pol = jax.random.split(jax.random.fold_in(rollout_key, t))
+      member = (mask >> env.agent(t)) & 1
+      if ablation == "null":
+        replaced = jnp.int32(NULL)
+      else:
+        replaced = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
+      action = jnp.where(member == 1, actions[t], replaced)
+      new, reward, _ = env.step(k_env, state, action, env_params)
+      return new, reward
+
+    state0 = env.reset(jax.random.key(0), env_params)
+    _, rewards = jax.lax.scan(body, state0, jnp.arange(env.horizon))
+    return rewards.sum()
+
+  per_rollout = jax.vmap(lambda m: jax.vmap(lambda k: rollout(m, k))(jnp.arange(num_rollouts)))
+  v = per_rollout(masks.reshape(-1)).reshape(*masks.shape, num_rollouts)
+  return v.mean(-1), v.std(-1, ddof=1) / jnp.sqrt(num_rollouts)

@@ -1,0 +1,81 @@
+"""The `team` environment: the planted structure comes back out of rollouts and labels."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hindsight.credit import interaction, shapley, shapley_sampled
+from hindsight.credit.coalition import memberships_to_index
+from hindsight.envs import make
+from hindsight.envs.team import CRITIC, PLANNER, RESEARCHER, SOLVER, coalition_values
+from hindsight.errors import HindsightError
+from hindsight.labeling import LabelConfig, Labeler, sample_episode, to_numpy
+
+
+def _episodes(env, policy, count, seed=0):
+  keys = jax.random.split(jax.random.key(seed), count)
+  sample = jax.vmap(
+    lambda k: sample_episode(env, policy, env.default_params(), policy.default_params(), k)
+  )
+  return sample(keys)
+
+
+@pytest.mark.parametrize("ablation", ["null", "resample"])
+def test_agent_shapley_recovers_the_planted_roles(ablation):
+  env, policy = make("team")
+  traj = _episodes(env, policy, 24)
+  values = jax.jit(jax.vmap(lambda a, k: coalition_values(env, policy, a, k, 64, ablation)[0]))(
+    traj.actions, jax.random.split(jax.random.key(1), 24)
+  )
+  phi = np.asarray(jax.vmap(shapley)(values))  # [E, 4]
+  inter = np.asarray(jax.vmap(interaction)(values))  # [E, 4, 4]
+  # Efficiency per episode; the planner (restating) earns exactly nothing.
+  np.testing.assert_allclose(phi.sum(1), values[:, -1] - values[:, 0], atol=1e-5)
+  np.testing.assert_array_equal(phi[:, PLANNER], 0.0)
+  np.testing.assert_allclose(inter[:, PLANNER, SOLVER], 0.0, atol=1e-6)
+  if ablation == "resample":
+    # Against a fresh draw of their own policy, agents earn what their actual turns did
+    # better than usual: either sign, and the planner still exactly nothing.
+    return
+  # Success needs researcher, solver and critic together (a unanimity game per episode).
+  np.testing.assert_allclose(phi[:, SOLVER], phi[:, CRITIC], atol=1e-5)
+  np.testing.assert_allclose(phi[:, RESEARCHER], phi[:, SOLVER], atol=1e-5)
+  assert phi[:, SOLVER].mean() > 0.05
+  # The critic is worth something only together with the solver whose error it repairs.
+  assert inter[:, SOLVER, CRITIC].mean() > 0.05
+
+
+def test_ten_agents_sampled_shapley_matches_exact():
+  env, policy = make("team:agents=10,rounds=2")
+  traj = _episodes(env, policy, 1, seed=3)
+  actions, key = traj.actions[0], jax.random.key(7)
+  exact_values, _ = jax.jit(lambda a: coalition_values(env, policy, a, key, 32))(actions)
+  exact = np.asarray(shapley(exact_values))
+
+  def value_fn(members):  # rollouts for just the coalitions the permutations visit
+    return coalition_values(env, policy, actions, key, 32, masks=memberships_to_index(members))[0]
+
+  mean, se = shapley_sampled(value_fn, 10, 64, jax.random.key(8))
+  assert np.all(np.abs(np.asarray(mean) - exact) <= 4 * np.asarray(se) + 1e-6), (mean, se, exact)
+  assert np.all(exact[[0, 4, 5, 6, 7, 8, 9]] == 0.0)  # the planners
+
+
+def test_step_credit_inside_agents_shows_the_one_turn_that_mattered():
+  env, policy = make("team")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=32, replacement="policy_other"))
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(48)))
+  tags = labels["tags"][traj.mask]
+  credit, klass = labels["credit"][traj.mask], labels["klass"][traj.mask]
+  names = env.tag_names
+  planner = np.isin(tags, [names.index("planner_act"), names.index("planner_chatter")])
+  np.testing.assert_array_equal(credit[planner], 0.0)
+  # The critic's acts are mostly wasted (before any draft) but one per success repairs it.
+  critic_act = tags == names.index("critic_act")
+  assert np.any(klass[critic_act] == 1) and np.any(klass[critic_act] == 0)
+
+
+def test_team_spec_errors():
+  for spec, fragment in [("team:agents=3", "agents"), ("team:p_error=2", "p_error")]:
+    with pytest.raises(HindsightError, match=fragment):
+      make(spec)
