@@ -23,7 +23,7 @@ def _episodes(env, policy, count, seed=0):
 
 @pytest.mark.parametrize("ablation", ["null", "resample"])
 def test_agent_shapley_recovers_the_planted_roles(ablation):
-  env, policy = make("team")
+  env, policy = make("team:p_error=1")  # every draft carries the error
   traj = _episodes(env, policy, 24)
   values = jax.jit(jax.vmap(lambda a, k: coalition_values(env, policy, a, k, 64, ablation)[0]))(
     traj.actions, jax.random.split(jax.random.key(1), 24)
@@ -79,3 +79,25 @@ def test_team_spec_errors():
   for spec, fragment in [("team:agents=3", "agents"), ("team:p_error=2", "p_error")]:
     with pytest.raises(HindsightError, match=fragment):
       make(spec)
+
+
+def test_label_job_writes_agent_and_step_labels(tmp_path, capsys):
+  from hindsight.cli import main
+  from hindsight.data import open_labels
+
+  out = str(tmp_path / "team")
+  argv = ["label", "--env", "team", "--episodes", "16", "--rollouts", "16", "--out", out]
+  assert main([*argv, "--replacement", "policy_other", "--no-progress"]) == 0
+  labels = open_labels(out)
+  assert labels.metadata["agent_names"] == ["0:planner", "1:researcher", "2:critic", "3:solver"]
+  for ex in labels:
+    assert ex["agent_shapley"].shape == (4,) and ex["coalition_values"].shape == (16,)
+    assert ex["agent_shapley"][PLANNER] == 0.0
+    np.testing.assert_allclose(
+      ex["agent_shapley"].sum(), ex["coalition_values"][-1] - ex["coalition_values"][0], atol=1e-5
+    )
+    np.testing.assert_array_equal(ex["agent"], np.arange(len(ex["actions"])) % 4)
+  capsys.readouterr()
+  assert main(["summary", out]) == 0
+  text = capsys.readouterr().out
+  assert "agent-level credit" in text and "2:critic x 3:solver" in text

@@ -35,8 +35,20 @@ def dataset_dir(out_dir: str) -> str:
   return os.path.join(out_dir, DATASET_NAME, VERSION)
 
 
-def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool):
-  """The TFDS features of one episode of T steps (T varies)."""
+# Per-episode agent-level fields of multi-agent environments (`team`), n agents.
+AGENT_FIELDS = (
+  "agent_shapley",
+  "agent_shapley_stderr",
+  "agent_interaction",
+  "agent_interaction_stderr",
+  "coalition_values",
+  "coalition_stderr",
+)
+
+
+def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool, num_agents: int = 0):
+  """The TFDS features of one episode of T steps (T varies); with num_agents > 0 also the
+  agent-level fields (AGENT_FIELDS) and the acting agent of every step."""
   step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
   features = {
     "episode": np.int64,
@@ -54,6 +66,12 @@ def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool):
     features[name] = step(np.float32)
   if with_states:
     features["states"] = step(np.int32)
+  if num_agents:
+    n = num_agents
+    shapes = ((n,), (n,), (n, n), (n, n), (1 << n,), (1 << n,))  # in AGENT_FIELDS order
+    for name, shape in zip(AGENT_FIELDS, shapes, strict=True):
+      features[name] = tfds.features.Tensor(shape=shape, dtype=np.float32)
+    features["agent"] = step(np.int32)
   return tfds.features.FeaturesDict(features)
 
 

@@ -59,7 +59,7 @@ def make(spec: str) -> tuple[Environment, Policy]:
   if kind == "team":
     from hindsight.envs.team import Team, TeamPolicy
 
-    opts = _options(spec, arg, {"agents": 4, "rounds": 3, "p_error": 1.0})
+    opts = _options(spec, arg, {"agents": 4, "rounds": 3, "p_error": 0.5})
     agents, rounds = int(opts["agents"]), int(opts["rounds"])
     if agents != opts["agents"] or agents < 4 or rounds != opts["rounds"] or rounds < 1:
       raise HindsightError(f"--env {spec}: agents must be an integer >= 4 and rounds >= 1")

@@ -15,8 +15,9 @@ Coalition values v(S) for one episode (`coalition_values`): agents in S replay t
 actions, the others' turns are replaced (a null turn, or a fresh draw from their own policy),
 and the rollout is repeated K times from the episode's true initial state with common random
 numbers across coalitions. With p_error = 1 the game is a unanimity game of {researcher,
-solver, critic}: Shapley 1/3 each in expectation, 0 for planners, and a positive
-solver x critic interaction.
+solver, critic}: equal Shapley values for the three, 0 for planners, and positive pairwise
+interactions. With the default p_error = 0.5 a draft is right half the time without the
+critic, so the solver earns more than the critic, whose value is all interaction with it.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ class Team(Environment):
   success_threshold = 0.5
   tag_names = tuple(f"{role}_{what}" for role in ROLE_NAMES for what in ("null", "act", "chatter"))
 
-  def __init__(self, num_agents: int = 4, rounds: int = 3, p_find=0.7, p_error=1.0):
+  def __init__(self, num_agents: int = 4, rounds: int = 3, p_find=0.7, p_error=0.5):
     if num_agents < 4:
       raise HindsightError(f"team needs at least 4 agents, got {num_agents}")
     self.num_agents, self.rounds = num_agents, rounds
     self.horizon = num_agents * rounds
     self.roles = np.array([PLANNER, RESEARCHER, CRITIC, SOLVER] + [PLANNER] * (num_agents - 4))
+    self.agent_names = tuple(f"{i}:{ROLE_NAMES[r]}" for i, r in enumerate(self.roles))
     self._p_find, self._p_error = p_find, p_error
 
   def default_params(self) -> TeamParams:
@@ -171,3 +173,42 @@ def coalition_values(
   per_rollout = jax.vmap(lambda m: jax.vmap(lambda k: rollout(m, k))(jnp.arange(num_rollouts)))
   v = per_rollout(masks.reshape(-1)).reshape(*masks.shape, num_rollouts)
   return v.mean(-1), v.std(-1, ddof=1) / jnp.sqrt(num_rollouts)
+
+
+def agent_credit(
+  env: Team,
+  policy: Policy,
+  actions: jax.Array,
+  key: jax.Array,
+  num_rollouts: int,
+  ablation: str = "null",
+) -> dict:
+  """Agent-level credit of one episode: Shapley values and pairwise interactions with their
+  standard errors, and the coalition values they come from.
+
+  With common random numbers, rollout k gives a whole game v_k [2^n]; phi_k = shapley(v_k)
+  and the stderr is that of the mean over k (exact for correlated coalitions, unlike
+  propagating each v(S)'s own stderr). Returns float arrays: agent_shapley [n],
+  agent_shapley_stderr [n], agent_interaction [n, n], agent_interaction_stderr [n, n],
+  coalition_values [2^n], coalition_stderr [2^n].
+  """
+  from hindsight.credit.coalition import interaction, shapley
+
+  masks = jnp.arange(1 << env.num_agents)
+  # [2^n, K] per-rollout values: one rollout per coalition, as in coalition_values.
+  per_rollout = jax.vmap(
+    lambda k: coalition_values(
+      env, policy, actions, jax.random.fold_in(key, k), 1, ablation, masks=masks
+    )[0]
+  )(jnp.arange(num_rollouts))  # [K, 2^n]
+  phi = jax.vmap(shapley)(per_rollout)  # [K, n]
+  inter = jax.vmap(interaction)(per_rollout)  # [K, n, n]
+  root_k = jnp.sqrt(num_rollouts)
+  return {
+    "agent_shapley": phi.mean(0),
+    "agent_shapley_stderr": phi.std(0, ddof=1) / root_k,
+    "agent_interaction": inter.mean(0),
+    "agent_interaction_stderr": inter.std(0, ddof=1) / root_k,
+    "coalition_values": per_rollout.mean(0),
+    "coalition_stderr": per_rollout.std(0, ddof=1) / root_k,
+  }

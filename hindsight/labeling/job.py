@@ -28,12 +28,13 @@ from hindsight.data import labels as label_io
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.errors import HindsightError
-from hindsight.labeling.engine import LabelConfig, Labeler, to_numpy
+from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
 
 CHUNKS = "_chunks"
 JOB_FILE = "job.json"
+AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +87,16 @@ class _JaxSource:
     self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
     self.with_states = env.state_index(state) is not None
     self._program, self._chunk = None, None
+    # Multi-agent environments also get agent-level labels (Shapley values by coalition
+    # rollouts, K = --rollouts, non-members' turns made null).
+    self.num_agents = getattr(env, "num_agents", 0)
+    if self.num_agents:
+      from hindsight.envs.team import agent_credit
+
+      K, policy = job.config.num_rollouts, self.policy
+      self._agent_program = jax.jit(
+        jax.vmap(lambda actions, key: agent_credit(env, policy, actions, key, K))
+      )
 
   def chunk_multiple(self) -> int:
     return self.labeler.chunk_multiple()
@@ -95,8 +106,20 @@ class _JaxSource:
       self._program, self._chunk = self.labeler.chunk_program(chunk), chunk
     indices = np.arange(start, start + chunk, dtype=np.int32)
     traj, labels = to_numpy(self._program(np.uint32(seed), indices))
+    arrays = _flatten_chunk(self.env, traj, labels, start, stop)
+    if self.num_agents:
+      n = stop - start
+      # Coalition rollouts get keys of their own, folded off each episode's root key.
+      keys = jax.vmap(lambda i: jax.random.fold_in(episode_key(seed, i), AGENT_KEY_SALT))(
+        indices[:n]
+      )
+      agents = jax.device_get(self._agent_program(traj.actions[:n], keys))
+      arrays.update({k: np.asarray(v) for k, v in agents.items()})
+      arrays["agent"] = np.broadcast_to(
+        np.arange(self.env.horizon) % self.num_agents, (n, self.env.horizon)
+      )
     bar.update(stop - start)
-    return _flatten_chunk(self.env, traj, labels, start, stop)
+    return arrays
 
 
 class _PySource:
@@ -190,6 +213,10 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
         ex[name] = c[name][i, :T].astype(np.float32)
       if "states" in c:
         ex["states"] = c["states"][i, :T].astype(np.int32)
+      if "agent" in c:
+        ex["agent"] = c["agent"][i, :T].astype(np.int32)
+        for name in label_io.AGENT_FIELDS:
+          ex[name] = c[name][i].astype(np.float32)
       yield ex
 
 
@@ -263,9 +290,12 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     decorative_tolerance=job.config.decorative_tolerance,
     confidence=job.config.confidence,
     tag_names=list(source.tag_names),
+    agent_names=list(getattr(source.env, "agent_names", ())) if hasattr(source, "env") else [],
     klass_names=list(KLASS_NAMES),
   )
-  features = label_io.build_features(source.obs_shape, source.obs_dtype, source.with_states)
+  features = label_io.build_features(
+    source.obs_shape, source.obs_dtype, source.with_states, getattr(source, "num_agents", 0)
+  )
   paths = [_chunk_path(work, *r) for r in ranges]
   path = label_io.write_dataset(
     out_dir,

@@ -73,4 +73,55 @@ def summarize(labels) -> str:
       f"{tag:<18}{row['steps']:>8}{row['credit']:>10.3f}{row['credit_se']:>8.3f}"
       f"{row['progress']:>10.3f}   {shares}"
     )
+  agents = agent_table(labels)
+  if agents:
+    lines += ["", "agent-level credit (coalition rollouts; mean over episodes +- se):"]
+    lines.append(f"{'agent':<16}{'shapley':>10}{'+-se':>8}{'within-ep se':>14}{'step credit':>13}")
+    for name, row in agents["agents"].items():
+      lines.append(
+        f"{name:<16}{row['shapley']:>10.3f}{row['shapley_se']:>8.3f}"
+        f"{row['within_episode_se']:>14.3f}{row['step_credit']:>13.3f}"
+      )
+    lines.append("pairwise Shapley interaction index (mean over episodes +- se):")
+    for pair, (mean, se) in agents["interactions"].items():
+      lines.append(f"  {pair:<30}{mean:>8.3f} +- {se:.3f}")
   return "\n".join(lines)
+
+
+def agent_table(labels) -> dict:
+  """Agent-level summary of a multi-agent dataset ({} if it has no agent fields).
+
+  agents: {name: shapley (mean over episodes), shapley_se (across episodes),
+           within_episode_se (mean rollout stderr of one episode's value),
+           step_credit (mean step-level credit of the agent's own turns)};
+  interactions: {"a x b": (mean, se)} for every pair of agents.
+  """
+  names = labels.metadata.get("agent_names") or []
+  if not names:
+    return {}
+  phi, phi_se, inter, credit, agent = [], [], [], [], []
+  for ex in labels:
+    phi.append(ex["agent_shapley"])
+    phi_se.append(ex["agent_shapley_stderr"])
+    inter.append(ex["agent_interaction"])
+    credit.append(ex["credit"])
+    agent.append(ex["agent"])
+  phi, phi_se, inter = np.asarray(phi), np.asarray(phi_se), np.asarray(inter)
+  credit, agent = np.concatenate(credit), np.concatenate(agent)
+  root = np.sqrt(len(phi))
+  rows = {}
+  for i, name in enumerate(names):
+    own = credit[(agent == i) & ~np.isnan(credit)]
+    rows[name] = dict(
+      shapley=float(phi[:, i].mean()),
+      shapley_se=float(phi[:, i].std(ddof=1) / root) if len(phi) > 1 else float("nan"),
+      within_episode_se=float(phi_se[:, i].mean()),
+      step_credit=float(own.mean()) if own.size else float("nan"),
+    )
+  pairs = {}
+  for i in range(len(names)):
+    for j in range(i + 1, len(names)):
+      x = inter[:, i, j]
+      se = float(x.std(ddof=1) / root) if len(x) > 1 else float("nan")
+      pairs[f"{names[i]} x {names[j]}"] = (float(x.mean()), se)
+  return {"agents": rows, "interactions": pairs}
