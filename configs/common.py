@@ -40,6 +40,7 @@ def base_config() -> ConfigDict:
   c.loss.class_weight = 0.1  # weight of the klass cross-entropy beside the Gaussian NLL
   c.loss.beta = 0.5  # beta-NLL exponent: 0 = plain NLL, 0.5 keeps rare large credits fitted
   c.loss.zero_weight = 0.1  # weight of the P(credit exactly 0) cross-entropy
+  c.loss.agent_weight = 1.0  # weight of the agent-level Shapley NLL (multi-agent datasets)
 
   c.train = ConfigDict()
   c.train.steps = 2000  # optimizer steps

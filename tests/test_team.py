@@ -101,3 +101,22 @@ def test_label_job_writes_agent_and_step_labels(tmp_path, capsys):
   assert main(["summary", out]) == 0
   text = capsys.readouterr().out
   assert "agent-level credit" in text and "2:critic x 3:solver" in text
+
+
+def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
+  """The credit model's agent head, end to end on a tiny team dataset (generic:smoke)."""
+  from hindsight.cli import main
+  from train.config_io import load_config
+  from train.train import train_and_evaluate
+
+  out = str(tmp_path / "team")
+  argv = ["label", "--env", "team", "--episodes", "24", "--rollouts", "8", "--out", out]
+  assert main([*argv, "--no-progress"]) == 0
+  overrides = [f"data.labels_dir={out}", "data.num_buckets=1", "train.steps=20"]
+  report = train_and_evaluate(
+    load_config("configs/generic.py:smoke", overrides), str(tmp_path / "w")
+  )
+  assert report["data_spec"]["num_agents"] == 4
+  agent = report["agent"]
+  assert agent["pairs"] == 4 * report["episodes"]["test"]
+  assert np.isfinite(agent["mae"]) and agent["mae"] < 1.0

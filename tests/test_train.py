@@ -237,7 +237,7 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
   assert os.path.isfile(workdir / "labels" / "hindsight_labels" / "1.0.0" / "dataset_info.json")
 
 
-@pytest.mark.parametrize("name", ["tabular", "key_to_door", "reasoning", "generic"])
+@pytest.mark.parametrize("name", ["tabular", "key_to_door", "reasoning", "team", "generic"])
 def test_every_config_and_its_smoke_variant_load(name):
   full, smoke = load_config(f"configs/{name}.py"), load_config(f"configs/{name}.py:smoke")
   assert smoke.train.steps < full.train.steps and smoke.model.width < full.model.width

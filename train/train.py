@@ -32,6 +32,7 @@ import numpy as np
 import optax
 from flax import nnx
 from ml_collections import ConfigDict
+from scipy import stats
 from tqdm import tqdm
 
 from hindsight.credit.estimators import KLASS_NAMES
@@ -48,7 +49,7 @@ from hindsight.data.labels import is_complete, open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
-from hindsight.metrics.credit_fit import per_tag, prediction_metrics
+from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import CreditModel, ModelConfig
 from hindsight.model.loss import credit_loss
@@ -171,6 +172,7 @@ def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
   tx = _optimizer(config)
   class_weight = float(config.loss.class_weight)
   beta, zero_weight = float(config.loss.beta), float(config.loss.zero_weight)
+  agent_weight = float(config.loss.agent_weight)
 
   def build(key):
     model = CreditModel(model_cfg, spec, rngs=nnx.Rngs(params=key))
@@ -193,7 +195,9 @@ def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
 
     def loss_fn(model):
       out = model(batch, dropout_key=key if model_cfg.dropout > 0 else None)
-      return credit_loss(out, batch, model.value_scale[...], class_weight, beta, zero_weight)
+      return credit_loss(
+        out, batch, model.value_scale[...], class_weight, beta, zero_weight, agent_weight
+      )
 
     (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     metrics["grad_norm"] = optax.tree.norm(grads)
@@ -204,9 +208,12 @@ def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
   def eval_step(state, batch):
     model, _ = nnx.merge(graphdef, state)
     out = model(batch)
-    _, metrics = credit_loss(out, batch, model.value_scale[...], class_weight, beta, zero_weight)
-    keep = ("credit", "credit_stderr", "progress", "klass", "label_mask")
-    return out, {k: batch[k] for k in keep}, metrics
+    _, metrics = credit_loss(
+      out, batch, model.value_scale[...], class_weight, beta, zero_weight, agent_weight
+    )
+    keep = ("credit", "credit_stderr", "progress", "klass", "label_mask", "agent_shapley")
+    keep += ("agent_mask",)
+    return out, {k: batch[k] for k in keep if k in batch}, metrics
 
   return _Programs(graphdef, abstract, init, train_step, eval_step)
 
@@ -221,9 +228,12 @@ def _evaluate(programs, state, plan, reader, spec, mesh, rows) -> tuple[dict, di
     batch = global_batch(make_batch(reader, ids[rows], pad, spec), mesh)
     out, labels, metrics = jax.device_get(programs.eval_step(state, batch))
     for k, v in metrics.items():
-      if k in ("label_steps", "steps"):
+      if k in ("label_steps", "steps", "agent_rows"):
         continue
-      w = metrics["steps"] if k in ("ce", "accuracy") else metrics["label_steps"]
+      if k.startswith("agent_"):
+        w = metrics["agent_rows"]
+      else:
+        w = metrics["steps"] if k in ("ce", "accuracy") else metrics["label_steps"]
       sums[k] = sums.get(k, 0.0) + float(v) * float(w)
       counts[k] = counts.get(k, 0.0) + float(w)
     sel = labels["label_mask"]
@@ -235,6 +245,10 @@ def _evaluate(programs, state, plan, reader, spec, mesh, rows) -> tuple[dict, di
     cols["progress"].append(labels["progress"][sel])
     cols["klass"].append(labels["klass"][sel])
     cols["pred_klass"].append(np.argmax(out["logits"], -1)[sel])
+    if "agent_shapley" in out:
+      rows_ok = labels["agent_mask"]
+      cols.setdefault("agent_pred", []).append(out["agent_shapley"][rows_ok].reshape(-1))
+      cols.setdefault("agent_label", []).append(labels["agent_shapley"][rows_ok].reshape(-1))
     for row, i in enumerate(ids):
       if i >= 0:
         ep_tags = np.asarray(reader[int(i)]["tags"] + [""] * pad)[:pad]
@@ -462,6 +476,14 @@ def _report(config, labels_dir, spec, splits, programs, state, step, test_plan, 
   out["test_loss"] = losses
   out["class_accuracy"] = float(np.mean(steps["pred_klass"] == steps["klass"]))
   out["per_tag"] = per_tag(steps["tags"], steps["pred"], steps["label"])
+  if "agent_pred" in steps:
+    pred, label = steps["agent_pred"], steps["agent_label"]
+    out["agent"] = {
+      "pairs": int(label.size),  # (episode, agent) pairs of the test split
+      "spearman": correlation(stats.spearmanr, pred, label),
+      "pearson": correlation(stats.pearsonr, pred, label),
+      "mae": float(np.mean(np.abs(pred - label))),
+    }
   out["summary"] = _summary(out)
   out["_steps"] = steps
   return out
@@ -477,6 +499,14 @@ def _summary(r: dict) -> str:
     f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
     f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
     f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",
+  ]
+  if "agent" in r:
+    a = r["agent"]
+    lines.append(
+      f"  agent-level Shapley values ({a['pairs']} episode x agent pairs): Spearman "
+      f"{a['spearman']:.3f}  Pearson {a['pearson']:.3f}  MAE {a['mae']:.4g}"
+    )
+  lines += [
     "  per tag (labeled -> predicted mean credit):",
   ]
   for tag, row in r["per_tag"].items():

@@ -46,6 +46,7 @@ class DataSpec:
   obs_mean: tuple[float, ...]
   obs_std: tuple[float, ...]
   value_scale: float
+  num_agents: int = 0  # > 0: a multi-agent dataset with agent-level labels (`team`)
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -96,6 +97,9 @@ class EpisodeReader:
       episode["observations"] = np.asarray(ex["observations"])
       episode["success"] = bool(ex["success"])
       episode["tags"] = [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
+      if "agent" in ex:
+        for name in ("agent", "agent_shapley", "agent_shapley_stderr"):
+          episode[name] = np.asarray(ex[name])
       self._cache[i] = episode
     return self._cache[i]
 
@@ -130,6 +134,7 @@ class EpisodeReader:
     c = c[np.isfinite(c)]
     scale = float(c.std()) if c.size > 1 and c.std() > 0 else 1.0
     spec = DataSpec(
+      num_agents=len(meta.get("agent_names") or ()),
       obs_kind=kind,
       obs_dim=dim,
       num_actions=max(int(meta.get("num_actions", 0)), actions_max + 1),
@@ -210,6 +215,8 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
   mask: valid steps; label_mask: valid steps whose credit label is finite (an `undefined`
   credit under policy_other is NaN and stays out of the regression loss).
   observations: float [B, T, D] or int [B, T]; success: float [B].
+  Multi-agent datasets add agent [B, T] (who acted), agent_shapley and its stderr [B, n],
+  and agent_mask [B] (a real episode).
   """
   B = ids.size
   vector = spec.obs_kind == "vector"
@@ -226,6 +233,12 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
     "label_mask": np.zeros((B, pad), bool),
     "success": np.zeros(B, np.float32),
   }
+  n_agents = spec.num_agents
+  if n_agents:
+    batch["agent"] = np.zeros((B, pad), np.int32)
+    batch["agent_shapley"] = np.zeros((B, n_agents), np.float32)
+    batch["agent_shapley_stderr"] = np.zeros((B, n_agents), np.float32)
+    batch["agent_mask"] = np.zeros(B, bool)
   for row, i in enumerate(ids):
     if i < 0:
       continue
@@ -243,4 +256,9 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
     batch["mask"][row, :n] = True
     batch["label_mask"][row, :n] = finite
     batch["success"][row] = float(ep["success"])
+    if n_agents:
+      batch["agent"][row, :n] = ep["agent"][:n]
+      batch["agent_shapley"][row] = ep["agent_shapley"]
+      batch["agent_shapley_stderr"][row] = ep["agent_shapley_stderr"]
+      batch["agent_mask"][row] = True
   return batch

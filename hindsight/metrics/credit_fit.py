@@ -18,7 +18,8 @@ import numpy as np
 from scipy import stats
 
 
-def _corr(fn, x, y) -> float:
+def correlation(fn, x, y) -> float:
+  """fn(x, y).statistic (scipy.stats spearmanr or pearsonr); NaN when either is constant."""
   if x.size < 2 or np.std(x) == 0 or np.std(y) == 0:
     return float("nan")
   return float(fn(x, y).statistic)
@@ -38,16 +39,16 @@ def prediction_metrics(
   var_y = float(np.var(label))
   return {
     "steps": int(label.size),
-    "spearman": _corr(stats.spearmanr, pred, label),
-    "pearson": _corr(stats.pearsonr, pred, label),
+    "spearman": correlation(stats.spearmanr, pred, label),
+    "pearson": correlation(stats.pearsonr, pred, label),
     "mae": float(np.mean(np.abs(pred - label))),
     "rmse": float(np.sqrt(np.mean(np.square(pred - label)))),
-    "spearman_mean": _corr(stats.spearmanr, pred_mean, label),
+    "spearman_mean": correlation(stats.spearmanr, pred_mean, label),
     "exact_zero_share": float(np.mean((label == 0) & (stderr == 0))),
     "z_rms": float(np.sqrt(np.mean(np.square(z)))),
     "coverage_95": float(np.mean(np.abs(z) < stats.norm.ppf(0.975))),
     "label_reliability": float(1.0 - np.mean(np.square(stderr)) / var_y) if var_y > 0 else 0.0,
-    "progress_spearman": _corr(stats.spearmanr, progress, label),
+    "progress_spearman": correlation(stats.spearmanr, progress, label),
   }
 
 

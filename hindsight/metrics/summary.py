@@ -76,11 +76,16 @@ def summarize(labels) -> str:
   agents = agent_table(labels)
   if agents:
     lines += ["", "agent-level credit (coalition rollouts; mean over episodes +- se):"]
-    lines.append(f"{'agent':<16}{'shapley':>10}{'+-se':>8}{'within-ep se':>14}{'step credit':>13}")
+    lines.append(
+      f"{'agent':<16}{'shapley':>10}{'+-se':>8}{'95% CI':>18}{'within-ep se':>14}"
+      f"{'step credit':>13}"
+    )
+    z = stats.norm.ppf(0.975)
     for name, row in agents["agents"].items():
+      lo, hi = row["shapley"] - z * row["shapley_se"], row["shapley"] + z * row["shapley_se"]
       lines.append(
         f"{name:<16}{row['shapley']:>10.3f}{row['shapley_se']:>8.3f}"
-        f"{row['within_episode_se']:>14.3f}{row['step_credit']:>13.3f}"
+        f"{f'[{lo:.3f}, {hi:.3f}]':>18}{row['within_episode_se']:>14.3f}{row['step_credit']:>13.3f}"
       )
     lines.append("pairwise Shapley interaction index (mean over episodes +- se):")
     for pair, (mean, se) in agents["interactions"].items():

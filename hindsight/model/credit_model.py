@@ -10,7 +10,9 @@ judges steps in hindsight, and attention is bidirectional over the episode's val
 
 Heads per step, in label units: credit mean mu_t, credit log-variance log s_t^2, the logit
 of p0_t = P(credit exactly 0) and class logits over KLASS_NAMES. One call scores all steps of a
-[B, T] batch.
+[B, T] batch. Multi-agent datasets (`DataSpec.num_agents` = n > 0) add an embedding of the
+acting agent to each token and a head per agent over the mean of its own steps' states:
+predicted Shapley value phi_i and its log-variance, [B, n].
 
 Why p0: under common random numbers a step whose replacement changes nothing gets a credit of
 exactly 0 (every branch pair ties), and such steps can be most of an episode (88% of
@@ -93,6 +95,10 @@ class CreditModel(nnx.Module):
     self.head = nnx.Linear(
       w, 3 + spec.num_classes, kernel_init=nnx.initializers.zeros_init(), rngs=rngs
     )
+    if spec.num_agents:
+      # Who acted at each step, and a head over each agent's own steps (mean-pooled).
+      self.agent_embed = nnx.Embed(spec.num_agents, w, rngs=rngs)
+      self.agent_head = nnx.Linear(w, 2, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
 
   def encode_observations(self, obs: jax.Array) -> jax.Array:
     if self.spec.obs_kind == "discrete":
@@ -132,16 +138,27 @@ class CreditModel(nnx.Module):
       + self.position_embed(jnp.minimum(jnp.arange(T), self.spec.max_length - 1))[None]
       + self.scalars(scalars)
     )
+    if self.spec.num_agents:
+      x = x + self.agent_embed(batch["agent"])
     rngs = None if dropout_key is None else nnx.Rngs(dropout=dropout_key)
     for block in self.blocks:
       x = block(x, mask, rngs=rngs)
-    out = self.head(self.norm(x))
+    h = self.norm(x)
+    out = self.head(h)
     mean = out[..., 0] * scale
     zero_logit = out[..., 2]
-    return {
+    result = {
       "mean": mean,
       "log_var": out[..., 1] + 2.0 * jnp.log(scale),
       "zero_logit": zero_logit,
       "credit": jnp.where(zero_logit > 0.0, 0.0, mean),
       "logits": out[..., 3:],
     }
+    if self.spec.num_agents:
+      # phi_i from the mean of agent i's own step states: [B, n, W] -> [B, n].
+      own = jax.nn.one_hot(batch["agent"], self.spec.num_agents) * m[..., None]  # [B, T, n]
+      pooled = jnp.einsum("btn,btw->bnw", own, h) / jnp.maximum(own.sum(1), 1.0)[..., None]
+      agent_out = self.agent_head(pooled)
+      result["agent_shapley"] = agent_out[..., 0] * scale
+      result["agent_log_var"] = agent_out[..., 1] + 2.0 * jnp.log(scale)
+    return result

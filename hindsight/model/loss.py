@@ -54,6 +54,7 @@ def credit_loss(
   class_weight: float,
   beta: float = 0.5,
   zero_weight: float = 0.1,
+  agent_weight: float = 1.0,
 ):
   """Scalar loss and its parts {loss, nll, ce, zero_bce, accuracy, mae} as masked means over
   the batch (mae of the point prediction), plus the counts they are means over
@@ -82,6 +83,23 @@ def credit_loss(
   loss = (
     masked_mean(weight * nll, batch["label_mask"]) + class_weight * ce_mean + zero_weight * zero_bce
   )
+  if "agent_shapley" in out:
+    # Agent-level Shapley values: the same beta-NLL, over real episodes' agents.
+    agent_nll = gaussian_nll(
+      out["agent_shapley"],
+      out["agent_log_var"],
+      batch["agent_shapley"],
+      batch["agent_shapley_stderr"],
+      scale,
+    )
+    agent_w = jax.lax.stop_gradient(
+      total_variance(out["agent_log_var"], batch["agent_shapley_stderr"], scale) ** beta
+    )
+    rows = jnp.broadcast_to(batch["agent_mask"][:, None], agent_nll.shape)
+    metrics["agent_nll"] = masked_mean(agent_nll, rows)
+    metrics["agent_mae"] = masked_mean(jnp.abs(out["agent_shapley"] - batch["agent_shapley"]), rows)
+    metrics["agent_rows"] = jnp.sum(rows.astype(jnp.float32))
+    loss = loss + agent_weight * masked_mean(agent_w * agent_nll, rows)
   metrics["loss"] = loss
   # Step counts, so means over several batches can be weighted correctly.
   metrics["label_steps"] = jnp.sum(batch["label_mask"].astype(jnp.float32))
