@@ -27,7 +27,7 @@ from flax import nnx
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.data.batching import DataSpec
-from hindsight.model.sharding import global_batch, make_mesh
+from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from train.config_io import load_config
 from train.train import _programs
 
@@ -80,11 +80,8 @@ def main() -> None:
   else:
     spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)
   length = spec.max_length
-  devices = jax.devices()
-  count = len(devices)
-  while config.data.batch_size % count:
-    count -= 1
-  mesh = make_mesh(-1, 1, devices[:count])
+  mesh = make_mesh(-1, 1, devices_for_batch(config.data.batch_size))
+  count = mesh.size
   programs = _programs(config, spec, mesh)
   state = programs.init(jax.random.key(0))
   rng = np.random.default_rng(0)

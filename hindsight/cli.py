@@ -145,9 +145,9 @@ def _coalition(args) -> int:
   if not np.all(np.isfinite(values)):
     bad = int(np.flatnonzero(~np.isfinite(values))[0])
     raise HindsightError(f"--values {args.values}: v[{bad}] = {values[bad]} is not finite")
-  if coalition.num_agents(values) > 20:
-    raise HindsightError(f"--values {args.values}: more than 20 agents; use shapley_sampled")
   n = coalition.num_agents(values)
+  if n > 20:
+    raise HindsightError(f"--values {args.values}: more than 20 agents; use shapley_sampled")
   d = np.asarray(coalition.dividends(values))
 
   def rounded(x):  # float32 results, printed to the precision they carry

@@ -53,7 +53,13 @@ from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metric
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import CreditModel, ModelConfig
 from hindsight.model.loss import credit_loss
-from hindsight.model.sharding import global_batch, make_mesh, replicated, state_shardings
+from hindsight.model.sharding import (
+  devices_for_batch,
+  global_batch,
+  make_mesh,
+  replicated,
+  state_shardings,
+)
 
 log = logging.getLogger("hindsight.train")
 # Config fields that may change between a run and its restart without changing its result.
@@ -218,8 +224,11 @@ def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
   return _Programs(graphdef, abstract, init, train_step, eval_step)
 
 
-def _evaluate(programs, state, plan, reader, spec, mesh, rows) -> tuple[dict, dict]:
-  """Weighted mean losses over a split, and its per-step predictions (valid labels only)."""
+def _evaluate(
+  programs, state, plan, reader, spec, mesh, rows, with_steps: bool = True
+) -> tuple[dict, dict]:
+  """Weighted mean losses over a split, and (with_steps) its per-step predictions on valid
+  labels; validation during training needs the losses only."""
   sums, counts = {}, {}
   names = ("pred", "pred_mean", "pred_var", "label", "stderr", "progress", "klass", "pred_klass")
   cols = {k: [] for k in names}
@@ -236,6 +245,8 @@ def _evaluate(programs, state, plan, reader, spec, mesh, rows) -> tuple[dict, di
         w = metrics["steps"] if k in ("ce", "accuracy") else metrics["label_steps"]
       sums[k] = sums.get(k, 0.0) + float(v) * float(w)
       counts[k] = counts.get(k, 0.0) + float(w)
+    if not with_steps:
+      continue
     sel = labels["label_mask"]
     cols["pred"].append(out["credit"][sel])
     cols["pred_mean"].append(out["mean"][sel])
@@ -254,6 +265,8 @@ def _evaluate(programs, state, plan, reader, spec, mesh, rows) -> tuple[dict, di
         ep_tags = np.asarray(reader[int(i)]["tags"] + [""] * pad)[:pad]
         tags.append(ep_tags[sel[row]])
   losses = {k: sums[k] / max(counts[k], 1.0) for k in sums}
+  if not with_steps:
+    return losses, {}
   steps = {k: np.concatenate(v) for k, v in cols.items()}
   steps["tags"] = np.concatenate(tags) if tags else np.zeros(0, str)
   return losses, steps
@@ -331,12 +344,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   batch_size = int(config.data.batch_size)
   devices = jax.devices()
   if config.mesh.devices == -1:
-    # All devices, or as many as split the batch evenly (a 6-core CPU host and a batch of 32
-    # train on 4); processes must each keep at least one.
-    count = len(devices)
-    while count > jax.process_count() and batch_size % count:
-      count -= 1
-    devices = devices[:count] if jax.process_count() == 1 else devices
+    devices = devices_for_batch(batch_size, devices)
   else:
     if not 1 <= config.mesh.devices <= len(devices):
       raise HindsightError(f"mesh.devices={config.mesh.devices}: there are {len(devices)} devices")
@@ -414,7 +422,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             writer.add_scalar(f"train/{k}", v, done)
       train_seconds += time.perf_counter() - tic
       if done % config.train.eval_every == 0 or done == total or stop["requested"]:
-        val_losses, _ = _evaluate(programs, state, val_plan, reader, spec, mesh, rows)
+        val_losses, _ = _evaluate(
+          programs, state, val_plan, reader, spec, mesh, rows, with_steps=False
+        )
         curve.write({"step": done, "split": "validation", **val_losses})
         if writer:
           for k, v in val_losses.items():
@@ -439,7 +449,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   eval_step, state = ckpt.restore(programs.abstract_state, step=eval_step, fallback=False)
   ckpt.close()
   report = _report(
-    config, labels_dir, spec, splits, programs, state, eval_step, test_plan, reader, mesh, rows
+    labels_dir, spec, splits, programs, state, eval_step, test_plan, reader, mesh, rows
   )
   report["train"] = {
     "steps": total,
@@ -453,8 +463,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   return report
 
 
-def _report(config, labels_dir, spec, splits, programs, state, step, test_plan, reader, mesh, rows):
-  del config
+def _report(labels_dir, spec, splits, programs, state, step, test_plan, reader, mesh, rows):
   out = {
     "labels": os.path.abspath(labels_dir),
     "env": reader.labels.metadata.get("env"),

@@ -126,7 +126,7 @@ class TeamPolicy(Policy):
     return jnp.stack([jnp.float32(0.0), params, 1.0 - params])
 
 
-def coalition_values(
+def coalition_rollouts(
   env: Team,
   policy: Policy,
   actions: jax.Array,
@@ -136,15 +136,14 @@ def coalition_values(
   env_params=None,
   policy_params=None,
   masks: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """v(S) for every coalition S of one episode (or the bitmasks `masks` [...]), with its
-  standard error.
+) -> jax.Array:
+  """The episode's success under every coalition S (or the bitmasks `masks` [...]), per
+  rollout: float [2^n, K] (or [..., K]).
 
   actions: int32 [H], the episode's actions (agent t % n took action t).
   ablation: "null" (a non-member's turn does nothing) or "resample" (a fresh draw from the
     non-member's own policy). Rollouts start from the true initial state; rollout k uses the
     same environment randomness for every coalition (common random numbers).
-  Returns (mean, stderr) of the episode's success, [2^n] (or the shape of `masks`).
   """
   if ablation not in ("null", "resample"):
     raise HindsightError(f"ablation must be 'null' or 'resample', got {ablation!r}")
@@ -171,7 +170,25 @@ def coalition_values(
     return rewards.sum()
 
   per_rollout = jax.vmap(lambda m: jax.vmap(lambda k: rollout(m, k))(jnp.arange(num_rollouts)))
-  v = per_rollout(masks.reshape(-1)).reshape(*masks.shape, num_rollouts)
+  return per_rollout(masks.reshape(-1)).reshape(*masks.shape, num_rollouts)
+
+
+def coalition_values(
+  env: Team,
+  policy: Policy,
+  actions: jax.Array,
+  key: jax.Array,
+  num_rollouts: int,
+  ablation: str = "null",
+  env_params=None,
+  policy_params=None,
+  masks: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """(mean, stderr) over rollouts of `coalition_rollouts`: v(S) for every coalition S of
+  one episode, [2^n] (or the shape of `masks`)."""
+  v = coalition_rollouts(
+    env, policy, actions, key, num_rollouts, ablation, env_params, policy_params, masks
+  )
   return v.mean(-1), v.std(-1, ddof=1) / jnp.sqrt(num_rollouts)
 
 
@@ -194,12 +211,11 @@ def agent_credit(
   """
   from hindsight.credit.coalition import interaction, shapley
 
-  masks = jnp.arange(1 << env.num_agents)
-  # [2^n, K] per-rollout values: one rollout per coalition, as in coalition_values.
+  # Rollout k is one whole game v_k [2^n], from its own key.
   per_rollout = jax.vmap(
-    lambda k: coalition_values(
-      env, policy, actions, jax.random.fold_in(key, k), 1, ablation, masks=masks
-    )[0]
+    lambda k: coalition_rollouts(env, policy, actions, jax.random.fold_in(key, k), 1, ablation)[
+      :, 0
+    ]
   )(jnp.arange(num_rollouts))  # [K, 2^n]
   phi = jax.vmap(shapley)(per_rollout)  # [K, n]
   inter = jax.vmap(interaction)(per_rollout)  # [K, n, n]

@@ -90,6 +90,7 @@ class _JaxSource:
     # Multi-agent environments also get agent-level labels (Shapley values by coalition
     # rollouts, K = --rollouts, non-members' turns made null).
     self.num_agents = getattr(env, "num_agents", 0)
+    self.agent_names = tuple(getattr(env, "agent_names", ()))
     if self.num_agents:
       from hindsight.envs.team import agent_credit
 
@@ -141,6 +142,7 @@ class _PySource:
     self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
     self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
     self.with_states = False
+    self.num_agents, self.agent_names = 0, ()  # single-agent environments
 
   def chunk_multiple(self) -> int:
     return 1
@@ -290,11 +292,11 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     decorative_tolerance=job.config.decorative_tolerance,
     confidence=job.config.confidence,
     tag_names=list(source.tag_names),
-    agent_names=list(getattr(source.env, "agent_names", ())) if hasattr(source, "env") else [],
+    agent_names=list(source.agent_names),
     klass_names=list(KLASS_NAMES),
   )
   features = label_io.build_features(
-    source.obs_shape, source.obs_dtype, source.with_states, getattr(source, "num_agents", 0)
+    source.obs_shape, source.obs_dtype, source.with_states, source.num_agents
   )
   paths = [_chunk_path(work, *r) for r in ranges]
   path = label_io.write_dataset(

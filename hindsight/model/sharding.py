@@ -31,6 +31,19 @@ def make_mesh(data: int, fsdp: int, devices=None) -> Mesh:
   return Mesh(np.asarray(devices, dtype=object).reshape(data, fsdp), AXES)
 
 
+def devices_for_batch(batch_size: int, devices=None) -> list:
+  """All devices, or in a single process the most that split `batch_size` evenly (a 6-core
+  CPU host and a batch of 32 trains on 4). With several processes all devices are kept:
+  each process needs its own."""
+  devices = list(jax.devices() if devices is None else devices)
+  if jax.process_count() > 1:
+    return devices
+  count = len(devices)
+  while batch_size % count:
+    count -= 1
+  return devices[:count]
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (episode) axis over every device of the mesh."""
   return NamedSharding(mesh, P(AXES))
