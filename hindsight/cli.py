@@ -1,7 +1,8 @@
 """The `hindsight` command.
 
   hindsight label   --env SPEC --episodes N --rollouts K --replacement Q --seed S --out DIR
-                    [--exact] [--chunk-size C] [--gamma G]
+                    [--exact] [--chunk-size C] [--gamma G] [--unstratified]
+                    [--policy MODULE:FN] [--horizon H] [--workers W] [--return-range LO:HI]
   hindsight export  DIR --format jsonl
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
@@ -36,6 +37,17 @@ def use_all_cpu_cores() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count or 1}".strip()
 
 
+def _return_range(text: str) -> tuple[float, float]:
+  """LO:HI -> (lo, hi) for --return-range."""
+  lo, sep, hi = text.partition(":")
+  try:
+    if not sep:
+      raise ValueError
+    return float(lo), float(hi)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
+
+
 def _parser() -> argparse.ArgumentParser:
   from hindsight.credit.replacement import REPLACEMENTS
 
@@ -64,6 +76,18 @@ def _parser() -> argparse.ArgumentParser:
   lab.add_argument("--policy", help="gymnasium/dm_env: behaviour policy MODULE:FN(obs, rng)")
   lab.add_argument("--horizon", type=int, help="gymnasium/dm_env: cap on episode length")
   lab.add_argument("--workers", type=int, default=1, help="gymnasium/dm_env: processes")
+  lab.add_argument(
+    "--return-range",
+    type=_return_range,
+    metavar="LO:HI",
+    help="gymnasium/dm_env: bounds of any return-to-go, for honest stderrs of tied estimates "
+    "(default: the range each episode's branches show)",
+  )
+  lab.add_argument(
+    "--unstratified",
+    action="store_true",
+    help="draw replacements from q itself, a_t included (the plain estimator, for comparison)",
+  )
   lab.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   exp = sub.add_parser("export", help="print a label dataset")
@@ -95,6 +119,7 @@ def _label(args) -> int:
     exact=args.exact,
     decorative_tolerance=args.tolerance,
     confidence=args.confidence,
+    stratify=not args.unstratified,
   )
   job = LabelJob(
     env=args.env,
@@ -105,6 +130,7 @@ def _label(args) -> int:
     policy=args.policy,
     horizon=args.horizon,
     workers=args.workers,
+    return_range=args.return_range,
   )
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")

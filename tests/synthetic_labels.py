@@ -33,6 +33,7 @@ def synthetic_episode(rng: np.random.Generator, i: int) -> dict:
     "tags": [f"a{a}" for a in actions],
     "klass": klass,
     "undefined": np.zeros(n, bool),
+    "credit_bounded": np.zeros(n, bool),
   }
   for name in STEP_FIELDS + AUX_STEP_FIELDS:
     ep[name] = np.zeros(n, np.float32)

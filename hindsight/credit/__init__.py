@@ -8,13 +8,21 @@ from hindsight.credit.coalition import (
   shapley,
   shapley_sampled,
 )
-from hindsight.credit.estimators import KLASS_NAMES, classify, mean_stderr, z_value
+from hindsight.credit.estimators import (
+  KLASS_NAMES,
+  bounded_mean_stderr,
+  classify,
+  mean_stderr,
+  tie_upper_rates,
+  z_value,
+)
 from hindsight.credit.exact import exact_step_credit, tabular_values
 from hindsight.credit.replacement import REPLACEMENTS, check_replacement, replacement_probs
 
 __all__ = [
   "KLASS_NAMES",
   "REPLACEMENTS",
+  "bounded_mean_stderr",
   "check_replacement",
   "classify",
   "coma_advantage",
@@ -27,5 +35,6 @@ __all__ = [
   "shapley",
   "shapley_sampled",
   "tabular_values",
+  "tie_upper_rates",
   "z_value",
 ]

@@ -1,11 +1,34 @@
 """Monte Carlo reductions and the load-bearing / decorative / harmful decision.
 
 All functions act on one step's K branch returns ([K] arrays) and are vmapped outside.
+
+A standard error of 0 means exact, nowhere else (`bounded_mean_stderr`). With common random
+numbers most paired differences of a step are often exactly equal (both arms end alike), and
+when the event that separates them is rare all K samples can tie: their sample standard
+error is then 0 although the mean is not known exactly, and with one or two samples off the
+tie it understates the spread. For such nearly-tied samples the stderr is raised to a
+conservative bound built from the range the samples can take:
+
+  m    = K - (size of the largest group of equal samples, at the value c)
+  p+   = Clopper-Pearson upper bound, one-sided at `confidence`, on p = P(x != c) after
+         m of K samples off c: p+ = Beta^{-1}(confidence; m + 1, K - m)  (3/K for m = 0,
+         the rule of three)
+  |E x - c| = |E[(x - c) 1{x != c}]| <= p * max(hi - c, c - lo)   for x in [lo, hi]
+  stderr = max(sample stderr, p+ * max(hi - c, c - lo) / z)      if m < MIN_OFF_TIE
+
+so the interval mean +- z stderr covers E x whenever p <= p+. With MIN_OFF_TIE or more
+samples off the tie the sample stderr is used as it is: on the stress MDPs of
+`eval/label_honesty.py` its z-scores against the DP then have RMS 0.87-1.11 at K = 16-128
+(with 4 the realized credit's reached 1.8 on a few steps, with 10 most steps at K = 16 fell
+under the bound). An unknown range (lo, hi infinite) makes a tied estimate's stderr
+infinite.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from scipy import stats
 
 KLASS_NAMES = ("decorative", "load_bearing", "harmful", "undetermined")
@@ -21,6 +44,54 @@ def mean_stderr(x):
   """
   k = x.shape[-1]
   return x.mean(-1), x.std(-1, ddof=1) / jnp.sqrt(k)
+
+
+# Samples off the largest tie needed before the sample standard error is trusted as it is.
+MIN_OFF_TIE = 5
+
+
+def tie_upper_rates(num_samples: int, confidence: float) -> np.ndarray:
+  """p+ for m = 0 .. MIN_OFF_TIE - 1 samples off the tie out of K, float32 [MIN_OFF_TIE].
+
+  The one-sided Clopper-Pearson bound Beta^{-1}(confidence; m + 1, K - m) on the chance of a
+  sample off the tie (1 where m >= K, which cannot be bounded).
+  """
+  m = np.arange(MIN_OFF_TIE)
+  inside = m < num_samples
+  upper = stats.beta.ppf(confidence, m + 1, np.maximum(num_samples - m, 1))
+  return np.where(inside, upper, 1.0).astype(np.float32)
+
+
+def largest_tie(x):
+  """(count, value) of the largest group of equal samples of x [K] -> ([] int32, [])."""
+  k = x.shape[-1]
+  s = jnp.sort(x)
+  starts = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
+  run = jnp.cumsum(starts) - 1  # which group of equal values each sorted sample is in
+  counts = jax.ops.segment_sum(jnp.ones((k,), jnp.int32), run, num_segments=k)
+  best = jnp.argmax(counts)
+  return counts[best], s[jnp.argmax(run == best)]
+
+
+def bounded_mean_stderr(x, lo, hi, upper_rates, z: float):
+  """(mean, stderr, bounded) of x [K] drawn from [lo, hi] (scalars): no false certainty.
+
+  The sample mean and standard error, with the stderr raised to the tie bound of the module
+  docstring when fewer than MIN_OFF_TIE samples differ from the largest tie (`bounded`: bool,
+  the bound was the larger). upper_rates: `tie_upper_rates(K, confidence)`; z: the normal
+  quantile of the same confidence, so that mean +- z stderr is the conservative interval. A
+  stderr of 0 is returned only where x cannot vary at all (lo == hi, or c at both ends).
+  """
+  k = x.shape[-1]
+  mean, se = mean_stderr(x)
+  tied, c = largest_tie(x)
+  off = k - tied
+  reach = jnp.maximum(hi - c, c - lo)
+  bound = upper_rates[jnp.minimum(off, MIN_OFF_TIE - 1)] * reach / z
+  # inf * 0 (an unknown range that cannot matter) stays 0 rather than NaN.
+  bound = jnp.where(reach > 0, bound, 0.0)
+  bounded = (off < MIN_OFF_TIE) & (bound > se)
+  return mean, jnp.where(bounded, bound, se), bounded
 
 
 def z_value(confidence: float) -> float:

@@ -6,10 +6,13 @@ arrays out; jit- and vmap-safe). Written for one episode; vmap outside.
 
 from __future__ import annotations
 
+import functools
+
+import chex
 import jax
 import jax.numpy as jnp
 
-from hindsight.credit.estimators import UNDETERMINED, classify, mean_stderr
+from hindsight.credit.estimators import UNDETERMINED, bounded_mean_stderr, classify
 
 # Per-step float fields, in the order they are written.
 STEP_FIELDS = (
@@ -52,6 +55,9 @@ def step_fields(
   success: jax.Array,
   undefined: jax.Array,
   *,
+  keep_share: jax.Array,
+  bounds: jax.Array,
+  upper_rates: jax.Array,
   gamma: float,
   tolerance: float,
   z: float,
@@ -64,35 +70,76 @@ def step_fields(
     r: [H] rewards; mask: [H] bool, t < T; undefined: [H] bool, q does not exist.
     success: [H, K] bool, "the episode succeeds if the policy continues from s_{t+1} along
       branch k" (Math-Shepherd hard estimate).
+    keep_share: [H] w_t = q(a_t | s_t) when the replace arm was drawn from q restricted to
+      a' != a_t (stratified), 0 when it was drawn from q itself.
+    bounds: [H + 1, 2] (lo, hi) of the return-to-go from s_t (s_H: after the last step;
+      (0, 0) once the episode is over), for the tie bound (`bounded_mean_stderr`).
+    upper_rates: `tie_upper_rates(K, confidence)`; z: the quantile of that confidence.
     exact: optional (credit, credit_realized, progress) [H] from dynamic programming; their
       stderrs are then 0.
 
-  Returns: dict of [H] arrays (NaN on padding) plus `length`, `return` scalars.
-    credit          mean_k (G^keep - G^rep)                stderr of the paired mean
-    credit_realized G_t(tau) - mean_k G^rep                 stderr of mean_k G^rep
+  Returns: dict of [H] arrays (NaN on padding) plus `length`, `return` scalars. With
+  d_k = G^keep_k - G^rep_k and the identity (q_- = q restricted to a' != a_t)
+    Delta_t = Q(a_t) - E_q Q(a') = (1 - q(a_t)) E_{a' ~ q_-}[Q(a_t) - Q(a')]:
+    credit          (1 - w) mean_k d_k                       (1 - w) x its stderr
+    credit_realized G_t(tau) - mean_k [w G^keep + (1 - w) G^rep]   stderr of that mean
     progress        r_t + gamma Phi(s_{t+1}) - Phi(s_t)     Phi at t and t+1 come from
                                                             different branch keys: se^2 adds
     phi_hard        1 if any k succeeds; stderr sqrt(h (1 - h)), h = 1 - (1 - p)^K with p
-                    the share of successful continuations (the indicator's plug-in spread)
+                    the share of successful continuations (the indicator's plug-in spread;
+                    p = 0 or 1 is replaced by its rule-of-three bound unless the
+                    continuation from s_{t+1} cannot vary)
+  Every stderr is 0 only where the estimate is exact (w = 1, or a range of width 0).
+  `credit_bounded`, `credit_realized_bounded`, `progress_bounded` [H] bool: that field's
+  stderr is the tie bound of `credit.estimators`, not the sample stderr.
   """
   H, K = G.shape[0], G.shape[1]
+  chex.assert_shape(G, (H, K, None))
+  chex.assert_shape([r, mask, undefined, keep_share], (H,))
+  chex.assert_shape(bounds, (H + 1, 2))
+  chex.assert_shape(success, (H, K))
+  lo, hi = bounds[:H, 0], bounds[:H, 1]
+  bounded = jax.vmap(functools.partial(bounded_mean_stderr, upper_rates=upper_rates, z=z))
   g_tau = returns_to_go(r, gamma)
-  phi, phi_se = mean_stderr(G[..., -1])
+  phi, phi_se, phi_bounded = bounded(G[..., -1], lo, hi)
   if exact is not None:
     credit, realized, progress = exact
     credit_se = realized_se = progress_se = jnp.zeros((H,), jnp.float32)
+    credit_bounded = realized_bounded = progress_bounded = jnp.zeros((H,), bool)
   else:
-    credit, credit_se = mean_stderr(G[..., 0] - G[..., 1])
-    rep_mean, realized_se = mean_stderr(G[..., 1])
+    w = keep_share
+    # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
+    scale = jnp.where(w >= 1.0 - 1e-6, 0.0, 1.0 - w)
+    diff_mean, diff_se, diff_bounded = bounded(G[..., 0] - G[..., 1], lo - hi, hi - lo)
+    credit = scale * diff_mean
+    credit_se = jnp.where(scale > 0, scale * diff_se, 0.0)
+    credit_bounded = diff_bounded & (scale > 0)
+    # The baseline mixes the arms with weights (w, 1 - w). A rare event in the heavier arm
+    # can hide behind the spread of the other, so a nearly tied arm bounds the mixture by
+    # the sum of the arms' stderrs (sd(aX + bY) <= a sd(X) + b sd(Y)).
+    mix = w[:, None] * G[..., 0] + (1.0 - w[:, None]) * G[..., 1]
+    rep_mean, mix_se, mix_bounded = bounded(mix, lo, hi)
+    _, keep_se, keep_bounded = bounded(G[..., 0], lo, hi)
+    _, rep_se, rep_bounded = bounded(G[..., 1], lo, hi)
+    arm_bounded = (keep_bounded & (w > 0)) | (rep_bounded & (scale > 0))
+    arm_sum = jnp.where(w > 0, w * keep_se, 0.0) + jnp.where(scale > 0, scale * rep_se, 0.0)
+    realized_se = jnp.where(arm_bounded, jnp.maximum(mix_se, arm_sum), mix_se)
+    realized_bounded = mix_bounded | arm_bounded
     realized = g_tau - rep_mean
     phi_next = jnp.append(phi[1:], 0.0)  # Phi after the end is 0: those states are done
     phi_next_se = jnp.append(phi_se[1:], 0.0)
     progress = r + gamma * phi_next - phi
     progress_se = jnp.sqrt(phi_se**2 + (gamma * phi_next_se) ** 2)
+    progress_bounded = phi_bounded | jnp.append(phi_bounded[1:], False)
 
-  p_success = success.mean(-1)
-  phi_hard = success.any(-1).astype(jnp.float32)
-  h = 1.0 - (1.0 - p_success) ** K
+  hits = success.sum(-1)
+  p_success = hits / K
+  tie_rate = upper_rates[0]
+  can_vary = bounds[1:, 1] > bounds[1:, 0]
+  p_spread = jnp.where(can_vary & (hits == 0), tie_rate, p_success)
+  p_spread = jnp.where(can_vary & (hits == K), 1.0 - tie_rate, p_spread)
+  phi_hard = (hits > 0).astype(jnp.float32)
+  h = 1.0 - (1.0 - p_spread) ** K
   phi_hard_se = jnp.sqrt(h * (1.0 - h))
 
   credit = jnp.where(undefined, jnp.nan, credit)
@@ -114,6 +161,9 @@ def step_fields(
   }
   klass = classify(credit, credit_se, tolerance, z)
   out["klass"] = jnp.where(mask, klass, UNDETERMINED)
+  out["credit_bounded"] = credit_bounded & mask
+  out["credit_realized_bounded"] = realized_bounded & mask
+  out["progress_bounded"] = progress_bounded & mask
   out["undefined"] = undefined & mask
   out["return_to_go"] = jnp.where(mask, g_tau, nan)
   out["phi"] = jnp.where(mask, phi, nan)

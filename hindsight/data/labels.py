@@ -61,6 +61,8 @@ def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool, num
     "tags": tfds.features.Sequence(tfds.features.Text()),
     "klass": tfds.features.Sequence(tfds.features.ClassLabel(names=KLASS_NAMES)),
     "undefined": step(np.bool_),
+    # The credit stderr is the tie bound of credit.estimators, not the sample stderr.
+    "credit_bounded": step(np.bool_),
   }
   for name in STEP_FIELDS + AUX_STEP_FIELDS:
     features[name] = step(np.float32)

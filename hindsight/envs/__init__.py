@@ -9,7 +9,9 @@ from hindsight.envs.tabular import (
   TabularState,
   key_corridor_mdp,
   load_tabular,
+  peaked_mdp,
   random_mdp,
+  rare_success_mdp,
 )
 
 __all__ = [
@@ -21,5 +23,7 @@ __all__ = [
   "key_corridor_mdp",
   "load_tabular",
   "make",
+  "peaked_mdp",
   "random_mdp",
+  "rare_success_mdp",
 ]

@@ -1,10 +1,11 @@
 """Adapters for environments users already have: Gymnasium and dm_env (bsuite included).
 
 These environments are stateful Python objects, so branching at step t means restoring
-s_t: by `copy.deepcopy` of the environment (which copies its random state too, so both arms
-of a branch share the environment's noise), or, where deepcopy fails, by deterministic
+s_t: by `copy.deepcopy` of the environment, or, where deepcopy fails, by deterministic
 replay: re-create, reset with the episode's seed, and replay the recorded actions (checked
-against the recorded observations).
+against the recorded observations). A restored copy carries the random state the
+environment had at s_t, which every branch would then share; `reseed` gives each branch
+(t, k) its own noise, common to the arms of that branch only (common random numbers).
 
   --env gymnasium:ENV_ID          gymnasium.make(ENV_ID), discrete action space
   --env dm_env:MODULE:FACTORY     MODULE.FACTORY() returns a dm_env.Environment (given a
@@ -49,6 +50,29 @@ class PyEnv:
       return copy.deepcopy(self)
     except Exception:  # any object inside may refuse to be copied
       return None
+
+  def reseed(self, seed: int) -> bool:
+    """Replaces the environment's random state by one seeded with `seed`; False where the
+    environment keeps none that can be found (its branches then share its noise)."""
+    return _reseed_attributes(self._env, seed)
+
+
+_RNG_ATTRIBUTES = ("np_random", "_np_random", "_rng", "_random_state", "rng", "random_state")
+
+
+def _reseed_attributes(env, seed: int) -> bool:
+  """Replaces the first NumPy random state found on `env` (or its `unwrapped`) by one seeded
+  with `seed`, of the same type. Gymnasium keeps it in `np_random`, bsuite in `_rng`."""
+  target = getattr(env, "unwrapped", env)
+  for name in _RNG_ATTRIBUTES:
+    current = getattr(target, name, None)
+    if isinstance(current, np.random.Generator):
+      setattr(target, name, np.random.default_rng(seed))
+      return True
+    if isinstance(current, np.random.RandomState):
+      setattr(target, name, np.random.RandomState(seed % 2**32))
+      return True
+  return False
 
 
 def _flat(obs) -> np.ndarray:

@@ -85,6 +85,18 @@ class Environment(abc.ABC):
     del final_state
     return episode_return > self.success_threshold
 
+  def return_bounds(self, state: PyTree, params: PyTree) -> jax.Array:
+    """float32 [2]: (lo, hi) with lo <= G_t <= hi for every return-to-go from `state`, under
+    any first action and the policy after it, and every gamma in (0, 1].
+
+    The labeler needs it to bound Monte Carlo estimates whose branches all tie (see
+    `credit.estimators`); it sets (0, 0) itself for states that are done. Default: unknown,
+    (-inf, inf), which makes the stderr of a tied estimate infinite (honest, not useful):
+    environments should declare a range.
+    """
+    del state, params
+    return jnp.array([-jnp.inf, jnp.inf], jnp.float32)
+
   def legal_actions(self, state: PyTree, params: PyTree) -> jax.Array:
     """bool [A]: which actions are legal in `state`. Default: all of them."""
     del state, params

@@ -122,6 +122,14 @@ class KeyToDoor(Environment):
       since // every < self.num_apples
     ), index
 
+  def return_bounds(self, state: KeyToDoorState, params: KeyToDoorParams) -> jax.Array:
+    """(0, the apples still to pass + the door unless opened): rewards are never negative."""
+    every = self.apple_steps // self.num_apples
+    apple_times = self.key_steps + every * jnp.arange(self.num_apples)
+    apples = jnp.sum(jnp.where(apple_times >= state.time, state.apple_values, 0.0))
+    door = jnp.where(state.door_open, 0.0, params.door_reward)
+    return jnp.stack([jnp.float32(0.0), apples + door]).astype(jnp.float32)
+
   def _events(self, state: KeyToDoorState, action):
     """(takes_key, eats_apple, opens_door) for `action` in `state`."""
     phase = self.phase(state.time)

@@ -36,13 +36,15 @@ the tag, +- its standard error over steps):
   tag               R = policy          R = policy_no_repeat
   fact               0.042 +- 0.001      0.711 +- 0.005   load-bearing; under `policy` mostly
                                                           redundant (the policy re-fetches)
-  write              0.035 +- 0.002      0.875 +- 0.003   load-bearing once all facts are held
-    (too early)     -0.600 +- 0.012      0.034 +- 0.003   harmful: it locks in a wrong draft
-  correction         0.025 +- 0.004      0.582 +- 0.017   load-bearing
-  wrong_hypothesis  -0.029 +- 0.004     -0.056 +- 0.005   harmful (recoverable)
-  restate           -0.012 +- 0.002     -0.024 +- 0.003   decorative (a step's time, no more)
-  verify            -0.006 +- 0.003     -0.016 +- 0.003   decorative
-  search_unused     -0.008 +- 0.003     -0.017 +- 0.003   decorative
+  write              0.036 +- 0.002      0.875 +- 0.003   load-bearing once all facts are held
+    (too early)     -0.603 +- 0.012      0.034 +- 0.003   harmful: it locks in a wrong draft
+  correction         0.023 +- 0.004      0.582 +- 0.017   load-bearing
+  wrong_hypothesis  -0.032 +- 0.004     -0.056 +- 0.005   harmful (recoverable)
+  restate           -0.010 +- 0.002     -0.024 +- 0.003   decorative (a step's time, no more)
+  verify            -0.006 +- 0.002     -0.016 +- 0.003   decorative
+  search_unused     -0.009 +- 0.003     -0.017 +- 0.003   decorative
+(Stratified labels, which under `policy` never spend a branch on redrawing a_t; the
+`write` rows split the first write by whether all facts were held.)
 Per step, most decorative steps' intervals are narrower than the +-0.05 tolerance only with
 more rollouts; the per-tag means above are the robust reading.
 """
@@ -165,6 +167,11 @@ class Reasoning(Environment):
       succeeded=succeeded,
     )
     return next_state, succeeded.astype(jnp.float32), done
+
+  def return_bounds(self, state, params) -> jax.Array:
+    """[0, 1]: the answer pays 1 or 0, once."""
+    del state, params
+    return jnp.array([0.0, 1.0], jnp.float32)
 
   def observation(self, state: ReasoningState, params) -> jax.Array:
     """float32 [7]: facts held, draft written, wrong hypothesis, decorative share, time."""

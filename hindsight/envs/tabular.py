@@ -46,6 +46,7 @@ class TabularParams:
   r: jax.Array  # float32 [S, A]
   mu0_cdf: jax.Array  # float32 [S]
   terminal: jax.Array  # bool [S]
+  g_bounds: jax.Array  # float32 [H + 1, S, 2] (lo, hi) of G_t from (t, s) (return_bounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,7 @@ class TabularEnv(Environment):
       r=jnp.asarray(self.mdp.r, jnp.float32),
       mu0_cdf=jnp.asarray(cdf_table(self.mdp.mu0)),
       terminal=jnp.asarray(self.mdp.terminal, bool),
+      g_bounds=jnp.asarray(return_bound_table(self.mdp), jnp.float32),
     )
 
   def reset(self, key, params: TabularParams) -> TabularState:
@@ -148,6 +150,33 @@ class TabularEnv(Environment):
 
   def state_index(self, state: TabularState) -> jax.Array:
     return state.s
+
+  def return_bounds(self, state: TabularState, params: TabularParams) -> jax.Array:
+    return params.g_bounds[state.time, state.s]
+
+
+def return_bound_table(mdp: TabularMDP) -> np.ndarray:
+  """(lo, hi) of the return-to-go from each (t, s), float64 [H + 1, S, 2], by DP over the paths
+  with positive probability: any first action, then the actions pi can take.
+
+  Rewards enter as min(r, 0) for lo and max(r, 0) for hi, so the bounds hold for every
+  gamma in (0, 1]; row H (after the horizon) is 0.
+  """
+  H, S = mdp.horizon, mdp.num_states
+  reach = mdp.P > 0  # [S, A, S]
+  alive = ~mdp.terminal
+  table = np.zeros((H + 1, S, 2))
+  cont = np.zeros((S, 2))  # bounds of what follows s' under pi, at t + 1
+  for t in range(H - 1, -1, -1):
+    nxt = np.where(alive[:, None], cont, 0.0) if t + 1 < H else np.zeros((S, 2))
+    lo = np.minimum(mdp.r, 0.0) + np.where(reach, nxt[None, None, :, 0], np.inf).min(-1)
+    hi = np.maximum(mdp.r, 0.0) + np.where(reach, nxt[None, None, :, 1], -np.inf).max(-1)
+    table[t, :, 0], table[t, :, 1] = lo.min(-1), hi.max(-1)
+    taken = mdp.pi > 0
+    cont = np.stack(
+      [np.where(taken, lo, np.inf).min(-1), np.where(taken, hi, -np.inf).max(-1)], axis=-1
+    )
+  return table
 
 
 def _fail(path, message: str):
@@ -349,3 +378,25 @@ def key_corridor_mdp(
     success_threshold=0.5,
     action_names=("wait", "left", "right", "pick"),
   )
+
+
+def peaked_mdp(seed: int, peak: float = 0.96, horizon: int = 10, sparse: bool = False):
+  """A random MDP (8 states, 3 actions) whose policy puts `peak` on one action per state.
+
+  Rewards are random_mdp's Gaussians, or with `sparse` 1 on 15% of (s, a) and 0 elsewhere.
+  A stress case for Monte Carlo labels: under the plain `policy` replacement most draws are
+  a_t itself (paired difference 0), and with sparse rewards most other differences tie too.
+  """
+  mdp = random_mdp(seed, num_states=8, num_actions=3, horizon=horizon)
+  rng = np.random.default_rng(seed + 1000)
+  favourite = rng.integers(3, size=mdp.num_states)
+  pi = np.full(mdp.pi.shape, (1.0 - peak) / 2)
+  pi[np.arange(mdp.num_states), favourite] = peak
+  r = (rng.random(mdp.r.shape) < 0.15).astype(np.float64) if sparse else mdp.r
+  return dataclasses.replace(mdp, pi=pi, r=r)
+
+
+def rare_success_mdp() -> TabularMDP:
+  """The key corridor under a policy that rarely opens the door (success 1.35% by DP): a
+  stress case where all K branches of most steps tie although the credit is not 0."""
+  return key_corridor_mdp(length=5, horizon=11, key_position=2, slip=0.1, pi_move_right=0.28)

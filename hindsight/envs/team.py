@@ -98,6 +98,11 @@ class Team(Environment):
     new = TeamState(time=time, done=done, found=found, drafted=drafted, error=error)
     return new, reward, done
 
+  def return_bounds(self, state, params) -> jax.Array:
+    """[0, 1]: the episode pays 1 or 0 at its end."""
+    del state, params
+    return jnp.array([0.0, 1.0], jnp.float32)
+
   def observation(self, state: TeamState, params) -> jax.Array:
     """float32 [4 + n]: found, drafted, error, time / H, and the acting agent one-hot."""
     del params

@@ -3,11 +3,14 @@
 For each step t and branch k = 1..K three arms start from the saved state s_t and share the
 continuation key c_{t,k} (common random numbers):
   keep     a_t itself                        -> G^keep_{t,k}    estimates Q(s_t, a_t)
-  replace  a' ~ q(. | s_t, a_t)              -> G^rep_{t,k}     estimates E_q Q(s_t, a')
+  replace  a' ~ q_-(. | s_t, a_t)            -> G^rep_{t,k}     estimates E_{q_-} Q(s_t, a')
   phi      a'' ~ pi(. | s_t)                 -> G^phi_{t,k}     estimates Phi(s_t) = V(s_t)
-Then
-  credit_t          = mean_k (G^keep - G^rep)                  stderr of the paired mean
-  credit_realized_t = G_t(tau) - mean_k G^rep                  stderr of mean_k G^rep
+where q_- is q restricted to a' != a_t (stratified; LabelConfig.stratify=False draws from q
+itself and sets w = 0). With w = q(a_t | s_t) and the identity
+  Delta_t = Q(a_t) - E_q Q(a') = (1 - w) E_{a' ~ q_-}[Q(a_t) - Q(a')]
+no branch is spent on a' = a_t, whose paired difference is 0 by construction:
+  credit_t          = (1 - w) mean_k (G^keep - G^rep)          (1 - w) x stderr of the mean
+  credit_realized_t = G_t(tau) - mean_k [w G^keep + (1 - w) G^rep]
   progress_t        = r_t + gamma Phi(s_{t+1}) - Phi(s_t)      the two Phi estimates come from
                                                                different branch keys, so they
                                                                are independent: se^2 adds
@@ -15,6 +18,8 @@ Then
                       (Math-Shepherd "hard" estimate, N = K continuations from s_{t+1});
                       stderr = sqrt(h (1 - h)), h = 1 - (1 - p)^K with p the fraction of
                       continuations that succeed: the plug-in spread of the indicator itself.
+Every stderr of a nearly tied estimate is raised to the conservative tie bound of
+`credit.estimators` (from the environment's `return_bounds`), so a stderr of 0 means exact.
 With `exact`, credit, credit_realized and progress come from the dynamic-programming tables
 instead (stderr 0) and only the phi arm is rolled (for phi_hard).
 
@@ -34,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import z_value
+from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
 from hindsight.credit.fields import continuation_totals, returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs
@@ -63,7 +68,11 @@ class LabelConfig:
   gamma: discount of returns (1 = undiscounted, the default everywhere).
   exact: dynamic programming for credit, credit_realized and progress (tabular only).
   decorative_tolerance: |credit| below this counts as decorative (see credit.classify).
-  confidence: level of the interval that decides klass.
+  confidence: level of the interval that decides klass (and of the tie bound,
+    credit.estimators).
+  stratify: draw the replace arm from q restricted to a' != a_t and scale by 1 - q(a_t)
+    (the identity in credit.fields.step_fields): no branch is spent on a' = a_t and the
+    variance can only fall. False keeps the plain estimator (a' ~ q), for comparisons.
   """
 
   num_rollouts: int = 32
@@ -72,6 +81,7 @@ class LabelConfig:
   exact: bool = False
   decorative_tolerance: float = 0.05
   confidence: float = 0.95
+  stratify: bool = True
 
 
 def episode_key(seed: int | jax.Array, episode_index: int | jax.Array) -> jax.Array:
@@ -116,6 +126,7 @@ class Labeler:
       q, v = tabular_values(env.mdp, config.gamma)
       self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
     self._z = z_value(config.confidence)
+    self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
     self.label = jax.jit(self._label_batch)
     self.sample = jax.jit(jax.vmap(self._sample_episode))
     self.sample_and_label = jax.jit(self._sample_and_label)
@@ -185,9 +196,11 @@ class Labeler:
   def _branch_starts(self, traj: Trajectory, key: jax.Array):
     """Where each branch of one episode starts: state, forced first action and key.
 
-    Returns (states, first_actions, keys, banned, q, undefined): the first four with leading
-    dims [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q [H, A],
-    undefined [H]. `banned` is the content class a continuation may not take (-1: none).
+    Returns (states, first_actions, keys, banned, q, undefined, keep_share): the first four
+    with leading dims [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q
+    [H, A], undefined and keep_share [H]. `banned` is the content class a continuation may
+    not take (-1: none). With `stratify` the replace arm draws from q restricted to
+    a' != a_t and keep_share = q(a_t) (else 0).
     """
     env, cfg = self.env, self.config
     H, K = env.horizon, cfg.num_rollouts
@@ -198,6 +211,14 @@ class Labeler:
       cfg.replacement, pi, legal, a, env.null_action
     )
     branch_root = jax.random.fold_in(key, 1)
+    if cfg.stratify:
+      keep_share = jnp.take_along_axis(q, a[:, None], axis=-1)[:, 0]
+      others = q * (jnp.arange(env.num_actions) != a[:, None])
+      mass = others.sum(-1, keepdims=True)
+      # q(a_t) = 1 leaves nothing else: draw a_t (its credit is scaled by 0, exactly).
+      q_draw = jnp.where(mass > 0, others / jnp.where(mass > 0, mass, 1.0), q)
+    else:
+      keep_share, q_draw = jnp.zeros((H,), jnp.float32), q
 
     def one_branch(a_t, q_t, pi_t, t, k):
       k_rep, k_phi, k_cont = jax.random.split(
@@ -209,7 +230,9 @@ class Labeler:
       return firsts, jnp.broadcast_to(k_cont, firsts.shape)
 
     per_step = jax.vmap(one_branch, (None, None, None, None, 0))
-    firsts, keys = jax.vmap(per_step, (0, 0, 0, 0, None))(a, q, pi, jnp.arange(H), jnp.arange(K))
+    firsts, keys = jax.vmap(per_step, (0, 0, 0, 0, None))(
+      a, q_draw, pi, jnp.arange(H), jnp.arange(K)
+    )
     n_arms = firsts.shape[-1]
     branch_states = jax.tree.map(
       lambda x: jnp.broadcast_to(x[:, None, None], (H, K, n_arms, *x.shape[1:])), states
@@ -219,7 +242,7 @@ class Labeler:
     if cfg.replacement == "policy_no_repeat" and not cfg.exact:
       klass_t = jax.vmap(env.action_class, (0, 0, None))(states, a, self.env_params)
       banned = banned.at[:, :, 1].set(klass_t[:, None])
-    return branch_states, firsts, keys, banned, q, undefined & traj.mask
+    return branch_states, firsts, keys, banned, q, undefined & traj.mask, keep_share
 
   def _rollout(self, states, firsts, keys, banned):
     """Branch returns G, step counts (both [E, H, K, n_arms]) and the phi arm's final
@@ -263,11 +286,15 @@ class Labeler:
 
   def _label_batch(self, traj: Trajectory, keys: jax.Array) -> dict[str, jax.Array]:
     """Labels a batch of episodes: traj leaves [E, H, ...], keys [E]."""
-    states, firsts, bkeys, banned, q, undefined = jax.vmap(self._branch_starts)(traj, keys)
+    states, firsts, bkeys, banned, q, undefined, keep_share = jax.vmap(self._branch_starts)(
+      traj, keys
+    )
     G, steps, finals = self._rollout(states, firsts, bkeys, banned)  # [E, H, K, n_arms]
-    return jax.vmap(self._reduce)(traj, G, steps, finals, q, undefined)
+    return jax.vmap(self._reduce)(traj, G, steps, finals, q, undefined, keep_share)
 
-  def _reduce(self, traj: Trajectory, G, steps, finals, q, undefined) -> dict[str, jax.Array]:
+  def _reduce(
+    self, traj: Trajectory, G, steps, finals, q, undefined, keep_share
+  ) -> dict[str, jax.Array]:
     """All label fields of one episode from its branch returns G [H, K, n_arms]."""
     env, cfg = self.env, self.config
     H, K, gamma = env.horizon, cfg.num_rollouts, cfg.gamma
@@ -300,6 +327,9 @@ class Labeler:
       mask,
       success,
       undefined,
+      keep_share=keep_share,
+      bounds=jax.vmap(self._return_bounds)(traj.states),
+      upper_rates=self._upper_rates,
       gamma=gamma,
       tolerance=cfg.decorative_tolerance,
       z=self._z,
@@ -309,6 +339,11 @@ class Labeler:
     out["success"] = env.success(final_state, out["return"])
     out["rollout_steps"] = steps.sum().astype(jnp.int64 if jax.config.x64_enabled else jnp.int32)
     return out
+
+  def _return_bounds(self, state) -> jax.Array:
+    """(lo, hi) of G_t from one state, [2]; (0, 0) once the episode is over."""
+    bounds = jnp.asarray(self.env.return_bounds(state, self.env_params), jnp.float32)
+    return jnp.where(state.done, 0.0, bounds)
 
 
 def to_numpy(tree) -> Any:

@@ -49,6 +49,7 @@ class LabelJob:
   policy: str | None = None  # adapters only: MODULE:FN
   horizon: int | None = None  # adapters only: cap on episode length
   workers: int = 1  # adapters only: processes (labels do not depend on it)
+  return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
 
   def describe(self) -> dict:
     d = dataclasses.asdict(self)
@@ -68,8 +69,14 @@ def _check(job: LabelJob) -> None:
     raise HindsightError(f"--workers must be >= 1, got {job.workers}")
   if job.horizon is not None and job.horizon < 1:
     raise HindsightError(f"--horizon must be >= 1, got {job.horizon}")
-  if not is_adapter_spec(job.env) and (job.policy or job.horizon):
-    raise HindsightError("--policy and --horizon are for gymnasium:/dm_env: environments only")
+  if not is_adapter_spec(job.env) and (job.policy or job.horizon or job.return_range):
+    raise HindsightError(
+      "--policy, --horizon and --return-range are for gymnasium:/dm_env: environments only"
+    )
+  if job.return_range is not None:
+    lo, hi = job.return_range
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
+      raise HindsightError(f"--return-range needs finite LO <= HI, got {lo}:{hi}")
 
 
 class _JaxSource:
@@ -134,7 +141,9 @@ class _PySource:
     check_replacement(job.config.replacement, None, env.spec, has_action_classes=False)
     if job.config.exact:
       raise HindsightError("--exact needs a tabular MDP")
-    self.py_job = PyJob(job.env, job.policy, job.horizon, job.config, job.seed)
+    self.py_job = PyJob(
+      job.env, job.policy, job.horizon, job.config, job.seed, return_range=job.return_range
+    )
     self.workers = job.workers
     self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
     self.num_actions, self.null_action = env.num_actions, None
@@ -210,6 +219,7 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
         "tags": [tag_names[j] for j in c["tags"][i, :T]],
         "klass": c["klass"][i, :T].astype(np.int64),
         "undefined": c["undefined"][i, :T].astype(bool),
+        "credit_bounded": c["credit_bounded"][i, :T].astype(bool),
       }
       for name in label_io.STEP_FIELDS + label_io.AUX_STEP_FIELDS:
         ex[name] = c[name][i, :T].astype(np.float32)
@@ -291,6 +301,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     success_threshold=source.success_threshold,
     decorative_tolerance=job.config.decorative_tolerance,
     confidence=job.config.confidence,
+    stratify=job.config.stratify,
     tag_names=list(source.tag_names),
     agent_names=list(source.agent_names),
     klass_names=list(KLASS_NAMES),

@@ -5,8 +5,20 @@ branches restored by deepcopy or replay, run over a process pool.
 Random numbers: episode e's root is the key data of `episode_key(seed, e)` (the JAX key of
 the JAX engine); every draw comes from a NumPy generator seeded with (root, stream, t, k),
 so labels do not depend on the number of workers or on chunking. The three arms of branch
-(t, k) get the same continuation generator and an identical copy of the environment (whose
-own random state deepcopy carries along): common random numbers.
+(t, k) get the same continuation generator and an identical copy of the environment whose
+own random state is reseeded from (root, t, k) (`PyEnv.reseed`): common random numbers
+within a branch, independent noise across branches. (Without the reseed every branch of a
+step replayed the same environment noise: on slippery FrozenLake the labels' z-scores
+against the DP had RMS 2.2.)
+
+Stratification (LabelConfig.stratify) needs q(a_t), which is known here only when q is
+uniform: the `uniform` replacement, or `policy` under the default uniform policy. A
+`--policy MODULE:FN` is a black box, so `policy` then draws a' ~ pi as it is (unstratified),
+and only the tie bound guards its ties.
+
+Return range for the tie bound: `--return-range LO:HI` (PyJob.return_range) when given;
+otherwise the range of every branch return of the episode, which is only what the data show
+(infinite when nothing in the episode varied: such ties get an infinite stderr).
 """
 
 from __future__ import annotations
@@ -19,13 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import z_value
+from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.fields import continuation_totals, step_fields
 from hindsight.envs.adapters import PyEnv, load_policy, make_py_env
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, episode_key
 
-TRAJ, REPLACE, PHI, CONTINUE = range(4)  # random streams
+TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
 _REJECTION_TRIES = 64  # policy_other: draws before calling q undefined
 
 
@@ -39,6 +51,7 @@ class PyJob:
   config: LabelConfig
   seed: int
   success_threshold: float = 0.0
+  return_range: tuple[float, float] | None = None
 
 
 def episode_root(seed: int, episode: int) -> list[int]:
@@ -71,8 +84,18 @@ def _roll_discounted(env, first, policy, rng, gamma):
     action = policy(obs, rng)
 
 
-def _replacement(kind, policy, obs, a_t, rng, num_actions):
-  """a' ~ q(. | s_t, a_t), or None where q is undefined."""
+def _uniform_q(job: PyJob) -> bool:
+  """q is uniform over the actions: `uniform`, or `policy` under the default uniform policy."""
+  return job.config.replacement == "uniform" or (
+    job.config.replacement == "policy" and not job.policy
+  )
+
+
+def _replacement(kind, policy, obs, a_t, rng, num_actions, stratified):
+  """a' ~ q(. | s_t, a_t) (q uniform and `stratified`: a' != a_t), or None where undefined."""
+  if stratified:
+    a = int(rng.integers(num_actions - 1))
+    return a + (a >= a_t)
   if kind == "policy":
     return int(policy(obs, rng))
   if kind == "uniform":
@@ -129,18 +152,29 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
 
   G = np.zeros((H, K, 3), np.float32)
   undefined = np.zeros(H, bool)
+  stratified = cfg.stratify and _uniform_q(job) and A > 1
+  keep_share = np.full(H, 1.0 / A if stratified else 0.0, np.float32)
   env_steps = 0
   for t in range(T):
     for k in range(K):
       a_rep = _replacement(
-        cfg.replacement, policy, observations[t], actions[t], _rng(root, REPLACE, t, k), A
+        cfg.replacement,
+        policy,
+        observations[t],
+        actions[t],
+        _rng(root, REPLACE, t, k),
+        A,
+        stratified,
       )
       if a_rep is None:
         undefined[t] = True
         a_rep = actions[t]
       a_phi = int(policy(observations[t], _rng(root, PHI, t, k)))
+      noise = int(_rng(root, ENV_NOISE, t, k).integers(2**63))
       for arm, first in enumerate((actions[t], a_rep, a_phi)):
-        ret, n = _roll_discounted(restore(t), first, policy, _rng(root, CONTINUE, t, k), cfg.gamma)
+        branch = restore(t)
+        branch.reseed(noise)
+        ret, n = _roll_discounted(branch, first, policy, _rng(root, CONTINUE, t, k), cfg.gamma)
         G[t, k, arm] = ret
         env_steps += n
 
@@ -156,6 +190,9 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
     jnp.asarray(mask),
     jnp.asarray(success),
     jnp.asarray(undefined),
+    keep_share=jnp.asarray(keep_share),
+    bounds=jnp.asarray(_return_bounds(job.return_range, G[:T], H, T)),
+    upper_rates=jnp.asarray(tie_upper_rates(K, cfg.confidence)),
     gamma=cfg.gamma,
     tolerance=cfg.decorative_tolerance,
     z=z_value(cfg.confidence),
@@ -177,6 +214,20 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
     episode=np.int64(episode),
   )
   return out
+
+
+def _return_bounds(declared, G, H: int, T: int) -> np.ndarray:
+  """(lo, hi) of G_t per step t = 0..H, [H + 1, 2]: the declared range, else the episode's
+  own branch returns G [T, K, arms] (infinite if they never differ); (0, 0) from T on."""
+  if declared is not None:
+    lo, hi = declared
+  else:
+    lo, hi = float(G.min()), float(G.max())
+    if hi <= lo:
+      lo, hi = -np.inf, np.inf
+  bounds = np.zeros((H + 1, 2), np.float32)
+  bounds[:T] = lo, hi
+  return bounds
 
 
 def label_episodes(

@@ -16,18 +16,21 @@ from hindsight.credit.estimators import KLASS_NAMES
 
 def tag_table(labels) -> dict:
   """Aggregates a Labels dataset. Returns {tag: {...}} plus an "_all" entry."""
-  tags, credit, progress, klass = [], [], [], []
+  tags, credit, progress, klass, stderr, bounded = [], [], [], [], [], []
   returns, success = [], []
   for ex in labels:
     tags += [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
     credit.append(ex["credit"])
     progress.append(ex["progress"])
     klass.append(ex["klass"])
+    stderr.append(ex["credit_stderr"])
+    bounded.append(ex["credit_bounded"] if "credit_bounded" in ex else np.zeros(len(ex["klass"])))
     returns.append(float(ex["return"]))
     success.append(bool(ex["success"]))
   tags = np.asarray(tags)
   credit, progress = np.concatenate(credit), np.concatenate(progress)
   klass = np.concatenate(klass).astype(int)
+  stderr, bounded = np.concatenate(stderr), np.concatenate(bounded).astype(bool)
   table = {}
   for tag in sorted(set(tags.tolist())):
     sel = tags == tag
@@ -47,6 +50,8 @@ def tag_table(labels) -> dict:
     mean_return=float(np.mean(returns)),
     success_rate=float(np.mean(success)),
     spearman_progress_credit=float(rho),
+    exact_share=float(np.mean(stderr == 0)),
+    bounded_share=float(np.mean(bounded)),
   )
   return table
 
@@ -63,6 +68,8 @@ def summarize(labels) -> str:
     f"{overall['episodes']} episodes, {overall['steps']} steps, mean return "
     f"{overall['mean_return']:.3f}, success rate {overall['success_rate']:.3f}",
     f"Spearman(progress, credit) over steps: {overall['spearman_progress_credit']:.3f}",
+    f"credit stderr: exact (0) on {overall['exact_share']:.1%} of steps, the tie bound on "
+    f"{overall['bounded_share']:.1%}, a sample stderr on the rest",
     "",
     f"{'tag':<18}{'steps':>8}{'credit':>10}{'+-se':>8}{'progress':>10}   "
     + " ".join(f"{n[:12]:>12}" for n in KLASS_NAMES),
