@@ -20,7 +20,6 @@ action per state).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.envs import TabularEnv, random_mdp
-from hindsight.envs.tabular import cdf_table
+from hindsight.envs.tabular import cdf_table, with_peaked_policy
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
 from hindsight.policies import TabularPolicy
 
@@ -126,14 +125,6 @@ def variance_saving(mdp, episodes: int, rollouts: int, seed: int) -> dict[str, f
   return out
 
 
-def peaked(mdp, peak: float = 0.96):
-  """The same MDP with pi putting `peak` on each state's most likely action."""
-  A = mdp.num_actions
-  pi = np.full(mdp.pi.shape, (1.0 - peak) / (A - 1))
-  pi[np.arange(mdp.num_states), mdp.pi.argmax(-1)] = peak
-  return dataclasses.replace(mdp, pi=pi)
-
-
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--episodes", type=int, default=64)
@@ -184,7 +175,7 @@ def main(argv=None):
   print(f"check : RMS z of (jax - numpy) credit over {ok.sum()} steps = {z_rms:.3f} (expect ~1)")
 
   print(f"variance at K={args.rollouts}, replacement policy, stratified / plain (same episodes):")
-  for name, case in (("bench MDP", mdp), ("peaked pi", peaked(mdp))):
+  for name, case in (("bench MDP", mdp), ("peaked pi", with_peaked_policy(mdp, 0.96))):
     v = variance_saving(case, args.episodes, args.rollouts, args.seed)
     print(
       f"  {name:9s}: MSE vs exact {v['stratified_mse']:.2e} / {v['plain_mse']:.2e} = "

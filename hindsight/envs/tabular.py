@@ -380,6 +380,15 @@ def key_corridor_mdp(
   )
 
 
+def with_peaked_policy(mdp: TabularMDP, peak: float, favourite=None) -> TabularMDP:
+  """`mdp` with pi putting `peak` on one action per state (int [S]; default: pi's argmax)
+  and the rest spread evenly over the other actions."""
+  favourite = mdp.pi.argmax(-1) if favourite is None else np.asarray(favourite)
+  pi = np.full(mdp.pi.shape, (1.0 - peak) / (mdp.num_actions - 1))
+  pi[np.arange(mdp.num_states), favourite] = peak
+  return dataclasses.replace(mdp, pi=pi)
+
+
 def peaked_mdp(seed: int, peak: float = 0.96, horizon: int = 10, sparse: bool = False):
   """A random MDP (8 states, 3 actions) whose policy puts `peak` on one action per state.
 
@@ -389,11 +398,9 @@ def peaked_mdp(seed: int, peak: float = 0.96, horizon: int = 10, sparse: bool = 
   """
   mdp = random_mdp(seed, num_states=8, num_actions=3, horizon=horizon)
   rng = np.random.default_rng(seed + 1000)
-  favourite = rng.integers(3, size=mdp.num_states)
-  pi = np.full(mdp.pi.shape, (1.0 - peak) / 2)
-  pi[np.arange(mdp.num_states), favourite] = peak
+  mdp = with_peaked_policy(mdp, peak, rng.integers(3, size=mdp.num_states))
   r = (rng.random(mdp.r.shape) < 0.15).astype(np.float64) if sparse else mdp.r
-  return dataclasses.replace(mdp, pi=pi, r=r)
+  return dataclasses.replace(mdp, r=r)
 
 
 def rare_success_mdp() -> TabularMDP:
