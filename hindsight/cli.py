@@ -19,8 +19,23 @@ import os
 import sys
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows `(default: X)` where there is a default worth showing (not for required flags,
+  switches that default to off, or flags without one)."""
+
+  def _get_help_string(self, action):
+    if action.required or action.default in (None, False) or action.help is None:
+      return action.help
+    return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-  """argparse, but usage mistakes are one line (and exit 2) like every other bad input."""
+  """argparse, but usage mistakes are one line (and exit 2) like every other bad input, and
+  --help shows every default."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("formatter_class", _DefaultsFormatter)
+    super().__init__(*args, **kwargs)
 
   def error(self, message):
     self.exit(2, f"hindsight: error: {message} (see `{self.prog} --help`)\n")
@@ -58,8 +73,9 @@ def _parser() -> argparse.ArgumentParser:
   lab.add_argument(
     "--env",
     required=True,
-    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning | team[:agents=N] | gymnasium:ID | "
-    "dm_env:MODULE:FACTORY",
+    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning[:decorative_rate=D] | "
+    "team[:agents=N,rounds=R,p_error=E] | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
+    "(README: Environments)",
   )
   lab.add_argument("--episodes", type=int, required=True, help="number of episodes N")
   lab.add_argument("--rollouts", type=int, default=32, help="branches K per arm and step")
@@ -92,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
   exp = sub.add_parser("export", help="print a label dataset")
   exp.add_argument("dir", help="a `hindsight label --out` directory")
-  exp.add_argument("--format", default="jsonl", choices=("jsonl",))
+  exp.add_argument("--format", default="jsonl", choices=("jsonl",), help="output format")
 
   summ = sub.add_parser("summary", help="credit per tag and class counts of a label dataset")
   summ.add_argument("dir", help="a `hindsight label --out` directory")
@@ -108,10 +124,6 @@ def _label(args) -> int:
   from hindsight.labeling.engine import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
 
-  if not 0.0 < args.confidence < 1.0:
-    from hindsight.errors import HindsightError
-
-    raise HindsightError(f"--confidence must be in (0, 1), got {args.confidence}")
   config = LabelConfig(
     num_rollouts=args.rollouts,
     replacement=args.replacement,
@@ -163,8 +175,12 @@ def _coalition(args) -> int:
 
   try:
     values = np.load(args.values, allow_pickle=False)
-  except (OSError, ValueError) as e:
-    raise HindsightError(f"--values {args.values}: not a readable .npy file ({e})") from e
+  except OSError as e:
+    raise HindsightError(f"--values {args.values}: cannot read it ({e.strerror or e})") from None
+  except ValueError:  # numpy's words for a text or pickle file are about pickles
+    raise HindsightError(
+      f"--values {args.values}: not a .npy array file (write one with numpy.save)"
+    ) from None
   if values.ndim != 1 or not np.issubdtype(values.dtype, np.number):
     raise HindsightError(f"--values {args.values}: expected a 1-D numeric array, got "
                          f"{values.dtype} {values.shape}")  # fmt: skip
@@ -198,15 +214,11 @@ def _coalition(args) -> int:
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   use_all_cpu_cores()
-  from hindsight.errors import HindsightError
+  from hindsight.errors import report_errors
 
   commands = {"label": _label, "export": _export, "summary": _summary, "coalition": _coalition}
   try:
-    return commands[args.command](args)
-  except HindsightError as e:
-    # Messages can quote third-party errors; keep the promise of one line.
-    print(f"hindsight: error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return report_errors("hindsight", commands[args.command], args)
   except KeyboardInterrupt:
     print("hindsight: interrupted (rerun the same command to resume)", file=sys.stderr)
     return 130

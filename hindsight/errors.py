@@ -1,10 +1,47 @@
-"""The one exception type for bad input.
+"""The one exception type for bad input, and the one way programs report it.
 
 Every user-facing mistake (a malformed file, a config that does not fit, a request that
 cannot be served) raises `HindsightError` with a one-line message naming what is wrong.
-The CLI turns it into `hindsight: error: <message>` and exit code 2, never a traceback.
+Programs run their work through `report_errors`, which turns it (and the filesystem's
+refusals, OSError) into `PROG: error: <message>` and exit code 2, never a traceback.
 """
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
 
 
 class HindsightError(ValueError):
   """Bad input: the message is one line and names the offending thing."""
+
+
+def one_line(message: object) -> str:
+  """Any message folded into one line (third-party messages can span several)."""
+  return " ".join(str(message).split())
+
+
+def make_dir(path: str, what: str) -> str:
+  """os.makedirs(path, exist_ok=True), or a one-line HindsightError naming `what` (a flag)."""
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise HindsightError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
+  if not os.access(path, os.W_OK):
+    raise HindsightError(f"{what} {path}: not writable")
+  return path
+
+
+def report_errors(prog: str, fn: Callable[..., int], *args) -> int:
+  """fn(*args), with bad input and filesystem refusals as one line on stderr and exit 2."""
+  try:
+    return fn(*args)
+  except HindsightError as e:
+    print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+  except BrokenPipeError:
+    raise  # a reader that left is not bad input: the caller decides
+  except OSError as e:
+    where = f"{e.filename}: " if e.filename else ""
+    print(f"{prog}: error: {where}{one_line(e.strerror or e)}", file=sys.stderr)
+  return 2

@@ -92,3 +92,17 @@ def test_adapter_bad_input():
     run_label_job(LabelJob(CARTPOLE, 1, LabelConfig(), policy="nowhere:fn"), "/tmp/never")
   with pytest.raises(HindsightError, match="only"):
     run_label_job(LabelJob("reasoning", 1, LabelConfig(), policy="x:y"), "/tmp/never")
+
+
+def test_replay_fallback_when_deepcopy_really_fails():
+  """An environment that refuses deepcopy is branched by replay, with the same labels as
+  deepcopy would give where the replay is faithful; one whose replay diverges from its
+  recording is refused with one line naming the episode and step."""
+  config = LabelConfig(num_rollouts=4, replacement="uniform")
+  spec = "dm_env:adapter_envs:Uncopyable"
+  assert make_py_env(spec, 8).clone() is None  # deepcopy really fails
+  labels = label_episode(PyJob(spec, None, 8, config, seed=0), 1)
+  T = int(labels["length"])
+  assert T >= 2 and np.isfinite(labels["credit"][:T]).all()
+  with pytest.raises(HindsightError, match=r"episode 1 cannot be branched at step \d+.*diverged"):
+    label_episode(PyJob("dm_env:adapter_envs:Drifting", None, 8, config, seed=0), 1)

@@ -217,6 +217,20 @@ def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
   np.testing.assert_allclose(curves["sharded"], curves["one"], rtol=1e-5)
 
 
+@pytest.mark.xdist_group("train")
+def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labels):
+  """A learning rate that overshoots late makes the last validation loss not the lowest:
+  the report must score the step with the lowest one (it scored the latest, silently)."""
+  workdir = tmp_path / "overshoot"
+  rc, _, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.3", "optim.warmup_steps=0")
+  assert rc == 0, err
+  val = {r["step"]: r["loss"] for r in read_metrics(str(workdir), split="validation")}
+  best = min(val, key=val.get)
+  assert best != max(val), val  # the situation under test arises (deterministic per seed)
+  report = _report(workdir)
+  assert report["evaluated_checkpoint"] == best and report["evaluated_by"] == "best", val
+
+
 @pytest.mark.xdist_group("train_inprocess")
 def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
   """A config's whole path on :smoke: label (discrete observations), train, evaluate, report.

@@ -12,10 +12,27 @@ import argparse
 import logging
 import sys
 
+EPILOG = """\
+configs (configs/NAME.py): reasoning (make demo), key_to_door, tabular, team, generic
+  (generic needs --config.data.labels_dir=DIR, the --out of `hindsight label`).
+variants: configs/NAME.py is the experiment as documented in its docstring;
+  configs/NAME.py:smoke is a tiny version (few episodes, a small model, 40 steps) for tests.
+overrides: --config.FIELD=VALUE sets any field, e.g. --config.train.steps=500
+  --config.model.width=128 --config.data.labels_dir=runs/demo/labels; every field and its
+  meaning is listed, commented, in configs/common.py. A workdir refuses a different config.
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="train.main", description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True, help="configs/NAME.py[:ARG]")
+  parser = argparse.ArgumentParser(
+    prog="train.main",
+    description=__doc__.splitlines()[0],
+    epilog=EPILOG,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
+  parser.add_argument(
+    "--config", required=True, help="configs/NAME.py or configs/NAME.py:VARIANT (see below)"
+  )
   parser.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
   args, rest = parser.parse_known_args(argv)
   overrides = []
@@ -29,21 +46,20 @@ def main(argv: list[str] | None = None) -> int:
 
   use_all_cpu_cores()  # before JAX starts: labeling and data parallelism use every core
 
-  from hindsight.errors import HindsightError
+  from hindsight.errors import report_errors
 
-  try:
+  def run() -> int:
     from train.config_io import load_config
     from train.train import train_and_evaluate
 
     report = train_and_evaluate(load_config(args.config, overrides), args.workdir)
-  except HindsightError as e:
-    print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
-  if report.get("preempted"):
-    print(f"preempted: checkpoint saved at step {report['step']}", file=sys.stderr)
-    return 143
-  print(report["summary"])
-  return 0
+    if report.get("preempted"):
+      print(f"preempted: checkpoint saved at step {report['step']}", file=sys.stderr)
+      return 143
+    print(report["summary"])
+    return 0
+
+  return report_errors("train", run)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import optax
 from flax import nnx
 from ml_collections import ConfigDict
 from scipy import stats
-from tqdm import tqdm
 
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.batching import (
@@ -46,7 +45,7 @@ from hindsight.data.batching import (
   split_episodes,
 )
 from hindsight.data.labels import is_complete, open_labels
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, make_dir
 from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
@@ -60,6 +59,7 @@ from hindsight.model.sharding import (
   replicated,
   state_shardings,
 )
+from hindsight.progress import CompileAwareBar
 
 log = logging.getLogger("hindsight.train")
 # Config fields that may change between a run and its restart without changing its result.
@@ -78,7 +78,7 @@ def _flatten(cfg: dict, prefix: str = "") -> dict:
 
 def _check_workdir(config: ConfigDict, workdir: str) -> None:
   """A workdir belongs to one config: refuse to resume a run with a different one."""
-  os.makedirs(workdir, exist_ok=True)
+  make_dir(workdir, "--workdir")
   current = {k: v for k, v in _flatten(config.to_dict()).items() if k not in RESTART_FREE}
   path = os.path.join(workdir, "config.json")
   if os.path.isfile(path):
@@ -394,7 +394,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
   total, spe = int(config.train.steps), train_plan.steps_per_epoch
   preempted, train_seconds, last = False, 0.0, {}
-  bar = tqdm(
+  bar = CompileAwareBar(
     total=total,
     initial=start,
     desc="train",
@@ -451,6 +451,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   report = _report(
     labels_dir, spec, splits, programs, state, eval_step, test_plan, reader, mesh, rows
   )
+  report["evaluated_by"] = config.checkpoint.evaluate  # "best" (validation loss) or "last"
   report["train"] = {
     "steps": total,
     "resumed_from": start,

@@ -5,13 +5,21 @@ Layout of a labeling job's `--out DIR`:
                                 `incomplete.*` name and renames it only when complete)
   DIR/_chunks/                  the resumable work area of a running job (gone when done)
 
-Read with `open_labels(DIR)`: `tfds.data_source` machinery, no TensorFlow.
+Read with `open_labels(DIR)`: `tfds.data_source` machinery, no TensorFlow. DIR may also be
+the dataset directory itself (what `hindsight label` prints).
+
+Integrity: when TFDS has renamed the dataset into place, `write_dataset` writes
+`hindsight_checksums.json` beside it (SHA-256 and size of every file, and the episode count).
+A dataset counts as complete only with it, and `open_labels` verifies every file against it
+before anything is read, so a truncated or corrupted file is named, never half-read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import glob
+import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -31,8 +39,21 @@ VERSION = "1.0.0"
 AUX_STEP_FIELDS = ("return_to_go", "phi", "phi_stderr")
 
 
+CHECKSUMS = "hindsight_checksums.json"
+
+
 def dataset_dir(out_dir: str) -> str:
   return os.path.join(out_dir, DATASET_NAME, VERSION)
+
+
+def job_dir(path: str) -> str:
+  """The `--out` directory of a labeling job, given it or its dataset directory."""
+  norm = os.path.normpath(path)
+  if os.path.basename(os.path.dirname(norm)) == DATASET_NAME and os.path.isfile(
+    os.path.join(norm, "dataset_info.json")
+  ):
+    return os.path.dirname(os.path.dirname(norm))
+  return path
 
 
 # Per-episode agent-level fields of multi-agent environments (`team`), n agents.
@@ -139,7 +160,62 @@ def write_dataset(
     download_dir=download_dir,
     download_config=tfds.download.DownloadConfig(verify_ssl=False),
   )
+  _write_checksums(dataset_dir(out_dir))
   return dataset_dir(out_dir)
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _data_files(path: str) -> list[str]:
+  return sorted(f for f in os.listdir(path) if f != CHECKSUMS and not f.startswith("."))
+
+
+def _write_checksums(path: str) -> None:
+  """SHA-256 and size of every file of a finished dataset, and its episode count (atomic)."""
+  with open(os.path.join(path, "dataset_info.json")) as f:
+    splits = json.load(f).get("splits", [])
+  examples = sum(int(n) for s in splits for n in s.get("shardLengths", []))
+  record = {
+    "files": {
+      name: {"sha256": _sha256(os.path.join(path, name)), "bytes": os.path.getsize(p)}
+      for name in _data_files(path)
+      for p in [os.path.join(path, name)]
+    },
+    "episodes": examples,
+  }
+  tmp = os.path.join(path, CHECKSUMS + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+  os.replace(tmp, os.path.join(path, CHECKSUMS))
+
+
+def verify_dataset(path: str) -> int:
+  """Checks every file of the dataset at `path` against its checksums; the episode count.
+
+  A one-line HindsightError names the first file that is missing, of the wrong size, or
+  whose SHA-256 differs (a truncated or corrupted file), or a damaged checksum file itself.
+  """
+  try:
+    with open(os.path.join(path, CHECKSUMS)) as f:
+      record = json.load(f)
+    files, episodes = dict(record["files"]), int(record["episodes"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise HindsightError(f"{path}/{CHECKSUMS} is damaged ({type(e).__name__})") from None
+  for name, want in sorted(files.items()):
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      raise HindsightError(f"{file} is missing from the label dataset")
+    if os.path.getsize(file) != want["bytes"] or _sha256(file) != want["sha256"]:
+      raise HindsightError(
+        f"{file} is damaged: its size or SHA-256 differs from {CHECKSUMS} (relabel)"
+      )
+  return episodes
 
 
 @dataclasses.dataclass
@@ -163,14 +239,33 @@ class Labels:
 
 
 def is_complete(out_dir: str) -> bool:
-  return os.path.isfile(os.path.join(dataset_dir(out_dir), "dataset_info.json"))
+  """TFDS finished the dataset and its checksums are written (see the module docstring)."""
+  path = dataset_dir(job_dir(out_dir))
+  return all(os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", CHECKSUMS))
+
+
+def finish_checksums(out_dir: str) -> None:
+  """Writes the checksums of a dataset TFDS finished but a killed job never checksummed."""
+  path = dataset_dir(out_dir)
+  if os.path.isfile(os.path.join(path, "dataset_info.json")) and not is_complete(out_dir):
+    _write_checksums(path)
 
 
 def open_labels(out_dir: str) -> Labels:
-  """Opens the dataset written by `hindsight label --out out_dir` (read-only, no TensorFlow)."""
+  """Opens the dataset written by `hindsight label --out out_dir` (read-only, no TensorFlow).
+
+  out_dir may also be the dataset directory (DIR/hindsight_labels/1.0.0). Every file is
+  verified against the dataset's checksums first.
+  """
+  out_dir = job_dir(out_dir)
   path = dataset_dir(out_dir)
   if not os.path.isdir(out_dir):
     raise HindsightError(f"{out_dir}: no such directory")
+  if os.path.isfile(os.path.join(path, "dataset_info.json")) and not is_complete(out_dir):
+    raise HindsightError(
+      f"{path} has no {CHECKSUMS} (written by an older hindsight, or a job killed while "
+      "finishing): rerun the same `hindsight label` command"
+    )
   if not is_complete(out_dir):
     hint = (
       " (an interrupted job: rerun the same `hindsight label` command to finish it)"
@@ -178,11 +273,14 @@ def open_labels(out_dir: str) -> Labels:
       else ""
     )
     raise HindsightError(f"{out_dir} holds no complete label dataset{hint}")
+  episodes = verify_dataset(path)
   try:
     builder = tfds.builder_from_directory(path)
     source = builder.as_data_source(split="train")
   except Exception as e:  # TFDS raises many types for a damaged directory
     raise HindsightError(f"{path}: unreadable label dataset ({type(e).__name__})") from e
+  if len(source) != episodes:
+    raise HindsightError(f"{path}: {len(source)} episodes readable, {episodes} written")
   return Labels(path=path, source=source, metadata=dict(builder.info.metadata), info=builder.info)
 
 

@@ -66,4 +66,5 @@ def make(spec: str) -> tuple[Environment, Policy]:
     if not 0.0 <= opts["p_error"] <= 1.0:
       raise HindsightError(f"--env {spec}: p_error must be in [0, 1]")
     return Team(agents, rounds, p_error=opts["p_error"]), TeamPolicy()
-  raise HindsightError(f"unknown environment '{spec}' (known: {', '.join(KNOWN_SPECS)})")
+  known = ", ".join([*KNOWN_SPECS, "gymnasium:ENV_ID", "dm_env:MODULE:FACTORY"])
+  raise HindsightError(f"unknown environment '{spec}' (known: {known})")

@@ -83,6 +83,19 @@ class LabelConfig:
   confidence: float = 0.95
   stratify: bool = True
 
+  def __post_init__(self):
+    """One-line errors for values outside their range (the CLI flags map onto these)."""
+    least = 1 if self.exact else 2
+    if self.num_rollouts < least:
+      why = "" if self.exact else " for a standard error"
+      raise HindsightError(f"--rollouts must be >= {least}{why}, got {self.num_rollouts}")
+    if not 0.0 < self.gamma <= 1.0:
+      raise HindsightError(f"--gamma must be in (0, 1], got {self.gamma}")
+    if not (np.isfinite(self.decorative_tolerance) and self.decorative_tolerance >= 0):
+      raise HindsightError(f"--tolerance must be finite and >= 0, got {self.decorative_tolerance}")
+    if not 0.0 < self.confidence < 1.0:
+      raise HindsightError(f"--confidence must be in (0, 1), got {self.confidence}")
+
 
 def episode_key(seed: int | jax.Array, episode_index: int | jax.Array) -> jax.Array:
   """The root key of one episode: a function of the seed and the episode's index only."""
@@ -106,14 +119,6 @@ class Labeler:
     policy_params: PyTree | None = None,
   ):
     check_replacement(config.replacement, env.null_action, env.name, env.has_action_classes)
-    if not config.exact and config.num_rollouts < 2:
-      raise HindsightError(
-        f"--rollouts must be >= 2 for a standard error, got {config.num_rollouts}"
-      )
-    if config.num_rollouts < 1:
-      raise HindsightError(f"--rollouts must be >= 1, got {config.num_rollouts}")
-    if not 0.0 < config.gamma <= 1.0:
-      raise HindsightError(f"gamma must be in (0, 1], got {config.gamma}")
     self.env, self.policy, self.config = env, policy, config
     self.env_params = env.default_params() if env_params is None else env_params
     self.policy_params = policy.default_params() if policy_params is None else policy_params

@@ -20,17 +20,17 @@ import tempfile
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, make_dir
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
+from hindsight.progress import CompileAwareBar
 
 CHUNKS = "_chunks"
 JOB_FILE = "job.json"
@@ -245,6 +245,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   job_file = os.path.join(work, JOB_FILE)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise HindsightError(f"--out {out_dir} exists and is not a directory")
+  label_io.finish_checksums(out_dir)  # a job killed between TFDS's rename and the checksums
   if label_io.is_complete(out_dir):
     meta = label_io.open_labels(out_dir).metadata
     if json.loads(meta.get("job", "{}")) != described:
@@ -253,6 +254,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     return label_io.dataset_dir(out_dir)
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(job_file):
     raise HindsightError(f"--out {out_dir} is not empty and holds no hindsight job")
+  make_dir(out_dir, "--out")
   os.makedirs(work, exist_ok=True)
   if os.path.isfile(job_file):
     with open(job_file) as f:
@@ -269,7 +271,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   ranges = [(s, min(s + chunk, job.episodes)) for s in range(0, job.episodes, chunk)]
   todo = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
   done_eps = job.episodes - sum(b - a for a, b in todo)
-  bar = tqdm(
+  bar = CompileAwareBar(
     total=job.episodes,
     initial=done_eps,
     unit="ep",

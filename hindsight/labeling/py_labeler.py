@@ -148,7 +148,15 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
       clone = snap.clone()
       if clone is not None:
         return clone
-    return replay(env, reset_seed, actions[:t])[0]
+    fresh, seen = replay(env, reset_seed, actions[:t])
+    for i, (got, want) in enumerate(zip(seen, observations[: t + 1], strict=True)):
+      if got.shape != want.shape or not np.array_equal(got, want):
+        raise HindsightError(
+          f"--env {job.env}: episode {episode} cannot be branched at step {t}: replaying it "
+          f"(deepcopy failed) diverged from the recording at step {i}, so the environment is "
+          "not deterministic under reset(seed)"
+        )
+    return fresh
 
   G = np.zeros((H, K, 3), np.float32)
   undefined = np.zeros(H, bool)

@@ -87,6 +87,11 @@ class Checkpoints:
     options = ocp.CheckpointManagerOptions(
       enable_async_checkpointing=False,
       cleanup_tmp_directories=True,
+      # best_fn makes orbax write each step's metrics to disk (its `metrics` item, covered by
+      # the manifest); without it they live in memory only, so after the run `best_step`
+      # found none. Which steps are kept is the preservation policy's choice, not best_fn's.
+      best_fn=lambda m: m["val_loss"],
+      best_mode="min",
       preservation_policy=policies.AnyPreservationPolicy(
         [
           policies.LatestN(n=keep),
@@ -117,14 +122,20 @@ class Checkpoints:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"hindsight_manifest_{step}")
 
-  def best_step(self) -> int | None:
-    """The kept step with the lowest validation loss."""
+  def best_step(self) -> int:
+    """The kept step with the lowest validation loss (a one-line error if no kept step
+    carries one: never a silent fallback to the latest)."""
     scored = []
     for step in self.steps():
       metrics = self.manager.metrics(step)
       if metrics and "val_loss" in metrics:
         scored.append((float(metrics["val_loss"]), step))
-    return min(scored)[1] if scored else None
+    if not scored:
+      raise HindsightError(
+        f"no checkpoint in {self.directory} records its validation loss (saved before "
+        "hindsight kept it?): retrain, or score the latest with checkpoint.evaluate=last"
+      )
+    return min(scored)[1]
 
   def _set_aside(self, step: int) -> None:
     if jax.process_index() == 0:
