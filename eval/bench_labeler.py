@@ -139,6 +139,10 @@ def main(argv=None):
   mdp = random_mdp(args.seed, args.states, args.actions, args.horizon, num_terminal=2, branching=4)
   env, policy = TabularEnv(mdp), TabularPolicy(mdp.pi)
   labeler = Labeler(env, policy, LabelConfig(num_rollouts=args.rollouts, replacement="policy"))
+  multiple = labeler.chunk_multiple()  # whole micro-batches on every device
+  if args.episodes % multiple:
+    args.episodes = -(-args.episodes // multiple) * multiple
+    print(f"(--episodes rounded up to {args.episodes}, a multiple of {multiple})")
   idx = jnp.arange(args.episodes)
   chunk = labeler.chunk_program(args.episodes)
   # The path labeling jobs take: sharded over devices, micro-batched per device.

@@ -207,7 +207,8 @@ def _coalition(args) -> int:
       if abs(d[m]) > 1e-9
     },
   }
-  print(json.dumps(out, indent=1))
+  # One line per key, compact values: valid JSON that reads like the README's sample.
+  print("{" + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in out.items()) + "}")
   return 0
 
 

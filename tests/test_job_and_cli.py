@@ -125,11 +125,20 @@ def test_export_jsonl_and_summary(tmp_path, mdp_file, capsys):
   assert len(lines) == 6
   rows = [json.loads(line) for line in lines]
   assert [r["episode"] for r in rows] == list(range(6))
-  for r in rows:
-    assert set(r["klass"]) <= {"decorative", "load_bearing", "harmful", "undetermined"}
+  labels = open_labels(out)
+  names = labels.metadata["klass_names"]
+  for r, ex in zip(rows, labels, strict=True):
     assert len(r["credit"]) == r["length"] == len(r["tags"]) == len(r["states"])
+    # Every exported value is the stored one (float32 -> JSON double exactly).
+    for field in ("credit", "credit_stderr", "progress", "phi_hard", "rewards"):
+      np.testing.assert_array_equal(np.asarray(r[field], np.float32), ex[field], err_msg=field)
+    assert r["actions"] == ex["actions"].tolist() and r["states"] == ex["states"].tolist()
+    assert r["klass"] == [names[k] for k in ex["klass"]]
+    assert r["return"] == float(ex["return"]) and r["success"] == bool(ex["success"])
   assert main(["summary", out]) == 0
-  assert "Spearman(progress, credit)" in capsys.readouterr().out
+  text = capsys.readouterr().out
+  assert text.splitlines()[0] == labels.path
+  assert f"6 episodes, {sum(r['length'] for r in rows)} steps" in text
 
 
 def _bad_mdp(tmp_path, **changes):
@@ -199,9 +208,25 @@ def test_bad_arguments_one_line_errors(tmp_path, mdp_file, capsys):
      "declares none"),
     (["--env", env, "--episodes", "2", "--replacement", "bogus"], "invalid choice"),
     (["--env", env, "--episodes", "2", "--confidence", "1.5"], "--confidence"),
+    (["--env", env, "--episodes", "2", "--tolerance", "-0.1"], "--tolerance must be"),
+    (["--env", env, "--episodes", "2", "--tolerance", "nan"], "--tolerance must be"),
+    (["--env", env, "--episodes", "2", "--gamma", "0"], "--gamma must be in (0, 1]"),
+    (["--env", env, "--episodes", "2", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
+    (["--env", env, "--episodes", "2", "--chunk-size", "0"], "--chunk-size must be >= 1"),
+    (["--env", env, "--episodes", "2", "--seed", "-1"], "--seed must be in [0, 2^32)"),
+    (["--env", env, "--episodes", "2", "--seed", str(2**32)], "--seed must be in [0, 2^32)"),
+    (["--env", env, "--episodes", "2", "--workers", "0"], "--workers must be >= 1"),
+    (["--env", "gymnasium:CartPole-v1", "--episodes", "2", "--horizon", "0"],
+     "--horizon must be >= 1"),
+    (["--env", env, "--episodes", "2", "--horizon", "5"], "gymnasium:/dm_env: environments only"),
+    (["--env", "key_to_door", "--episodes", "2", "--exact"], "--exact needs a tabular MDP"),
+    (["--env", env, "--episodes", "2", "--exact", "--rollouts", "0"], "--rollouts must be >= 1"),
+    (["--env", "gridworld", "--episodes", "2"], "gymnasium:ENV_ID, dm_env:MODULE:FACTORY"),
+    (["--env", env, "--episodes", "2", "--rollouts", "two"], "invalid int value"),
   ]  # fmt: skip
   for argv, fragment in cases:
-    with pytest.raises(SystemExit) if "bogus" in argv else contextlib.nullcontext():
+    usage = "bogus" in argv or "two" in argv  # argparse's own errors exit from inside
+    with pytest.raises(SystemExit) if usage else contextlib.nullcontext():
       code = main(["label", *argv, "--out", str(tmp_path / "o"), "--no-progress"])
       assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -224,3 +249,84 @@ def test_cli_subprocess_exit_code_and_single_line(tmp_path):
   assert not (tmp_path / "o").exists()
   proc = run_cli("export", tmp_path / "nowhere")
   assert_one_line_error(proc, "no such directory")
+
+
+def test_the_printed_dataset_path_is_accepted_everywhere(tmp_path, mdp_file, capsys):
+  """`hindsight label` prints DIR/hindsight_labels/1.0.0; every reader takes it as well as DIR."""
+  from hindsight.data import is_complete
+
+  out = str(tmp_path / "o")
+  assert main(["label", "--env", f"tabular:{mdp_file}", "--episodes", "4", "--rollouts", "4",
+               "--out", out, "--no-progress"]) == 0  # fmt: skip
+  printed = capsys.readouterr().out.strip().removeprefix("labels: ")
+  assert printed.endswith(os.path.join("hindsight_labels", "1.0.0"))
+  assert is_complete(printed) and len(open_labels(printed)) == 4
+  for command in (["summary", printed], ["export", printed]):
+    assert main(command) == 0, command
+  assert len(capsys.readouterr().out.strip().splitlines()) > 4
+
+
+def test_unwritable_out_is_one_line(tmp_path, mdp_file):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("x")
+  for out, fragment in ((blocker / "sub", "Not a directory"), ("/proc/hindsight", "--out")):
+    proc = run_cli("label", "--env", f"tabular:{mdp_file}", "--episodes", 2, "--out", out)
+    assert_one_line_error(proc, "--out", "cannot create it", fragment)
+
+
+@pytest.fixture
+def small_labels(tmp_path, mdp_file):
+  out = str(tmp_path / "labels")
+  config = LabelConfig(num_rollouts=4, replacement="uniform")
+  run_label_job(LabelJob(f"tabular:{mdp_file}", 40, config, seed=1), out, progress=False)
+  return out
+
+
+def _dataset_file(out, predicate):
+  d = os.path.join(out, "hindsight_labels", "1.0.0")
+  return os.path.join(d, next(f for f in sorted(os.listdir(d)) if predicate(f)))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_info", "garbage_checksums"])
+def test_damaged_dataset_is_named_never_half_read(small_labels, damage):
+  """export and summary check every file against the checksums written at finalisation
+  before reading: a damaged dataset is one line naming the file, and nothing on stdout."""
+  from conftest import flip_byte_in_largest_file
+
+  if damage == "truncate":
+    victim = _dataset_file(small_labels, lambda f: "array_record" in f)
+    with open(victim, "r+b") as f:
+      f.truncate(os.path.getsize(victim) // 2)
+  elif damage == "flip":
+    victim = flip_byte_in_largest_file(os.path.join(small_labels, "hindsight_labels"))
+  elif damage == "garbage_info":
+    victim = _dataset_file(small_labels, lambda f: f == "dataset_info.json")
+    with open(victim, "w") as f:
+      f.write("{not json")
+  else:
+    victim = _dataset_file(small_labels, lambda f: f == "hindsight_checksums.json")
+    with open(victim, "w") as f:
+      f.write("[]")
+  for command in ("export", "summary"):
+    proc = run_cli(command, small_labels)
+    assert_one_line_error(proc, os.path.basename(victim), "damaged")
+    assert proc.stdout == ""
+
+
+def test_a_job_resumed_with_other_arguments_is_refused(tmp_path, mdp_file):
+  """An --out holding an unfinished job (its job.json) refuses a job with another seed."""
+  out = str(tmp_path / "o")
+  os.makedirs(os.path.join(out, "_chunks"))
+  config = LabelConfig(num_rollouts=4)
+  with open(os.path.join(out, "_chunks", "job.json"), "w") as f:
+    json.dump(LabelJob(f"tabular:{mdp_file}", 300, config, seed=1).describe(), f)
+  with pytest.raises(HindsightError, match=r"unfinished job with other arguments \(.*seed"):
+    run_label_job(LabelJob(f"tabular:{mdp_file}", 300, config, seed=2), out, progress=False)
+
+
+def test_coalition_on_a_text_file_says_what_it_wants(tmp_path):
+  text = tmp_path / "values.txt"
+  text.write_text("0 1 1 2\n")
+  proc = run_cli("coalition", "--values", text)
+  assert_one_line_error(proc, "not a .npy array file", "numpy.save")
+  assert "pickle" not in proc.stderr

@@ -4,8 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from oracle_mdps import exact_fields
+from scipy import stats
 
-from hindsight.credit import exact_step_credit, replacement_probs, tabular_values
+from hindsight.credit import classify, replacement_probs, z_value
 from hindsight.envs import TabularEnv, random_mdp
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
 from hindsight.policies import TabularPolicy
@@ -16,23 +18,10 @@ K = 256
 EPISODES = 200
 
 
-def _oracle(mdp, traj, replacement):
-  """Exact credit, credit_realized and progress of each step, straight from the DP tables
-  (NumPy; independent of the engine's own exact mode)."""
-  Q, V = tabular_values(mdp)
-  s, a, r, m = traj.states.s, traj.actions, traj.rewards, traj.mask
-  E, H = a.shape
-  out = {k: np.full((E, H), np.nan) for k in ("credit", "credit_realized", "progress")}
-  for e in range(E):
-    T = int(m[e].sum())
-    g = np.cumsum(r[e, :T][::-1])[::-1]
-    for t in range(T):
-      q, _ = replacement_probs(replacement, mdp.pi[s[e, t]], np.ones(3, bool), a[e, t], 0)
-      c, cr = exact_step_credit(np.asarray(q), Q[t, s[e, t]], a[e, t], g[t])
-      out["credit"][e, t], out["credit_realized"][e, t] = c, cr
-      v_next = V[t + 1, s[e, t + 1]] if t + 1 < T else 0.0
-      out["progress"][e, t] = r[e, t] + v_next - V[t, s[e, t]]
-  return out
+def _oracle(mdp, traj, replacement, gamma=1.0):
+  """Exact credit, credit_realized and progress of each step, from tests/oracle_mdps.py's
+  backward induction (plain loops, written apart from the engine's hindsight.credit.exact)."""
+  return exact_fields(mdp, traj, replacement, gamma)
 
 
 # policy_no_repeat changes the continuation, which the DP oracle does not model.
@@ -100,3 +89,87 @@ def test_label_given_trajectories_matches_sampled():
   again = to_numpy(labeler.label(jax.tree.map(jnp.asarray, traj), keys))
   for field in ("credit", "progress", "phi_hard", "klass"):
     np.testing.assert_array_equal(again[field], labels[field])
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["mc", "exact"])
+def test_discounted_labels_match_the_discounted_oracle(exact):
+  """gamma = 0.8: DP tables, Monte Carlo returns and progress all discount."""
+  mdp = random_mdp(21, num_states=5, num_actions=3, horizon=8)
+  config = LabelConfig(num_rollouts=K, replacement="uniform", gamma=0.8, exact=exact)
+  labeler = Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), config)
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(120)))
+  truth, m = _oracle(mdp, traj, "uniform", gamma=0.8), traj.mask
+  undiscounted = _oracle(mdp, traj, "uniform", gamma=1.0)
+  for field in ("credit", "credit_realized", "progress"):
+    est, se, want = labels[field][m], labels[field + "_stderr"][m], truth[field][m]
+    if exact:
+      np.testing.assert_allclose(est, want, atol=1e-5)
+    else:
+      z = (est - want) / se
+      assert 0.8 <= np.sqrt(np.mean(z**2)) <= 1.25, field
+    # ... and the discount matters here (else the test could not tell).
+    assert np.abs(undiscounted[field][m] - want).max() > 0.1, field
+
+
+def test_replacement_probs_by_hand():
+  pi = jnp.array([0.5, 0.3, 0.2])
+  legal = jnp.array([True, False, True])
+  q, undefined = replacement_probs("policy", pi, legal, 1, 0)
+  np.testing.assert_allclose(q, pi)
+  q, _ = replacement_probs("policy_other", pi, legal, 0, 0)
+  np.testing.assert_allclose(q, [0.0, 0.6, 0.4], rtol=1e-6)
+  q, _ = replacement_probs("uniform", pi, legal, 0, 0)  # illegal actions get no mass
+  np.testing.assert_allclose(q, [0.5, 0.0, 0.5])
+  q, _ = replacement_probs("null", pi, legal, 0, 2)
+  np.testing.assert_array_equal(q, [0.0, 0.0, 1.0])
+  q, undefined = replacement_probs("policy_other", jnp.array([1.0, 0.0, 0.0]), legal, 0, 0)
+  assert bool(undefined) and float(q.sum()) == 0.0
+
+
+def test_klass_against_the_rule_written_out():
+  """klass from the stored credit and stderr by the README's rule, written out here."""
+  mdp = random_mdp(8, num_states=6, num_actions=3, horizon=6)
+  config = LabelConfig(num_rollouts=64, replacement="policy", decorative_tolerance=0.3)
+  labeler = Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), config)
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(300)))
+  m = traj.mask
+  c, se = labels["credit"][m], labels["credit_stderr"][m]
+  z = stats.norm.ppf(0.975)
+  lo, hi = c - z * se, c + z * se
+  expected = np.full(c.shape, 3)  # undetermined
+  expected[(lo >= -0.3) & (hi <= 0.3)] = 0  # decorative
+  expected[lo > 0.3] = 1  # load_bearing
+  expected[hi < -0.3] = 2  # harmful
+  np.testing.assert_array_equal(labels["klass"][m], expected)
+  assert set(expected.tolist()) == {0, 1, 2, 3}  # every branch of the rule is exercised
+  np.testing.assert_array_equal(
+    np.asarray(classify(jnp.asarray(c), jnp.asarray(se), 0.3, z_value(0.95))), expected
+  )
+
+
+def test_phi_hard_against_the_exact_success_chance():
+  """Key corridor: success is opening the door (return 1), so the chance that one
+  continuation from s_{t+1} succeeds is p = V_{t+1}(s_{t+1}) by DP (1 once the door is
+  open). phi_hard (any of K succeed) is then 0 where p = 0, 1 where p = 1, and its mean over
+  the other steps is that of 1 - (1 - p)^K within sampling error."""
+  from oracle_mdps import backward_induction
+
+  from hindsight.envs import key_corridor_mdp
+
+  mdp, K = key_corridor_mdp(), 4
+  _, V = backward_induction(mdp)
+  labeler = Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), LabelConfig(num_rollouts=K))
+  traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(300)))
+  s, r, m = np.asarray(traj.states.s), traj.rewards, traj.mask
+  p = []
+  for e, t in zip(*np.nonzero(m), strict=True):
+    opened = r[e, : t + 1].sum() > 0.5
+    p.append(1.0 if opened else (V[t + 1, s[e, t + 1]] if t + 1 < mdp.horizon else 0.0))
+  p, hard = np.asarray(p), labels["phi_hard"][m]
+  np.testing.assert_array_equal(hard[p == 0], 0.0)
+  np.testing.assert_array_equal(hard[p >= 1 - 1e-12], 1.0)
+  mid = (p > 0) & (p < 1 - 1e-12)
+  h = 1 - (1 - p[mid]) ** K
+  assert mid.sum() > 1000
+  zscore = (hard[mid].sum() - h.sum()) / np.sqrt(np.sum(h * (1 - h)))
+  assert abs(zscore) < 4, zscore

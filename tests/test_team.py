@@ -36,7 +36,13 @@ def test_agent_shapley_recovers_the_planted_roles(ablation):
   np.testing.assert_allclose(inter[:, PLANNER, SOLVER], 0.0, atol=1e-6)
   if ablation == "resample":
     # Against a fresh draw of their own policy, agents earn what their actual turns did
-    # better than usual: either sign, and the planner still exactly nothing.
+    # better than usual, of either sign: the three roles success needs earn credit in the
+    # episodes that succeeded (measured: 0.14, 0.14, 0.17) and clearly less in the others.
+    success = np.asarray(traj.rewards.sum(1)) > 0
+    assert 4 <= success.sum() <= 20
+    for role in (RESEARCHER, SOLVER, CRITIC):
+      won, lost = phi[success, role].mean(), phi[~success, role].mean()
+      assert won > 0.05 and won - lost > 0.1, (role, won, lost)
     return
   # Success needs researcher, solver and critic together (a unanimity game per episode).
   np.testing.assert_allclose(phi[:, SOLVER], phi[:, CRITIC], atol=1e-5)
@@ -112,13 +118,21 @@ def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
   from train.train import train_and_evaluate
 
   out = str(tmp_path / "team")
-  argv = ["label", "--env", "team", "--episodes", "24", "--rollouts", "8", "--out", out]
+  argv = ["label", "--env", "team", "--episodes", "48", "--rollouts", "8", "--out", out]
   assert main([*argv, "--no-progress"]) == 0
-  overrides = [f"data.labels_dir={out}", "data.num_buckets=1", "train.steps=20"]
+  overrides = [
+    f"data.labels_dir={out}",
+    "data.num_buckets=1",
+    "train.steps=300",
+    "train.eval_every=100",
+  ]
   report = train_and_evaluate(
     load_config("configs/generic.py:smoke", overrides), str(tmp_path / "w")
   )
   assert report["data_spec"]["num_agents"] == 4
   agent = report["agent"]
   assert agent["pairs"] == 4 * report["episodes"]["test"]
-  assert np.isfinite(agent["mae"]) and agent["mae"] < 1.0
+  # It learned the agent values: better than the best constant by a margin (measured 0.072
+  # against 0.100), and it ranks the (episode, agent) pairs (measured Spearman 0.74).
+  assert agent["mae"] < 0.85 * agent["constant_mae"], agent
+  assert agent["spearman"] > 0.4, agent

@@ -493,6 +493,7 @@ def _report(labels_dir, spec, splits, programs, state, step, test_plan, reader, 
       "spearman": correlation(stats.spearmanr, pred, label),
       "pearson": correlation(stats.pearsonr, pred, label),
       "mae": float(np.mean(np.abs(pred - label))),
+      "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
     }
   out["summary"] = _summary(out)
   out["_steps"] = steps
@@ -503,13 +504,19 @@ def _summary(r: dict) -> str:
   lines = [
     f"credit model on {r['env']} ({r['replacement']} labels), "
     f"{r['episodes']['test']} held-out episodes, {r['steps']} steps:",
-    f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g}  "
+    f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
+    f"(best constant: {r['constant_mae']:.4g})  "
     f"(of the continuous mean: Spearman {r['spearman_mean']:.3f})",
     f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
     f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
     f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
     f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",
   ]
+  if np.isnan(r["spearman"]):
+    lines.append(
+      "  (Spearman nan: the predictions are constant, so they rank nothing; a model trained "
+      "for very few steps, like a :smoke config, can end there)"
+    )
   if "agent" in r:
     a = r["agent"]
     lines.append(

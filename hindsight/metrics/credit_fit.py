@@ -10,6 +10,9 @@ them it reports what bounds them:
   exact_zero_share: labels exactly 0 with stderr 0 (ties no continuous prediction can match).
   progress_spearman: the same ranking test for P(success | history) ("looks good"), the
     process-reward baseline the model should beat.
+  constant_mae: the MAE of the best constant prediction (the labels' median), the floor any
+    model that learned something beats.
+A correlation is NaN where the predictions (or labels) are constant: there is no ranking.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def prediction_metrics(
     "spearman": correlation(stats.spearmanr, pred, label),
     "pearson": correlation(stats.pearsonr, pred, label),
     "mae": float(np.mean(np.abs(pred - label))),
+    "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
     "rmse": float(np.sqrt(np.mean(np.square(pred - label)))),
     "spearman_mean": correlation(stats.spearmanr, pred_mean, label),
     "exact_zero_share": float(np.mean((label == 0) & (stderr == 0))),

@@ -1,0 +1,46 @@
+"""Every program in eval/ runs on a tiny size, so a README command cannot break silently.
+
+(`eval/label_honesty.py` has its smoke test beside the labels it checks.)
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import FAST_COMPILE, ROOT
+
+
+def _run(*args, timeout=300):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}")
+  proc = subprocess.run(
+    [sys.executable, *map(str, args)],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    cwd=ROOT,
+    env=env,
+  )
+  assert proc.returncode == 0, proc.stderr
+  return proc.stdout
+
+
+def test_bench_labeler_smoke():
+  out = _run("eval/bench_labeler.py", "--episodes", 10, "--rollouts", 4, "--states", 6,
+             "--horizon", 6, "--repeats", 1)  # fmt: skip
+  assert "rounded up to" in out  # 10 is no multiple of the micro-batch: rounded, not a crash
+  for line in ("jax   :", "numpy :", "ratio :", "check :", "bench MDP:", "peaked pi:"):
+    assert line in out, (line, out)
+
+
+def test_bench_model_smoke():
+  out = _run("eval/bench_model.py", "--config", "configs/reasoning.py:smoke", "--steps", 2,
+             "--score-batch", 8, "--repeats", 1)  # fmt: skip
+  report = json.loads(out[out.index("{") :])
+  assert report["train_steps_per_s"] > 0 and report["scored_env_steps_per_s"] > 0
+
+
+def test_label_ceiling_smoke(synthetic_labels):
+  out = _run("eval/label_ceiling.py", synthetic_labels)
+  row = json.loads(out.strip().splitlines()[-1])
+  assert row["steps"] > 0 and -1 <= row["noisy_copy"] <= 1 and 0 <= row["exact_zero_share"] <= 1
