@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import tensorflow_datasets as tfds
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.fields import STEP_FIELDS
 from hindsight.errors import HindsightError
+from hindsight.files import atomic_write_text, sha256_file
 
 DATASET_NAME = "hindsight_labels"
 VERSION = "1.0.0"
@@ -164,14 +164,6 @@ def write_dataset(
   return dataset_dir(out_dir)
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def _data_files(path: str) -> list[str]:
   return sorted(f for f in os.listdir(path) if f != CHECKSUMS and not f.startswith("."))
 
@@ -181,18 +173,12 @@ def _write_checksums(path: str) -> None:
   with open(os.path.join(path, "dataset_info.json")) as f:
     splits = json.load(f).get("splits", [])
   examples = sum(int(n) for s in splits for n in s.get("shardLengths", []))
-  record = {
-    "files": {
-      name: {"sha256": _sha256(os.path.join(path, name)), "bytes": os.path.getsize(p)}
-      for name in _data_files(path)
-      for p in [os.path.join(path, name)]
-    },
-    "episodes": examples,
-  }
-  tmp = os.path.join(path, CHECKSUMS + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-  os.replace(tmp, os.path.join(path, CHECKSUMS))
+  files = {}
+  for name in _data_files(path):
+    file = os.path.join(path, name)
+    files[name] = {"sha256": sha256_file(file), "bytes": os.path.getsize(file)}
+  record = {"files": files, "episodes": examples}
+  atomic_write_text(os.path.join(path, CHECKSUMS), json.dumps(record, indent=1, sort_keys=True))
 
 
 def verify_dataset(path: str) -> int:
@@ -211,7 +197,7 @@ def verify_dataset(path: str) -> int:
     file = os.path.join(path, name)
     if not os.path.isfile(file):
       raise HindsightError(f"{file} is missing from the label dataset")
-    if os.path.getsize(file) != want["bytes"] or _sha256(file) != want["sha256"]:
+    if os.path.getsize(file) != want["bytes"] or sha256_file(file) != want["sha256"]:
       raise HindsightError(
         f"{file} is damaged: its size or SHA-256 differs from {CHECKSUMS} (relabel)"
       )

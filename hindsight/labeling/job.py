@@ -27,6 +27,7 @@ from hindsight.data import labels as label_io
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.errors import HindsightError, make_dir
+from hindsight.files import atomic_write_text
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
@@ -178,13 +179,6 @@ def _atomic_savez(path: str, arrays: dict) -> None:
       os.unlink(tmp)
 
 
-def _atomic_write_text(path: str, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -> dict:
   """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...])."""
   n = stop - start
@@ -266,7 +260,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
         "rerun it with the same arguments or choose another --out"
       )
   else:
-    _atomic_write_text(job_file, json.dumps(described, sort_keys=True))
+    atomic_write_text(job_file, json.dumps(described, sort_keys=True))
 
   ranges = [(s, min(s + chunk, job.episodes)) for s in range(0, job.episodes, chunk)]
   todo = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]

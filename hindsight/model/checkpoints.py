@@ -15,7 +15,6 @@ Saving is synchronous: a step is complete on disk before training moves on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,17 +26,10 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
 from hindsight.errors import HindsightError
+from hindsight.files import atomic_write_text, sha256_file
 
 MANIFEST = "hindsight_manifest.json"
 log = logging.getLogger(__name__)
-
-
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _files(step_dir: str) -> list[str]:
@@ -52,13 +44,9 @@ def _files(step_dir: str) -> list[str]:
 
 def write_manifest(step_dir: str) -> None:
   """Checksums of every file of a finished step, written atomically."""
-  manifest = {rel: _sha256(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
-  tmp = os.path.join(step_dir, MANIFEST + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump({"sha256": manifest}, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+  manifest = {rel: sha256_file(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+  text = json.dumps({"sha256": manifest}, indent=1, sort_keys=True)
+  atomic_write_text(os.path.join(step_dir, MANIFEST), text)
 
 
 def verify_manifest(step_dir: str) -> str | None:
@@ -74,7 +62,7 @@ def verify_manifest(step_dir: str) -> str | None:
     return path
   for rel, digest in sorted(manifest.items()):
     full = os.path.join(step_dir, rel)
-    if not os.path.isfile(full) or _sha256(full) != digest:
+    if not os.path.isfile(full) or sha256_file(full) != digest:
       return full
   return None
 
