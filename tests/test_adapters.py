@@ -106,3 +106,17 @@ def test_replay_fallback_when_deepcopy_really_fails():
   assert T >= 2 and np.isfinite(labels["credit"][:T]).all()
   with pytest.raises(HindsightError, match=r"episode 1 cannot be branched at step \d+.*diverged"):
     label_episode(PyJob("dm_env:adapter_envs:Drifting", None, 8, config, seed=0), 1)
+
+
+def test_an_environment_that_cannot_be_reseeded_is_reported(caplog, monkeypatch):
+  """Branches of an environment whose random state cannot be found share its noise: say so."""
+  import hindsight.labeling.py_labeler as py_labeler
+
+  monkeypatch.setattr("hindsight.envs.adapters.PyEnv.reseed", lambda self, seed: False)
+  monkeypatch.setattr(py_labeler, "_WARNED_NO_RESEED", set())
+  job = PyJob(CARTPOLE, None, 6, LabelConfig(num_rollouts=2, replacement="uniform"), seed=1)
+  with caplog.at_level("WARNING", logger="hindsight.labeling.py_labeler"):
+    label_episode(job, 0)
+    label_episode(job, 1)
+  warnings = [r for r in caplog.records if "reseed" in r.getMessage()]
+  assert len(warnings) == 1 and CARTPOLE in warnings[0].getMessage()  # once per environment

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import multiprocessing
 
 import jax
@@ -38,6 +39,8 @@ from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, episode_key
 
 TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
+log = logging.getLogger(__name__)
+_WARNED_NO_RESEED: set[str] = set()
 _REJECTION_TRIES = 64  # policy_other: draws before calling q undefined
 
 
@@ -181,7 +184,14 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
       noise = int(_rng(root, ENV_NOISE, t, k).integers(2**63))
       for arm, first in enumerate((actions[t], a_rep, a_phi)):
         branch = restore(t)
-        branch.reseed(noise)
+        if not branch.reseed(noise) and job.env not in _WARNED_NO_RESEED:
+          _WARNED_NO_RESEED.add(job.env)
+          log.warning(
+            "%s keeps no random state hindsight can reseed (np_random, _rng, ...): every "
+            "branch of a step replays the same environment noise, so stochastic dynamics "
+            "are under-sampled and stderrs too small",
+            job.env,
+          )
         ret, n = _roll_discounted(branch, first, policy, _rng(root, CONTINUE, t, k), cfg.gamma)
         G[t, k, arm] = ret
         env_steps += n
