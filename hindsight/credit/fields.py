@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight.credit.estimators import UNDETERMINED, bounded_mean_stderr, classify
+from hindsight.credit.replacement import DEGENERATE
 
 # Per-step float fields, in the order they are written.
 STEP_FIELDS = (
@@ -109,7 +110,7 @@ def step_fields(
   else:
     w = keep_share
     # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
-    scale = jnp.where(w >= 1.0 - 1e-6, 0.0, 1.0 - w)
+    scale = jnp.where(w >= DEGENERATE, 0.0, 1.0 - w)
     diff_mean, diff_se, diff_bounded = bounded(G[..., 0] - G[..., 1], lo - hi, hi - lo)
     credit = scale * diff_mean
     credit_se = jnp.where(scale > 0, scale * diff_se, 0.0)

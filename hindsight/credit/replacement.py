@@ -22,8 +22,8 @@ from hindsight.errors import HindsightError
 
 REPLACEMENTS = ("policy", "policy_other", "uniform", "null", "policy_no_repeat")
 
-# pi(a_t | s_t) above this counts as 1: nothing else is left to renormalise.
-_DEGENERATE = 1.0 - 1e-6
+# q(a_t | s_t) above this counts as 1: nothing else is left to renormalise.
+DEGENERATE = 1.0 - 1e-6
 
 
 def check_replacement(
@@ -41,6 +41,17 @@ def check_replacement(
     raise HindsightError(
       f"replacement 'policy_no_repeat' needs action content classes, and {env_name} declares none"
     )
+
+
+def without_taken(q_t: jax.Array, a_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """q restricted to a' != a_t and renormalised, for one step: ([A], its mass 1 - q(a_t) []).
+
+  All zeros where nothing else has mass. `policy_other` is this for q = pi; stratified
+  labeling draws the replace arm from it for any q.
+  """
+  others = q_t * (jnp.arange(q_t.shape[-1]) != a_t)
+  mass = others.sum()
+  return others / jnp.where(mass > 0, mass, 1.0), mass
 
 
 def replacement_probs(
@@ -68,11 +79,9 @@ def replacement_probs(
   if kind == "policy":
     return pi_t, jnp.bool_(False)
   if kind in ("policy_other", "policy_no_repeat"):
-    others = pi_t * (jnp.arange(num_actions) != a_t)
-    mass = others.sum()
-    undefined = pi_t[a_t] >= _DEGENERATE
-    q = jnp.where(undefined, 0.0, others / jnp.where(undefined, 1.0, mass))
-    return q, undefined
+    rest, _ = without_taken(pi_t, a_t)
+    undefined = pi_t[a_t] >= DEGENERATE
+    return jnp.where(undefined, 0.0, rest), undefined
   if kind == "uniform":
     legal = legal_t.astype(jnp.float32)
     return legal / legal.sum(), jnp.bool_(False)

@@ -42,7 +42,7 @@ import numpy as np
 from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
 from hindsight.credit.fields import continuation_totals, returns_to_go, step_fields
-from hindsight.credit.replacement import check_replacement, replacement_probs
+from hindsight.credit.replacement import check_replacement, replacement_probs, without_taken
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
@@ -218,10 +218,9 @@ class Labeler:
     branch_root = jax.random.fold_in(key, 1)
     if cfg.stratify:
       keep_share = jnp.take_along_axis(q, a[:, None], axis=-1)[:, 0]
-      others = q * (jnp.arange(env.num_actions) != a[:, None])
-      mass = others.sum(-1, keepdims=True)
+      rest, mass = jax.vmap(without_taken)(q, a)
       # q(a_t) = 1 leaves nothing else: draw a_t (its credit is scaled by 0, exactly).
-      q_draw = jnp.where(mass > 0, others / jnp.where(mass > 0, mass, 1.0), q)
+      q_draw = jnp.where(mass[:, None] > 0, rest, q)
     else:
       keep_share, q_draw = jnp.zeros((H,), jnp.float32), q
 
