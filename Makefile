@@ -12,10 +12,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Label the reasoning environment, train the credit model, score the test split:
-# runs/demo/report.json (+ test_scatter.png, tensorboard/). Rerunning resumes or reuses.
+# Label the reasoning environment, train the credit model (runs/demo/report.json: the test
+# split against its own training labels), then the drift report against the reference
+# credit, every baseline and the policy-gradient table: runs/demo/drift/report.md (+ plots).
+# Rerunning resumes or reuses (the reference is cached).
 demo: $(STAMP)
 	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
+	$(BIN)/python -m hindsight.cli eval --checkpoint runs/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

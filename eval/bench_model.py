@@ -1,8 +1,9 @@
 """Benchmark: credit-model training steps per second and steps scored per second.
 
-Uses the model and optimizer of a config (the same jitted programs as `train/train.py`) on
-random batches shaped like that config's data: the `data_spec.json` of a finished run when
-`--workdir` is given, else a reasoning-shaped spec (float obs [7], 10 actions, 20 steps).
+Uses the model and optimizer of a config (the same jitted programs as `train/train.py`,
+`hindsight.model.programs`) on random batches shaped like that config's data: the DataSpec
+of a finished run's best checkpoint when `--workdir` is given, else a reasoning-shaped spec
+(float obs [7], 10 actions, 20 steps).
 Programs are compiled and warmed up first; the best of `--repeats` timings is reported.
 
   make bench
@@ -26,10 +27,11 @@ from flax import nnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from hindsight.config_io import load_config
 from hindsight.data.batching import DataSpec
+from hindsight.model.predictor import Predictor
+from hindsight.model.programs import train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
-from train.config_io import load_config
-from train.train import _programs
 
 
 def random_batch(spec: DataSpec, batch: int, length: int, rng: np.random.Generator) -> dict:
@@ -67,7 +69,7 @@ def _best_rate(fn, count: int, repeats: int) -> float:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", default="configs/reasoning.py")
-  p.add_argument("--workdir", default="", help="a finished run: use its data_spec.json")
+  p.add_argument("--workdir", default="", help="a finished run: use its model's DataSpec")
   p.add_argument("--score-batch", type=int, default=512, help="episodes per forward pass")
   p.add_argument("--steps", type=int, default=50, help="train steps per timing")
   p.add_argument("--repeats", type=int, default=3)
@@ -75,14 +77,13 @@ def main() -> None:
 
   config = load_config(args.config)
   if args.workdir:
-    with open(os.path.join(args.workdir, "data_spec.json")) as f:
-      spec = DataSpec.from_json(f.read())
+    spec = Predictor.load(args.workdir).spec
   else:
     spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)
   length = spec.max_length
   mesh = make_mesh(-1, 1, devices_for_batch(config.data.batch_size))
   count = mesh.size
-  programs = _programs(config, spec, mesh)
+  programs = train_programs(config, spec, mesh)
   state = programs.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   batch = global_batch(random_batch(spec, config.data.batch_size, length, rng), mesh)
@@ -98,8 +99,7 @@ def main() -> None:
 
   @jax.jit
   def score(state, batch):
-    model, _ = nnx.merge(graphdef, state)
-    return model(batch)["mean"]
+    return nnx.merge(graphdef, state)["model"](batch)["mean"]
 
   big = global_batch(
     random_batch(spec, args.score_batch - args.score_batch % count, length, rng), mesh
@@ -111,7 +111,8 @@ def main() -> None:
   score_rate = _best_rate(
     lambda: jax.block_until_ready(score(state, big)), real_steps, args.repeats
   )
-  params = sum(x.size for x in jax.tree.leaves(nnx.state(nnx.merge(graphdef, state)[0], nnx.Param)))
+  model = nnx.merge(graphdef, state)["model"]
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   result = {
     "devices": count,
     "model_params": int(params),

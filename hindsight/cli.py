@@ -7,6 +7,8 @@
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
                                            dividends as JSON)
+  hindsight eval    --checkpoint WORKDIR [--env SPEC] [--episodes N]
+                    [--reference-rollouts K] [--out DIR]   (the drift report)
 
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
@@ -73,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
   lab.add_argument(
     "--env",
     required=True,
-    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning[:decorative_rate=D] | "
+    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning[:decorative_rate=D,horizon=H] | "
     "team[:agents=N,rounds=R,p_error=E] | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
     "(README: Environments)",
   )
@@ -117,7 +119,88 @@ def _parser() -> argparse.ArgumentParser:
   coal.add_argument(
     "--values", required=True, help=".npy of v(S), length 2^n, index = bitmask of agents"
   )
+
+  ev = sub.add_parser(
+    "eval", help="drift report: a trained model and every baseline against the reference"
+  )
+  ev.add_argument("--checkpoint", required=True, help="a training run's --workdir")
+  ev.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  ev.add_argument("--env", help="evaluate fresh episodes of this env spec (default: test split)")
+  ev.add_argument("--episodes", type=int, default=0, help="episodes (0: the whole test split)")
+  ev.add_argument(
+    "--reference-rollouts",
+    type=int,
+    default=0,
+    help="K of the reference relabel (0: RMS stderr about --reference-fraction of the spread)",
+  )
+  ev.add_argument("--reference-fraction", type=float, default=0.1, help="see above")
+  ev.add_argument("--check-episodes", type=int, default=64, help="episodes of the check pass")
+  ev.add_argument(
+    "--shift",
+    action="append",
+    help="OOD env spec to slice by (repeatable; default per environment, 'none' for none)",
+  )
+  ev.add_argument("--shift-episodes", type=int, default=128, help="episodes per shifted set")
+  ev.add_argument("--baseline-steps", type=int, default=1000, help="steps per learned baseline")
+  ev.add_argument(
+    "--gradient-env",
+    default=None,
+    help="tabular env spec of the policy-gradient table (default: the bundled key corridor; "
+    "'none' for none)",
+  )
+  ev.add_argument("--gradient-episodes", type=int, default=1024, help="episodes of that table")
+  ev.add_argument("--bootstrap", type=int, default=400, help="bootstrap resamples per CI")
+  ev.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and baselines")
+  ev.add_argument("--out", default="", help="report directory (default: CHECKPOINT/drift)")
+  ev.add_argument("--no-progress", action="store_true", help="no progress bars")
   return p
+
+
+def _eval(args) -> int:
+  from hindsight.drift import DriftConfig, run_drift
+
+  kw = {}
+  if args.gradient_env is not None:
+    kw["gradient_env"] = "" if args.gradient_env == "none" else args.gradient_env
+  shifts = None
+  if args.shift:
+    shifts = tuple(s for s in args.shift if s != "none")
+  report = run_drift(
+    DriftConfig(
+      checkpoint=args.checkpoint,
+      step=args.step,
+      env=args.env,
+      episodes=args.episodes,
+      reference_rollouts=args.reference_rollouts,
+      reference_fraction=args.reference_fraction,
+      check_episodes=args.check_episodes,
+      shifts=shifts,
+      shift_episodes=args.shift_episodes,
+      baseline_steps=args.baseline_steps,
+      gradient_episodes=args.gradient_episodes,
+      bootstrap=args.bootstrap,
+      seed=args.seed,
+      out=args.out,
+      progress=not args.no_progress,
+      **kw,
+    )
+  )
+  print(headline_text(report))
+  print(f"report: {os.path.join(report['out'], 'report.md')}")
+  return 0
+
+
+def headline_text(report: dict) -> str:
+  """A few console lines: the headline Spearman of each signal, and the reference check."""
+  lines = [f"drift report on {report['env']} ({report['steps']} steps, Spearman vs reference):"]
+  for name, m in report["headline"].items():
+    e = m["spearman"]
+    v = "n/a" if e["value"] is None else f"{e['value']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
+    lines.append(f"  {name:<36} {v}")
+  if "equivalent_rollouts" in report:
+    k = report["equivalent_rollouts"]["k"]
+    lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
+  return "\n".join(lines)
 
 
 def _label(args) -> int:
@@ -217,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
   use_all_cpu_cores()
   from hindsight.errors import report_errors
 
-  commands = {"label": _label, "export": _export, "summary": _summary, "coalition": _coalition}
+  commands = {
+    "label": _label,
+    "export": _export,
+    "summary": _summary,
+    "coalition": _coalition,
+    "eval": _eval,
+  }
   try:
     return report_errors("hindsight", commands[args.command], args)
   except KeyboardInterrupt:

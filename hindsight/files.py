@@ -25,3 +25,30 @@ def atomic_write_text(path: str, text: str) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def json_safe(x):
+  """NaN and inf (a correlation of a constant prediction) become null, NumPy scalars and
+  arrays plain Python: the result is strict JSON."""
+  import numpy as np
+
+  if isinstance(x, dict):
+    return {str(k): json_safe(v) for k, v in x.items()}
+  if isinstance(x, list | tuple):
+    return [json_safe(v) for v in x]
+  if isinstance(x, np.ndarray):
+    return json_safe(x.tolist())
+  if isinstance(x, bool | np.bool_):
+    return bool(x)
+  if isinstance(x, int | np.integer):
+    return int(x)
+  if isinstance(x, float | np.floating):
+    return float(x) if np.isfinite(x) else None
+  return x
+
+
+def write_json(path: str, obj) -> None:
+  """`obj` as indented strict JSON (see json_safe), written atomically."""
+  import json
+
+  atomic_write_text(path, json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False))

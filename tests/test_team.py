@@ -114,7 +114,7 @@ def test_label_job_writes_agent_and_step_labels(tmp_path, capsys):
 def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
   """The credit model's agent head, end to end on a tiny team dataset (generic:smoke)."""
   from hindsight.cli import main
-  from train.config_io import load_config
+  from hindsight.config_io import load_config
   from train.train import train_and_evaluate
 
   out = str(tmp_path / "team")

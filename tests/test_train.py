@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import FAST_COMPILE, ROOT, flip_byte_in_largest_file
 
-from train.config_io import load_config
+from hindsight.config_io import load_config
 from train.main import main
 from train.train import read_metrics, train_and_evaluate
 

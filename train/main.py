@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
   from hindsight.errors import report_errors
 
   def run() -> int:
-    from train.config_io import load_config
+    from hindsight.config_io import load_config
     from train.train import train_and_evaluate
 
     report = train_and_evaluate(load_config(args.config, overrides), args.workdir)

@@ -7,7 +7,13 @@
   3. AdamW (warmup + cosine decay, global-norm clipping) on the Gaussian NLL + class CE;
   4. every `train.eval_every` steps: validation loss, a checkpoint (last N kept + the best by
      validation loss), metrics to TensorBoard (WORKDIR/tensorboard);
-  5. the test split scored by the best checkpoint: WORKDIR/report.json and a scatter plot.
+  5. the test split scored by the best checkpoint against its training labels (the
+     `label_fit` evaluator): WORKDIR/report.json and a scatter plot. `hindsight eval
+     --checkpoint WORKDIR` then scores it against the reference credit.
+
+WORKDIR/splits.json names the label dataset and the episodes of each split (the drift
+harness evaluates the test split). Each checkpoint step carries the model config and the
+DataSpec (`hindsight.model.predictor`), so `Predictor.load(WORKDIR)` needs nothing else.
 
 Restarted after a kill it resumes from the last good checkpoint and ends with the same
 parameters as an uninterrupted run (every batch and key is a function of the step number).
@@ -16,8 +22,6 @@ SIGTERM saves a checkpoint and returns early with `report["preempted"] = True`.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import hashlib
 import json
 import logging
@@ -25,19 +29,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
-import optax
-from flax import nnx
 from ml_collections import ConfigDict
-from scipy import stats
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight import evaluators
 from hindsight.data.batching import (
   BatchPlan,
-  DataSpec,
   EpisodeReader,
   bucket_lengths,
   make_batch,
@@ -46,19 +45,15 @@ from hindsight.data.batching import (
 )
 from hindsight.data.labels import is_complete, open_labels
 from hindsight.errors import HindsightError, make_dir
+from hindsight.evaluators.label_fit import summary_text
+from hindsight.files import write_json
 from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
-from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
 from hindsight.model.checkpoints import Checkpoints
-from hindsight.model.credit_model import CreditModel, ModelConfig
-from hindsight.model.loss import credit_loss
-from hindsight.model.sharding import (
-  devices_for_batch,
-  global_batch,
-  make_mesh,
-  replicated,
-  state_shardings,
-)
+from hindsight.model.credit_model import ModelConfig
+from hindsight.model.predictor import MODEL_FILE, model_files
+from hindsight.model.programs import train_programs
+from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
 
 log = logging.getLogger("hindsight.train")
@@ -145,131 +140,6 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
   )
   run_label_job(job, out, progress=config.train.progress)
   return out
-
-
-def _optimizer(config: ConfigDict) -> optax.GradientTransformation:
-  o, steps = config.optim, config.train.steps
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=o.learning_rate,
-    warmup_steps=min(o.warmup_steps, steps),
-    decay_steps=max(steps, 1),
-    end_value=o.learning_rate * o.final_lr_ratio,
-  )
-  return optax.chain(
-    optax.clip_by_global_norm(o.clip_norm),
-    optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
-  )
-
-
-@dataclasses.dataclass
-class _Programs:
-  """The model's static half and the jitted programs over its (sharded) state."""
-
-  graphdef: nnx.GraphDef
-  abstract_state: nnx.State  # ShapeDtypeStructs carrying their shardings
-  init: Callable
-  train_step: Callable
-  eval_step: Callable
-
-
-def _programs(config: ConfigDict, spec: DataSpec, mesh) -> _Programs:
-  model_cfg = ModelConfig(**config.model.to_dict())
-  tx = _optimizer(config)
-  class_weight = float(config.loss.class_weight)
-  beta, zero_weight = float(config.loss.beta), float(config.loss.zero_weight)
-  agent_weight = float(config.loss.agent_weight)
-
-  def build(key):
-    model = CreditModel(model_cfg, spec, rngs=nnx.Rngs(params=key))
-    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(jax.random.key(0))))
-  shardings = state_shardings(abstract, mesh, config.mesh.min_fsdp_size)
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-  )
-  metrics_sharding = replicated(mesh)
-
-  @functools.partial(jax.jit, out_shardings=shardings)
-  def init(key):
-    return nnx.state(build(key))
-
-  @functools.partial(jax.jit, donate_argnums=0, out_shardings=(shardings, metrics_sharding))
-  def train_step(state, batch, key):
-    model, optimizer = nnx.merge(graphdef, state)
-
-    def loss_fn(model):
-      out = model(batch, dropout_key=key if model_cfg.dropout > 0 else None)
-      return credit_loss(
-        out, batch, model.value_scale[...], class_weight, beta, zero_weight, agent_weight
-      )
-
-    (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    optimizer.update(model, grads)
-    return nnx.state((model, optimizer)), metrics
-
-  @functools.partial(jax.jit, out_shardings=metrics_sharding)
-  def eval_step(state, batch):
-    model, _ = nnx.merge(graphdef, state)
-    out = model(batch)
-    _, metrics = credit_loss(
-      out, batch, model.value_scale[...], class_weight, beta, zero_weight, agent_weight
-    )
-    keep = ("credit", "credit_stderr", "progress", "klass", "label_mask", "agent_shapley")
-    keep += ("agent_mask",)
-    return out, {k: batch[k] for k in keep if k in batch}, metrics
-
-  return _Programs(graphdef, abstract, init, train_step, eval_step)
-
-
-def _evaluate(
-  programs, state, plan, reader, spec, mesh, rows, with_steps: bool = True
-) -> tuple[dict, dict]:
-  """Weighted mean losses over a split, and (with_steps) its per-step predictions on valid
-  labels; validation during training needs the losses only."""
-  sums, counts = {}, {}
-  names = ("pred", "pred_mean", "pred_var", "label", "stderr", "progress", "klass", "pred_klass")
-  cols = {k: [] for k in names}
-  tags = []
-  for pad, ids in plan.epoch(0):
-    batch = global_batch(make_batch(reader, ids[rows], pad, spec), mesh)
-    out, labels, metrics = jax.device_get(programs.eval_step(state, batch))
-    for k, v in metrics.items():
-      if k in ("label_steps", "steps", "agent_rows"):
-        continue
-      if k.startswith("agent_"):
-        w = metrics["agent_rows"]
-      else:
-        w = metrics["steps"] if k in ("ce", "accuracy") else metrics["label_steps"]
-      sums[k] = sums.get(k, 0.0) + float(v) * float(w)
-      counts[k] = counts.get(k, 0.0) + float(w)
-    if not with_steps:
-      continue
-    sel = labels["label_mask"]
-    cols["pred"].append(out["credit"][sel])
-    cols["pred_mean"].append(out["mean"][sel])
-    cols["pred_var"].append(np.exp(out["log_var"][sel]))
-    cols["label"].append(labels["credit"][sel])
-    cols["stderr"].append(labels["credit_stderr"][sel])
-    cols["progress"].append(labels["progress"][sel])
-    cols["klass"].append(labels["klass"][sel])
-    cols["pred_klass"].append(np.argmax(out["logits"], -1)[sel])
-    if "agent_shapley" in out:
-      rows_ok = labels["agent_mask"]
-      cols.setdefault("agent_pred", []).append(out["agent_shapley"][rows_ok].reshape(-1))
-      cols.setdefault("agent_label", []).append(labels["agent_shapley"][rows_ok].reshape(-1))
-    for row, i in enumerate(ids):
-      if i >= 0:
-        ep_tags = np.asarray(reader[int(i)]["tags"] + [""] * pad)[:pad]
-        tags.append(ep_tags[sel[row]])
-  losses = {k: sums[k] / max(counts[k], 1.0) for k in sums}
-  if not with_steps:
-    return losses, {}
-  steps = {k: np.concatenate(v) for k, v in cols.items()}
-  steps["tags"] = np.concatenate(tags) if tags else np.zeros(0, str)
-  return losses, steps
 
 
 class _MetricsLog:
@@ -365,13 +235,22 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     plan("validation", False),
     plan("test", False),
   )
-  programs = _programs(config, spec, mesh)
+  programs = train_programs(config, spec, mesh)
+  step_files = model_files(ModelConfig(**config.model.to_dict()), spec)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "data_spec.json"), "w") as f:
-      f.write(spec.to_json())
+    write_json(
+      os.path.join(workdir, "splits.json"),
+      {"labels": os.path.abspath(labels_dir), **{k: v.tolist() for k, v in splits.items()}},
+    )
+  validation = evaluators.get("validation_loss")(programs, val_plan, reader, spec, mesh, rows)
 
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   key = jax.random.key(seed)
+  if ckpt.steps() and not os.path.isfile(os.path.join(ckpt.step_dir(ckpt.steps()[-1]), MODEL_FILE)):
+    raise HindsightError(
+      f"{ckpt.directory} holds checkpoints of an older hindsight (no {MODEL_FILE}): retrain "
+      "in a new --workdir"
+    )
   start, state = ckpt.restore(programs.abstract_state, fallback=config.checkpoint.fallback)
   if state is None:
     start, state = 0, programs.init(jax.random.fold_in(key, 0))
@@ -422,14 +301,12 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             writer.add_scalar(f"train/{k}", v, done)
       train_seconds += time.perf_counter() - tic
       if done % config.train.eval_every == 0 or done == total or stop["requested"]:
-        val_losses, _ = _evaluate(
-          programs, state, val_plan, reader, spec, mesh, rows, with_steps=False
-        )
+        val_losses = validation.run(state)
         curve.write({"step": done, "split": "validation", **val_losses})
         if writer:
           for k, v in val_losses.items():
             writer.add_scalar(f"validation/{k}", v, done)
-        ckpt.save(done, state, val_losses["loss"])
+        ckpt.save(done, state, val_losses["loss"], files=step_files)
       if stop["requested"]:
         preempted = True
         log.warning("SIGTERM: saved the checkpoint of step %d; exiting", done)
@@ -448,10 +325,17 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   eval_step = ckpt.best_step() if config.checkpoint.evaluate == "best" else ckpt.steps()[-1]
   eval_step, state = ckpt.restore(programs.abstract_state, step=eval_step, fallback=False)
   ckpt.close()
-  report = _report(
-    labels_dir, spec, splits, programs, state, eval_step, test_plan, reader, mesh, rows
+  fit = evaluators.get("label_fit")(programs, test_plan, reader, spec, mesh, rows)
+  report, steps = fit.run(state)
+  report.update(
+    labels=os.path.abspath(labels_dir),
+    env=labels.metadata.get("env"),
+    replacement=labels.metadata.get("replacement"),
+    episodes={k: int(v.size) for k, v in splits.items()},
+    evaluated_checkpoint=eval_step,
+    evaluated_by=config.checkpoint.evaluate,  # "best" (validation loss) or "last"
+    data_spec=json.loads(spec.to_json()),
   )
-  report["evaluated_by"] = config.checkpoint.evaluate  # "best" (validation loss) or "last"
   report["train"] = {
     "steps": total,
     "resumed_from": start,
@@ -459,114 +343,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     "final_loss": last.get("loss"),
     "params_sha256": final_digest,
   }
+  report["summary"] = summary_text(report)
   if jax.process_index() == 0:
-    _write_report(workdir, report)
+    evaluators.write_label_fit(workdir, report, steps)
   return report
-
-
-def _report(labels_dir, spec, splits, programs, state, step, test_plan, reader, mesh, rows):
-  out = {
-    "labels": os.path.abspath(labels_dir),
-    "env": reader.labels.metadata.get("env"),
-    "replacement": reader.labels.metadata.get("replacement"),
-    "episodes": {k: int(v.size) for k, v in splits.items()},
-    "evaluated_checkpoint": step,
-    "data_spec": json.loads(spec.to_json()),
-  }
-  losses, steps = _evaluate(programs, state, test_plan, reader, spec, mesh, rows)
-  fit = prediction_metrics(
-    steps["pred"],
-    steps["pred_mean"],
-    steps["pred_var"],
-    steps["label"],
-    steps["stderr"],
-    steps["progress"],
-  )
-  out.update(fit)
-  out["test_loss"] = losses
-  out["class_accuracy"] = float(np.mean(steps["pred_klass"] == steps["klass"]))
-  out["per_tag"] = per_tag(steps["tags"], steps["pred"], steps["label"])
-  if "agent_pred" in steps:
-    pred, label = steps["agent_pred"], steps["agent_label"]
-    out["agent"] = {
-      "pairs": int(label.size),  # (episode, agent) pairs of the test split
-      "spearman": correlation(stats.spearmanr, pred, label),
-      "pearson": correlation(stats.pearsonr, pred, label),
-      "mae": float(np.mean(np.abs(pred - label))),
-      "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
-    }
-  out["summary"] = _summary(out)
-  out["_steps"] = steps
-  return out
-
-
-def _summary(r: dict) -> str:
-  lines = [
-    f"credit model on {r['env']} ({r['replacement']} labels), "
-    f"{r['episodes']['test']} held-out episodes, {r['steps']} steps:",
-    f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
-    f"(best constant: {r['constant_mae']:.4g})  "
-    f"(of the continuous mean: Spearman {r['spearman_mean']:.3f})",
-    f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
-    f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
-    f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
-    f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",
-  ]
-  if np.isnan(r["spearman"]):
-    lines.append(
-      "  (Spearman nan: the predictions are constant, so they rank nothing; a model trained "
-      "for very few steps, like a :smoke config, can end there)"
-    )
-  if "agent" in r:
-    a = r["agent"]
-    lines.append(
-      f"  agent-level Shapley values ({a['pairs']} episode x agent pairs): Spearman "
-      f"{a['spearman']:.3f}  Pearson {a['pearson']:.3f}  MAE {a['mae']:.4g}"
-    )
-  lines += [
-    "  per tag (labeled -> predicted mean credit):",
-  ]
-  for tag, row in r["per_tag"].items():
-    lines.append(
-      f"    {tag:<18} {row['steps']:>6} steps  {row['label']:+.3f} -> {row['predicted']:+.3f}"
-    )
-  return "\n".join(lines)
-
-
-def _json_safe(x):
-  """NaN (a correlation of a constant prediction) becomes null: report.json stays JSON."""
-  if isinstance(x, dict):
-    return {k: _json_safe(v) for k, v in x.items()}
-  if isinstance(x, list | tuple):
-    return [_json_safe(v) for v in x]
-  if isinstance(x, float | np.floating):
-    return float(x) if np.isfinite(x) else None
-  return x
-
-
-def _write_report(workdir: str, report: dict) -> None:
-  steps = report.pop("_steps")
-  path = os.path.join(workdir, "report.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(_json_safe(report), f, indent=1, sort_keys=True, allow_nan=False)
-  os.replace(path + ".tmp", path)
-  _scatter(os.path.join(workdir, "test_scatter.png"), steps, report)
-
-
-def _scatter(path: str, steps: dict, report: dict) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(5, 5))
-  ax.scatter(steps["label"], steps["pred"], s=4, alpha=0.3)
-  lo = float(min(steps["label"].min(), steps["pred"].min()))
-  hi = float(max(steps["label"].max(), steps["pred"].max()))
-  ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-  ax.set_xlabel("labeled credit (rollouts)")
-  ax.set_ylabel("predicted credit (one forward pass)")
-  ax.set_title(f"{report['env']}: Spearman {report['spearman']:.3f}, MAE {report['mae']:.3g}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)

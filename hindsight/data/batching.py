@@ -47,6 +47,8 @@ class DataSpec:
   obs_std: tuple[float, ...]
   value_scale: float
   num_agents: int = 0  # > 0: a multi-agent dataset with agent-level labels (`team`)
+  # An episode succeeds when its return exceeds this (episodes given without `success`).
+  success_threshold: float = 0.0
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -135,6 +137,7 @@ class EpisodeReader:
     scale = float(c.std()) if c.size > 1 and c.std() > 0 else 1.0
     spec = DataSpec(
       num_agents=len(meta.get("agent_names") or ()),
+      success_threshold=float(meta.get("success_threshold", 0.0)),
       obs_kind=kind,
       obs_dim=dim,
       num_actions=max(int(meta.get("num_actions", 0)), actions_max + 1),
@@ -210,15 +213,66 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
 
 
 def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec) -> dict:
-  """Padded arrays of the episodes `ids` (-1 = empty row), every field [B, T] unless noted.
+  """`episodes_batch` of the dataset episodes `ids` (-1 = an empty row)."""
+  return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec)
 
-  mask: valid steps; label_mask: valid steps whose credit label is finite (an `undefined`
-  credit under policy_other is NaN and stays out of the regression loss).
+
+def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
+  """An in-memory episode (the export format: observations, actions, rewards, optional
+  success, agent and label fields, as lists or arrays) checked against `spec` and converted
+  to arrays. Bad input raises a one-line HindsightError naming `where` and the field."""
+  for name in ("observations", "actions", "rewards"):
+    if name not in episode:
+      raise HindsightError(f"{where}: missing field '{name}'")
+  try:
+    actions = np.asarray(episode["actions"])
+    rewards = np.asarray(episode["rewards"], np.float32)
+    obs = np.asarray(episode["observations"])
+  except (TypeError, ValueError):
+    raise HindsightError(f"{where}: observations, actions and rewards must be arrays") from None
+  n = actions.shape[0] if actions.ndim == 1 else -1
+  if n < 1:
+    raise HindsightError(f"{where}: 'actions' must be a non-empty list of ints")
+  if not np.issubdtype(actions.dtype, np.integer):
+    raise HindsightError(f"{where}: 'actions' must be ints, got {actions.dtype}")
+  if actions.min() < 0 or actions.max() >= spec.num_actions:
+    raise HindsightError(f"{where}: an action is outside [0, {spec.num_actions})")
+  if rewards.shape != (n,) or not np.all(np.isfinite(rewards)):
+    raise HindsightError(f"{where}: 'rewards' must be {n} finite numbers, one per action")
+  want = (n, spec.obs_dim) if spec.obs_kind == "vector" else (n,)
+  if obs.shape != want:
+    raise HindsightError(f"{where}: 'observations' has shape {obs.shape}, the model needs {want}")
+  if spec.obs_kind == "vector" and not np.issubdtype(obs.dtype, np.number):
+    raise HindsightError(f"{where}: 'observations' must be numbers")
+  if spec.obs_kind == "discrete" and not np.issubdtype(obs.dtype, np.integer):
+    raise HindsightError(f"{where}: 'observations' must be int ids for this model")
+  out = {"observations": obs, "actions": actions.astype(np.int32), "rewards": rewards}
+  success = episode.get("success")
+  out["success"] = bool(rewards.sum() > spec.success_threshold) if success is None else success
+  for name in ("credit", "credit_stderr", "progress", "klass", "agent"):
+    if episode.get(name) is not None:
+      out[name] = np.asarray(episode[name])
+  if spec.num_agents:
+    agent = np.asarray(episode.get("agent", np.arange(n) % spec.num_agents))
+    if agent.shape != (n,) or agent.min() < 0 or agent.max() >= spec.num_agents:
+      raise HindsightError(f"{where}: 'agent' must be {n} ids in [0, {spec.num_agents})")
+    out["agent"] = agent
+  return out
+
+
+def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
+  """Padded arrays of in-memory episodes (None = an empty row), every field [B, T] unless
+  noted; episodes longer than `pad` are cut at `pad`.
+
+  Episodes are dicts of arrays (EpisodeReader items, or `as_episode` outputs); fields a
+  scored-only episode lacks (credit, its stderr, progress, klass) stay 0 and out of
+  label_mask. mask: valid steps; label_mask: valid steps whose credit label is finite (an
+  `undefined` credit under policy_other is NaN and stays out of the regression loss).
   observations: float [B, T, D] or int [B, T]; success: float [B].
-  Multi-agent datasets add agent [B, T] (who acted), agent_shapley and its stderr [B, n],
-  and agent_mask [B] (a real episode).
+  Multi-agent specs add agent [B, T] (who acted), agent_shapley and its stderr [B, n], and
+  agent_mask [B] (a real episode with agent labels).
   """
-  B = ids.size
+  B = len(episodes)
   vector = spec.obs_kind == "vector"
   obs_shape = (B, pad, spec.obs_dim) if vector else (B, pad)
   batch = {
@@ -239,26 +293,30 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
     batch["agent_shapley"] = np.zeros((B, n_agents), np.float32)
     batch["agent_shapley_stderr"] = np.zeros((B, n_agents), np.float32)
     batch["agent_mask"] = np.zeros(B, bool)
-  for row, i in enumerate(ids):
-    if i < 0:
+  for row, ep in enumerate(episodes):
+    if ep is None:
       continue
-    ep = reader[int(i)]
     n = min(len(ep["actions"]), pad)
     obs = ep["observations"][:n]
     batch["observations"][row, :n] = obs if vector else np.clip(obs, 0, spec.obs_dim - 1)
     batch["actions"][row, :n] = np.clip(ep["actions"][:n], 0, spec.num_actions - 1)
-    for name in ("rewards", "credit_stderr", "progress", "klass"):
-      batch[name][row, :n] = ep[name][:n]
-    credit = ep["credit"][:n]
-    finite = np.isfinite(credit) & np.isfinite(ep["credit_stderr"][:n])
-    batch["credit"][row, :n] = np.where(finite, credit, 0.0)
-    batch["credit_stderr"][row, :n] = np.where(finite, ep["credit_stderr"][:n], 0.0)
+    batch["rewards"][row, :n] = ep["rewards"][:n]
     batch["mask"][row, :n] = True
-    batch["label_mask"][row, :n] = finite
     batch["success"][row] = float(ep["success"])
+    if "credit" in ep:
+      for name in ("progress", "klass"):
+        if name in ep:
+          batch[name][row, :n] = ep[name][:n]
+      credit = np.asarray(ep["credit"][:n], np.float32)
+      stderr = np.asarray(ep.get("credit_stderr", np.zeros(n))[:n], np.float32)
+      finite = np.isfinite(credit) & np.isfinite(stderr)
+      batch["credit"][row, :n] = np.where(finite, credit, 0.0)
+      batch["credit_stderr"][row, :n] = np.where(finite, stderr, 0.0)
+      batch["label_mask"][row, :n] = finite
     if n_agents:
       batch["agent"][row, :n] = ep["agent"][:n]
-      batch["agent_shapley"][row] = ep["agent_shapley"]
-      batch["agent_shapley_stderr"][row] = ep["agent_shapley_stderr"]
-      batch["agent_mask"][row] = True
+      if "agent_shapley" in ep:
+        batch["agent_shapley"][row] = ep["agent_shapley"]
+        batch["agent_shapley_stderr"][row] = ep["agent_shapley_stderr"]
+        batch["agent_mask"][row] = True
   return batch

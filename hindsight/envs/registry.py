@@ -14,7 +14,7 @@ from hindsight.policies.tabular import TabularPolicy
 KNOWN_SPECS = (
   "tabular:PATH.npz",
   "key_to_door[:p_key=P]",
-  "reasoning[:decorative_rate=D]",
+  "reasoning[:decorative_rate=D,horizon=H]",
   "team[:agents=N,rounds=R,p_error=E]",
 )
 
@@ -52,10 +52,13 @@ def make(spec: str) -> tuple[Environment, Policy]:
   if kind == "reasoning":
     from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
 
-    opts = _options(spec, arg, {"decorative_rate": 1.0})
+    opts = _options(spec, arg, {"decorative_rate": 1.0, "horizon": 20})
     if opts["decorative_rate"] < 0:
       raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
-    return Reasoning(), ReasoningPolicy(opts["decorative_rate"])
+    horizon = int(opts["horizon"])
+    if horizon != opts["horizon"] or horizon < 2:
+      raise HindsightError(f"--env {spec}: horizon must be an integer >= 2")
+    return Reasoning(horizon=horizon), ReasoningPolicy(opts["decorative_rate"])
   if kind == "team":
     from hindsight.envs.team import Team, TeamPolicy
 

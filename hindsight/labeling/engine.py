@@ -162,15 +162,28 @@ class Labeler:
     Episodes are split over a 1-D `data` mesh of all local devices (each device runs its
     share as a `lax.map` over micro-batches). C must be a multiple of `chunk_multiple()`.
     """
+    return self._sharded(chunk_size, self._sample_and_label, n_shared=1, n_split=1)
+
+  def relabel_program(self, chunk_size: int):
+    """A jitted fn(trajectories, keys [C]) -> labels of given trajectories (leaves [C, ...]),
+    sharded over devices and micro-batched like `chunk_program` (the drift harness's
+    high-K reference relabels saved trajectories with it). C: a multiple of
+    `chunk_multiple()`."""
+    return self._sharded(chunk_size, self._label_batch, n_shared=0, n_split=2)
+
+  def _sharded(self, chunk_size: int, fn, n_shared: int, n_split: int):
+    """fn(*shared, *per_episode) over a chunk: per-episode arguments (leading axis C) split
+    over the local devices, each device mapping fn over micro-batches of them."""
     devices = np.array(jax.local_devices())
     mesh = jax.sharding.Mesh(devices, ("data",))
     micro = self.micro_batch()
     if chunk_size % (len(devices) * micro):
       raise ValueError(f"chunk_size {chunk_size} is not a multiple of {len(devices) * micro}")
 
-    def per_device(seed, indices):
-      batches = indices.reshape(-1, micro)
-      out = jax.lax.map(lambda idx: self._sample_and_label(seed, idx), batches)
+    def per_device(*args):
+      shared, per_episode = args[:n_shared], args[n_shared:]
+      batches = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), per_episode)
+      out = jax.lax.map(lambda b: fn(*shared, *b), batches)
       return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
 
     spec = jax.sharding.PartitionSpec("data")
@@ -178,7 +191,7 @@ class Labeler:
       jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(jax.sharding.PartitionSpec(), spec),
+        in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
         out_specs=spec,
         # Episodes never communicate; skipping the varying-axis checks keeps the scans
         # of the environment code free of pcast annotations.

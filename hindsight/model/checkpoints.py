@@ -9,6 +9,10 @@ written after orbax has finished the step, and `restore` checks it first:
     HindsightError naming the file, or, with `fallback=True`, sets the step aside under
     `<directory>.damaged/` and falls back to the previous good step.
 
+Each step may carry small JSON files beside orbax's arrays (`save(..., files=...)`: the
+credit model's config and DataSpec, so a step directory alone rebuilds the model); they are
+written before the manifest, so the manifest covers them.
+
 Preservation: the last `keep` steps, plus the one with the lowest validation loss.
 Saving is synchronous: a step is complete on disk before training moves on.
 """
@@ -30,6 +34,16 @@ from hindsight.files import atomic_write_text, sha256_file
 
 MANIFEST = "hindsight_manifest.json"
 log = logging.getLogger(__name__)
+
+
+class _QuietReadOnly(logging.Filter):
+  """orbax warns twice that a read-only manager is read-only; a Predictor means it."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "read_only" not in record.getMessage() and "read only" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_QuietReadOnly())
 
 
 def _files(step_dir: str) -> list[str]:
@@ -70,11 +84,14 @@ def verify_manifest(step_dir: str) -> str | None:
 class Checkpoints:
   """An orbax CheckpointManager over one pytree, with manifests (see the module docstring)."""
 
-  def __init__(self, directory: str, keep: int):
+  def __init__(self, directory: str, keep: int = 1, read_only: bool = False):
+    """read_only: open someone else's run (a Predictor): never deletes or writes anything."""
     self.directory = os.path.abspath(directory)
+    self.read_only = read_only
     options = ocp.CheckpointManagerOptions(
+      read_only=read_only,
       enable_async_checkpointing=False,
-      cleanup_tmp_directories=True,
+      cleanup_tmp_directories=not read_only,
       # best_fn makes orbax write each step's metrics to disk (its `metrics` item, covered by
       # the manifest); without it they live in memory only, so after the run `best_step`
       # found none. Which steps are kept is the preservation policy's choice, not best_fn's.
@@ -100,12 +117,15 @@ class Checkpoints:
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
-  def save(self, step: int, state, val_loss: float) -> None:
+  def save(self, step: int, state, val_loss: float, files: dict[str, str] | None = None) -> None:
+    """Saves `state` as `step`; files: {name: text} written into the step directory."""
     self.manager.save(
       step, args=ocp.args.StandardSave(state), metrics={"val_loss": float(val_loss)}, force=True
     )
     self.manager.wait_until_finished()
     if jax.process_index() == 0:
+      for name, text in (files or {}).items():
+        atomic_write_text(os.path.join(self.step_dir(step), name), text)
       write_manifest(self.step_dir(step))
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"hindsight_manifest_{step}")
@@ -135,20 +155,26 @@ class Checkpoints:
       multihost_utils.sync_global_devices(f"hindsight_set_aside_{step}")
     self.manager.reload()
 
-  def restore(self, abstract_state, step: int | None = None, fallback: bool = False):
+  def restore(
+    self, abstract_state, step: int | None = None, fallback: bool = False, partial: bool = False
+  ):
     """(step, state) of `step` or else the latest good step; (None, None) when there is none.
 
-    abstract_state: ShapeDtypeStructs (with shardings) of the pytree that was saved.
+    abstract_state: ShapeDtypeStructs (with shardings) of the pytree that was saved, or with
+    `partial` of a subtree of it (e.g. {"model": ...} without the optimizer): only those
+    arrays are read.
     """
     candidates = [s for s in self.steps() if step is None or s <= step][::-1]
     for s in candidates:
       bad = verify_manifest(self.step_dir(s))
+      if bad == "" and self.read_only:
+        continue  # a save in progress (or cut short): not ours to move
       if bad == "":
         log.warning("checkpoint step %d has no manifest (an unfinished save); set aside", s)
         self._set_aside(s)
         continue
       if bad is not None:
-        if not fallback:
+        if not fallback or self.read_only:
           raise HindsightError(
             f"checkpoint step {s} is damaged: {bad} does not match its manifest checksum "
             "(set checkpoint.fallback=True to resume from the previous good step)"
@@ -156,8 +182,14 @@ class Checkpoints:
         log.warning("checkpoint step %d is damaged (%s); falling back", s, bad)
         self._set_aside(s)
         continue
-      restored = self.manager.restore(s, args=ocp.args.StandardRestore(abstract_state))
-      return s, restored
+      if partial:
+        restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
+        args = ocp.args.PyTreeRestore(
+          abstract_state, restore_args=restore_args, partial_restore=True
+        )
+      else:
+        args = ocp.args.StandardRestore(abstract_state)
+      return s, self.manager.restore(s, args=args)
     return None, None
 
   def close(self) -> None:

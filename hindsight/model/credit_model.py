@@ -63,9 +63,10 @@ class Block(nnx.Module):
     self.dropout = nnx.Dropout(cfg.dropout)
 
   def __call__(self, x, key_mask, *, rngs: nnx.Rngs | None):
+    """key_mask: bool [B, T] (every query attends to the valid steps) or a full attention
+    mask [B, 1, T, T] (queries x keys; a causal model's)."""
     deterministic = rngs is None
-    # [B, 1, 1, T]: every query attends to the valid steps only.
-    mask = key_mask[:, None, None, :]
+    mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask
     h = self.attn(self.norm1(x), mask=mask, deterministic=True)
     x = x + self.dropout(h, deterministic=deterministic, rngs=rngs)
     h = self.fc2(jax.nn.gelu(self.fc1(self.norm2(x))))

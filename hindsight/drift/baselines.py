@@ -1,0 +1,169 @@
+"""Credit signals the drift harness holds beside the credit model, on the same steps.
+
+Free ones, from the episode and its labels:
+  outcome        R at every step (the outcome reward, spread over the trajectory)
+  progress       the labels' MC progress r_t + Phi(s_{t+1}) - Phi(s_t) (Math-Shepherd soft)
+  phi_hard       the labels' Math-Shepherd hard estimate (1 if any continuation succeeds)
+Learned ones: the credit model's transformer, made *causal* (step t attends to steps <= t;
+no outcome, return-to-go or length in its tokens), trained on the training split's outcomes
+the standard way, never on credit labels:
+  prm            process reward model: p_t = P(success | h_<=t) by binary cross-entropy;
+                 credit_t = p_t - p_{t-1}, p_{-1} = the training success rate
+  td_advantage   value baseline: V(h_t) = E[G_t | o_<=t, a_<t] by regression on the return
+                 to go (the token of step t carries the *previous* action and reward);
+                 credit_t = r_t + V(h_{t+1}) - V(h_t), V = 0 after the end
+  rudder         return decomposition (RUDDER style): g_t = E[R | h_<=t] by regression on
+                 the return; credit_t = g_t - g_{t-1}, g_{-1} = the training mean return
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from hindsight.data.batching import DataSpec
+from hindsight.model.credit_model import Block, ModelConfig
+from hindsight.progress import CompileAwareBar
+
+LEARNED = ("prm", "td_advantage", "rudder")
+
+
+class HistoryModel(nnx.Module):
+  """Causal transformer over o_t, a_t (or a_{t-1}), r_t (or r_{t-1}) and t: one scalar per
+  step, [B, T]. `shift`: step t sees the previous action and reward (a state value)."""
+
+  def __init__(self, cfg: ModelConfig, spec: DataSpec, shift: bool, *, rngs: nnx.Rngs):
+    w = cfg.width
+    self.spec, self.shift = spec, shift
+    if spec.obs_kind == "discrete":
+      self.obs_embed = nnx.Embed(spec.obs_dim, w, rngs=rngs)
+    else:
+      self.obs_mean = nnx.Variable(jnp.asarray(spec.obs_mean, jnp.float32))
+      self.obs_std = nnx.Variable(jnp.asarray(spec.obs_std, jnp.float32))
+      self.obs_fc = nnx.Linear(spec.obs_dim, w, rngs=rngs)
+    # One extra action id: "no previous action" at t = 0 of a shifted model.
+    self.action_embed = nnx.Embed(spec.num_actions + 1, w, rngs=rngs)
+    self.position_embed = nnx.Embed(spec.max_length, w, rngs=rngs)
+    self.scalars = nnx.Linear(2, w, rngs=rngs)
+    self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.depth)])
+    self.norm = nnx.LayerNorm(w, rngs=rngs)
+    self.head = nnx.Linear(w, 1, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+  def __call__(self, batch: dict) -> jax.Array:
+    mask = batch["mask"]
+    B, T = mask.shape
+    actions, rewards = batch["actions"], batch["rewards"] / self.spec.value_scale
+    if self.shift:
+      actions = jnp.concatenate([jnp.full((B, 1), self.spec.num_actions), actions[:, :-1]], 1)
+      rewards = jnp.concatenate([jnp.zeros((B, 1)), rewards[:, :-1]], 1)
+    obs = batch["observations"]
+    if self.spec.obs_kind == "discrete":
+      x = self.obs_embed(obs)
+    else:
+      x = self.obs_fc((obs - self.obs_mean[...]) / self.obs_std[...])
+    t = jnp.arange(T)
+    time = jnp.broadcast_to(t / self.spec.max_length, (B, T))
+    x = (
+      x
+      + self.action_embed(actions)
+      + self.position_embed(jnp.minimum(t, self.spec.max_length - 1))[None]
+      + self.scalars(jnp.stack([rewards, time], -1))
+    )
+    causal = (t[None, :] <= t[:, None])[None, None] & mask[:, None, None, :]
+    for block in self.blocks:
+      x = block(x, causal, rngs=None)
+    return self.head(self.norm(x))[..., 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineConfig:
+  steps: int = 1000  # optimizer steps per learned baseline
+  batch_size: int = 32
+  learning_rate: float = 1e-3
+  seed: int = 0
+
+
+def _targets(kind: str, batch: dict, scale: float) -> jax.Array:
+  """Per-step regression / classification targets [B, T]."""
+  r = batch["rewards"] * batch["mask"]
+  if kind == "prm":
+    return jnp.broadcast_to(batch["success"][:, None], r.shape)
+  if kind == "rudder":
+    return jnp.broadcast_to(r.sum(-1, keepdims=True), r.shape) / scale
+  return jnp.flip(jnp.cumsum(jnp.flip(r, -1), -1), -1) / scale  # td_advantage: G_t
+
+
+def train_history_model(
+  kind: str,
+  batches,
+  spec: DataSpec,
+  model_cfg: ModelConfig,
+  cfg: BaselineConfig,
+  return_scale: float,
+  progress: bool = True,
+) -> tuple[nnx.GraphDef, nnx.State]:
+  """Fits one learned baseline. batches(step) -> a padded batch (episodes_batch layout)."""
+  tx = optax.adamw(
+    optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.steps // 10, cfg.steps),
+    weight_decay=1e-4,
+  )
+  key = jax.random.fold_in(jax.random.key(cfg.seed), LEARNED.index(kind))
+  model = HistoryModel(model_cfg, spec, shift=kind == "td_advantage", rngs=nnx.Rngs(params=key))
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state, batch):
+    model, optimizer = nnx.merge(graphdef, state)
+
+    def loss_fn(model):
+      out = model(batch)
+      y = _targets(kind, batch, return_scale)
+      m = batch["mask"].astype(jnp.float32)
+      bce = kind == "prm"
+      per = optax.sigmoid_binary_cross_entropy(out, y) if bce else jnp.square(out - y)
+      return jnp.sum(per * m) / jnp.maximum(m.sum(), 1.0)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+  bar = CompileAwareBar(total=cfg.steps, desc=f"baseline {kind}", unit="step", disable=not progress)
+  with bar:
+    for i in range(cfg.steps):
+      state, loss = step(state, batches(i))
+      bar.update(1)
+      if (i + 1) % 100 == 0:
+        bar.set_postfix(loss=f"{float(loss):.4f}")
+  model, _ = nnx.merge(graphdef, state)
+  return nnx.split(model)
+
+
+def history_credit(
+  kind: str, graphdef, state, batch: dict, base: float, return_scale: float
+) -> np.ndarray:
+  """The baseline's per-step credit [B, T] (module docstring); `base` = p_{-1} or g_{-1}."""
+  out = np.asarray(_score(graphdef, state, batch))
+  mask = np.asarray(batch["mask"])
+  if kind == "prm":
+    p = 1.0 / (1.0 + np.exp(-out))
+    prev = np.concatenate([np.full((p.shape[0], 1), base), p[:, :-1]], 1)
+    return np.where(mask, p - prev, 0.0)
+  value = out * return_scale
+  if kind == "rudder":
+    prev = np.concatenate([np.full((value.shape[0], 1), base), value[:, :-1]], 1)
+    return np.where(mask, value - prev, 0.0)
+  v = np.where(mask, value, 0.0)
+  v_next = np.concatenate([v[:, 1:], np.zeros((v.shape[0], 1))], 1)
+  return np.where(mask, np.asarray(batch["rewards"]) + v_next - v, 0.0)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _score(graphdef, state, batch):
+  return nnx.merge(graphdef, state)(batch)

@@ -1,0 +1,436 @@
+"""The drift harness: a trained credit model, its training labels and every baseline, held
+against the reference credit on the same steps (`hindsight eval`).
+
+  1. episodes: the run's test split (WORKDIR/splits.json), or fresh episodes of `--env`;
+     shifted sets (`shifts`: another behaviour policy, a longer horizon) for the OOD slices;
+  2. the reference (`drift.reference`): the DP on tabular environments, else the same
+     trajectories relabeled at K_ref with independent keys; cached under OUT/cache and
+     checked by a second independent pass (or, tabular, by an MC pass against the DP);
+  3. signals per step: the model (Predictor), its training labels, outcome, MC progress and
+     hard estimation, and the learned baselines (`drift.baselines`);
+  4. metrics with bootstrap CIs (`metrics.drift`), calibration, classes, equivalent rollouts,
+     slices, per-tag means; 5. the policy-gradient table on a tabular MDP (`drift.gradients`).
+`drift.report` writes report.md, report.json and the plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from hindsight.data.batching import BatchPlan, EpisodeReader, bucket_lengths, make_batch
+from hindsight.data.labels import open_labels
+from hindsight.drift import baselines as bl
+from hindsight.drift import reference as ref_lib
+from hindsight.drift.gradients import gradient_table
+from hindsight.envs import make
+from hindsight.envs.adapters import is_adapter_spec
+from hindsight.envs.tabular import TabularEnv
+from hindsight.errors import HindsightError, make_dir
+from hindsight.files import sha256_file
+from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.model.predictor import Predictor
+
+REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
+DEFAULT_SHIFTS = {
+  "reasoning": ("reasoning:decorative_rate=0.25", "reasoning:horizon=30"),
+  "key_to_door": ("key_to_door:p_key=0.9",),
+}
+SHIFT_SEED_OFFSET = 1_000_003  # seeds of fresh episode sets: the labels' seed + this + j
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftConfig:
+  """What `hindsight eval` evaluates and how hard (CLI flags map onto these)."""
+
+  checkpoint: str  # a training run's workdir (or its checkpoint directory)
+  step: str = "best"  # checkpoint step: best, last or a number
+  env: str | None = None  # evaluate fresh episodes of this spec instead of the test split
+  episodes: int = 0  # evaluated episodes (0: the whole test split, or 256 with --env)
+  reference_rollouts: int = 0  # K_ref (0: chosen so the reference's stderr is small)
+  reference_fraction: float = 0.1  # ... its RMS stderr / the credit spread
+  check_episodes: int = 64  # episodes of the second, independent reference pass
+  shifts: tuple[str, ...] | None = None  # OOD env specs (None: DEFAULT_SHIFTS of the env)
+  shift_episodes: int = 128
+  baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
+  gradient_env: str = f"tabular:{os.path.join(REPO_DATA, 'key_corridor.npz')}"  # "" = none
+  gradient_episodes: int = 1024
+  gradient_rollouts: int = 16
+  bootstrap: int = 400  # bootstrap resamples per CI
+  seed: int = 0
+  out: str = ""  # default: CHECKPOINT/drift
+  progress: bool = True
+
+  def check(self) -> None:
+    for name in ("episodes", "reference_rollouts", "shift_episodes", "baseline_steps"):
+      if getattr(self, name) < 0:
+        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0")
+    if self.reference_rollouts == 1:
+      raise HindsightError("--reference-rollouts must be >= 2 (or 0: chosen automatically)")
+    if self.bootstrap < 10:
+      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+    if not 0 < self.reference_fraction < 1:
+      raise HindsightError("--reference-fraction must be in (0, 1)")
+    if self.check_episodes < 2:
+      raise HindsightError("--check-episodes must be >= 2")
+
+
+def _label_config(meta: dict) -> LabelConfig:
+  return LabelConfig(
+    num_rollouts=max(int(meta.get("rollouts", 2)), 2),
+    replacement=meta.get("replacement", "policy"),
+    gamma=float(meta.get("gamma", 1.0)),
+    decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
+    confidence=float(meta.get("confidence", 0.95)),
+    stratify=bool(meta.get("stratify", True)),
+  )
+
+
+def _run_files(workdir: str) -> dict:
+  path = os.path.join(workdir, "splits.json")
+  if not os.path.isfile(path):
+    raise HindsightError(
+      f"--checkpoint {workdir}: no splits.json (a run of an older hindsight: retrain it)"
+    )
+  with open(path) as f:
+    return json.load(f)
+
+
+def _decode(ex: dict, tag_names=None) -> dict:
+  tags = ex["tags"]
+  if tag_names is not None:
+    tags = [tag_names[int(t)] for t in tags]
+  else:
+    tags = [t.decode() if isinstance(t, bytes) else str(t) for t in tags]
+  ep = {k: np.asarray(ex[k]) for k in ("observations", "actions", "rewards")}
+  ep["success"] = bool(ex["success"])
+  ep["tags"] = tags
+  return ep
+
+
+class EpisodeSet:
+  """One evaluated set: episodes (dicts) + per-step columns over their valid steps."""
+
+  def __init__(self, name: str, episodes: list[dict], reference: dict, labels: dict | None):
+    self.name, self.episodes = name, episodes
+    lengths = np.array([len(e["actions"]) for e in episodes])
+    self.lengths = lengths
+    mask = np.arange(reference["credit"].shape[1])[None] < lengths[:, None]
+    self.mask = mask
+    flat = lambda x: np.asarray(x)[mask]  # noqa: E731
+    self.cols = {f"ref_{k}": flat(v) for k, v in reference.items() if np.ndim(v) == 2}
+    if labels is not None:
+      self.cols.update({f"label_{k}": flat(v) for k, v in labels.items() if np.ndim(v) == 2})
+    self.cols["episode"] = np.repeat(np.arange(len(episodes)), lengths)
+    self.cols["t"] = np.concatenate([np.arange(n) for n in lengths])
+    self.cols["length"] = np.repeat(lengths, lengths)
+    self.cols["success"] = np.repeat([e["success"] for e in episodes], lengths)
+    self.cols["tag"] = np.concatenate([np.asarray(e["tags"], dtype=object) for e in episodes])
+    self.rollout_steps = reference.get("rollout_steps")
+
+  def add_episode_signal(self, name: str, per_episode: list[np.ndarray]) -> None:
+    self.cols[name] = np.concatenate(
+      [np.asarray(v)[:n] for v, n in zip(per_episode, self.lengths, strict=True)]
+    )
+
+  def add_padded_signal(self, name: str, padded: np.ndarray) -> None:
+    self.cols[name] = np.asarray(padded)[:, : self.mask.shape[1]][self.mask]
+
+
+def run_drift(cfg: DriftConfig) -> dict:
+  """The whole harness; returns the report (also written under cfg.out)."""
+  cfg.check()
+  tic = time.perf_counter()
+  predictor = Predictor.load(cfg.checkpoint, cfg.step)
+  run = _run_files(cfg.checkpoint)
+  labels = open_labels(run["labels"])
+  meta = labels.metadata
+  env_spec = meta.get("env", "")
+  if is_adapter_spec(env_spec) or not env_spec:
+    raise HindsightError(
+      f"labels of '{env_spec}' cannot be relabeled from their seed (a Gymnasium/dm_env "
+      "adapter): the drift harness needs a JAX environment"
+    )
+  out = make_dir(cfg.out or os.path.join(cfg.checkpoint, "drift"), "--out")
+  cache = make_dir(os.path.join(out, "cache"), "--out")
+  base = _label_config(meta)
+  seed = int(meta.get("seed", 0))
+  test_ids = np.asarray(run["test"], np.int64)
+  # K_ref from the noise of the labels of the test split (the reference needs far less
+  # noise than them); a tabular environment needs none: the DP is exact.
+  ids = test_ids if not cfg.episodes or cfg.env else test_ids[: cfg.episodes]
+  reader = EpisodeReader(labels)
+  main_env = cfg.env or env_spec
+  env, policy = make(main_env)
+  tabular = isinstance(env, TabularEnv)
+  sample = [labels[int(i)] for i in test_ids[:256]]
+  k_ref = cfg.reference_rollouts or ref_lib.choose_rollouts(
+    np.concatenate([np.asarray(e["credit"]) for e in sample]),
+    np.concatenate([np.asarray(e["credit_stderr"]) for e in sample]),
+    base.num_rollouts,
+    cfg.reference_fraction,
+  )
+  ref_cfg = ref_lib.reference_config(base, k_ref)
+  report: dict = {
+    "checkpoint": os.path.abspath(cfg.checkpoint),
+    "model": predictor.describe(),
+    "labels": os.path.abspath(run["labels"]),
+    "env": main_env,
+    "replacement": base.replacement,
+    "label_rollouts": base.num_rollouts,
+    "reference": {"kind": "exact DP" if tabular else "MC relabel", "rollouts": k_ref},
+  }
+  digest = sha256_file(os.path.join(labels.path, "hindsight_checksums.json"))
+
+  def cached(name: str, compute, **key):
+    path = os.path.join(cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
+    hit = ref_lib.load_cached(path)
+    if hit is None:
+      hit = compute()
+      ref_lib.save_cached(path, hit)
+    return hit
+
+  labeler = Labeler(env, policy, ref_cfg)
+  # -- the main set ----------------------------------------------------------------------
+  if cfg.env is None:
+    eps = [reader.labels[int(i)] for i in ids]
+    episodes = [_decode(e) for e in eps]
+    train_labels = _pad_fields(
+      [
+        {k: np.asarray(e[k]) for k in ("credit", "credit_stderr", "progress", "phi_hard", "klass")}
+        | {"credit_bounded": np.asarray(e["credit_bounded"])}
+        for e in eps
+      ],
+      env.horizon,
+    )
+    traj = ref_lib.regenerate(
+      labeler, seed, ids, [e["actions"] for e in episodes], [e["rewards"] for e in episodes]
+    )
+
+    def main_reference():
+      if tabular:
+        exact = Labeler(env, policy, ref_lib.reference_config(base, 2, exact=True))
+        return _keep(
+          ref_lib.label_trajectories(
+            exact, traj, ref_lib.reference_keys(seed, ids), cfg.progress, "reference (DP)"
+          )
+        )
+      return _keep(
+        ref_lib.label_trajectories(
+          labeler, traj, ref_lib.reference_keys(seed, ids), cfg.progress, f"reference K={k_ref}"
+        )
+      )
+
+    reference = cached(
+      "reference", main_reference, data=digest, ids=ids.tolist(), k=k_ref, tabular=tabular
+    )
+  else:
+    fresh_seed = seed + SHIFT_SEED_OFFSET
+    n = cfg.episodes or 256
+    ids = np.arange(n)
+
+    def fresh():
+      t, lab = ref_lib.sample_and_label(
+        labeler, fresh_seed, n, cfg.progress, f"{cfg.env} K={k_ref}"
+      )
+      return _keep(lab) | _traj_fields(env, t)
+
+    got = cached("fresh", fresh, env=cfg.env, seed=fresh_seed, n=n, k=k_ref)
+    reference, episodes = got, _episodes_from_arrays(env, got)
+    train_labels = None
+    traj = None
+  main = EpisodeSet(main_env, episodes, reference, train_labels)
+
+  # -- honesty of the reference ------------------------------------------------------------
+  m = min(cfg.check_episodes, len(episodes))
+  if cfg.env is None:
+    check_traj = jax.tree.map(lambda x: x[:m], traj)
+  else:
+    check_traj = _trajectories_of(env, policy, ref_cfg, fresh_seed, np.arange(m))
+  check_ids = ids[:m]
+
+  def second_pass():
+    return _keep(
+      ref_lib.label_trajectories(
+        labeler, check_traj, ref_lib.reference_keys(seed, check_ids, 1), cfg.progress, "check pass"
+      )
+    )
+
+  check = cached("check", second_pass, data=digest, env=main_env, ids=check_ids.tolist(), k=k_ref)
+  mask = main.mask[:m]
+  first = {k: v[:m] for k, v in reference.items()}
+  if tabular:
+    report["reference"]["check"] = {
+      "kind": f"MC K={k_ref} against the DP",
+      **ref_lib.check_against_exact(check, first, mask),
+    }
+  else:
+    report["reference"]["check"] = {
+      "kind": "two independent passes",
+      **ref_lib.check_passes(first, check, mask),
+    }
+  report["reference"]["stderr_over_spread"] = _noise_ratio(main.cols)
+
+  # -- shifted sets (OOD slices) ---------------------------------------------------------
+  shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
+  shift_sets = []
+  for j, spec in enumerate(shifts):
+    s_env, s_policy = make(spec)
+    s_labeler = Labeler(s_env, s_policy, ref_cfg)
+    s_seed = seed + SHIFT_SEED_OFFSET + 1 + j
+
+    def shifted(s_labeler=s_labeler, s_seed=s_seed, spec=spec, s_env=s_env):
+      t, lab = ref_lib.sample_and_label(
+        s_labeler, s_seed, cfg.shift_episodes, cfg.progress, f"{spec} K={k_ref}"
+      )
+      return _keep(lab) | _traj_fields(s_env, t)
+
+    got = cached("shift", shifted, env=spec, seed=s_seed, n=cfg.shift_episodes, k=k_ref)
+    shift_sets.append(EpisodeSet(spec, _episodes_from_arrays(s_env, got), got, None))
+
+  # -- signals ---------------------------------------------------------------------------
+  sets = [main, *shift_sets]
+  predictor.score(main.episodes)  # compile every bucket's program once, untimed
+  tic_score = time.perf_counter()
+  for s in sets:
+    scores = predictor.score(s.episodes)
+    for name in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
+      s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
+    s.add_episode_signal(
+      "outcome", [np.full(len(e["actions"]), float(np.sum(e["rewards"]))) for e in s.episodes]
+    )
+  score_seconds = time.perf_counter() - tic_score
+  if cfg.baseline_steps:
+    _learned_baselines(cfg, predictor, reader, run, sets)
+
+  from hindsight.drift.report import build_report
+
+  report["seconds"] = {"model_scoring": round(score_seconds, 2)}
+  report.update(
+    build_report(cfg, predictor, main, shift_sets, base.num_rollouts, k_ref, score_seconds)
+  )
+  if cfg.gradient_env:
+    report["gradient"] = gradient_table(
+      cfg.gradient_env,
+      cfg.gradient_episodes,
+      cfg.gradient_rollouts,
+      cfg.seed,
+      progress=cfg.progress,
+    )
+  report["seconds"]["total"] = round(time.perf_counter() - tic, 1)
+  from hindsight.drift.report import write_report
+
+  write_report(out, report, main, shift_sets)
+  report["out"] = out
+  return report
+
+
+def _keep(labels: dict) -> dict:
+  out = {k: np.asarray(labels[k]) for k in ref_lib.FIELDS}
+  out["rollout_steps"] = np.asarray(labels["rollout_steps"])
+  return out
+
+
+def _traj_fields(env, traj) -> dict:
+  """What a fresh episode set keeps of its trajectories: observations, actions, rewards,
+  mask, success and tag ids ([n, H, ...])."""
+  states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
+  params = env.default_params()
+  obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
+  tags = jax.vmap(jax.vmap(env.tag, (0, 0, None)), (0, 0, None))(states, traj.actions, params)
+  return {
+    "observations": np.asarray(obs),
+    "actions": np.asarray(traj.actions),
+    "rewards": np.asarray(traj.rewards),
+    "mask": np.asarray(traj.mask),
+    "tag_ids": np.asarray(tags),
+  }
+
+
+def _episodes_from_arrays(env, arrays: dict) -> list[dict]:
+  out = []
+  for i in range(arrays["actions"].shape[0]):
+    n = int(arrays["mask"][i].sum())
+    rewards = arrays["rewards"][i, :n]
+    out.append(
+      {
+        "observations": arrays["observations"][i, :n],
+        "actions": arrays["actions"][i, :n],
+        "rewards": rewards,
+        "success": bool(rewards.sum() > env.success_threshold),
+        "tags": [env.tag_names[int(t)] for t in arrays["tag_ids"][i, :n]],
+      }
+    )
+  return out
+
+
+def _trajectories_of(env, policy, cfg, seed, indices):
+  from hindsight.labeling.engine import episode_key, to_numpy
+
+  labeler = Labeler(env, policy, cfg)
+  return to_numpy(labeler.sample(jax.vmap(episode_key, (None, 0))(seed, indices)))
+
+
+def _pad_fields(per_episode: list[dict], horizon: int) -> dict:
+  out = {}
+  for k in per_episode[0]:
+    pad = np.full((len(per_episode), horizon), np.nan, np.float64)
+    if per_episode[0][k].dtype == bool:
+      pad = np.zeros((len(per_episode), horizon), bool)
+    for i, ep in enumerate(per_episode):
+      pad[i, : len(ep[k])] = ep[k]
+    out[k] = pad
+  return out
+
+
+def _noise_ratio(cols: dict) -> float:
+  """RMS reference stderr / std of the reference credit (the 'stated small fraction')."""
+  c, se = cols["ref_credit"], cols["ref_credit_stderr"]
+  ok = np.isfinite(c)
+  return float(np.sqrt(np.mean(np.square(se[ok]))) / max(np.std(c[ok]), 1e-12))
+
+
+def _learned_baselines(cfg, predictor, reader, run, sets) -> None:
+  """Trains prm, td_advantage and rudder on the run's training split (outcomes only) and
+  adds their credit to every set. (Retrained on every run: seconds each, deterministic.)"""
+  spec = predictor.spec
+  train_ids = np.asarray(run["train"], np.int64)
+  lengths = np.array([len(reader[int(i)]["actions"]) for i in train_ids])
+  returns = np.array([float(np.sum(reader[int(i)]["rewards"])) for i in train_ids])
+  success = np.array([bool(reader[int(i)]["success"]) for i in train_ids])
+  return_scale = float(max(returns.std(), 1e-6))
+  bcfg = bl.BaselineConfig(steps=cfg.baseline_steps, seed=cfg.seed)
+  pads = bucket_lengths(lengths, 2)
+  plan = BatchPlan(train_ids, lengths, bcfg.batch_size, pads, cfg.seed, shuffle=True)
+  per_epoch = plan.steps_per_epoch
+  epochs: dict[int, list] = {}
+
+  def batches(step):
+    epoch, i = divmod(step, per_epoch)
+    if epoch not in epochs:
+      epochs.clear()
+      epochs[epoch] = plan.epoch(epoch)
+    pad, ids = epochs[epoch][i]
+    return make_batch(reader, ids, pad, spec)
+
+  bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}
+  for kind in bl.LEARNED:
+    graphdef, state = bl.train_history_model(
+      kind, batches, spec, predictor.model_config, bcfg, return_scale, cfg.progress
+    )
+    for s in sets:
+      credit = []
+      for start in range(0, len(s.episodes), 64):
+        chunk = s.episodes[start : start + 64]
+        batch = predictor.batch(chunk, pad=int(s.mask.shape[1] + 7) // 8 * 8)
+        c = bl.history_credit(kind, graphdef, state, batch, bases[kind], return_scale)
+        credit += [c[i, : len(e["actions"])] for i, e in enumerate(chunk)]
+      s.add_episode_signal(kind, credit)
+
+
+__all__ = ["DriftConfig", "EpisodeSet", "run_drift"]

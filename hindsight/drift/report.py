@@ -1,0 +1,453 @@
+"""The drift report: numbers (report.json), a page (report.md) and plots (PNG).
+
+Every CI is a 95% percentile bootstrap over episodes (`hindsight.metrics.drift`).
+Per-tag means are in units of each signal's own standard deviation over all steps, centred
+on its mean over all steps ("z": how far above the average step a tag sits), so
+signals of different scales (an outcome, a probability increment, a credit) compare: the
+question is which steps a signal ranks above which, and by how much.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from scipy import stats
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.files import write_json
+from hindsight.metrics import drift as dm
+
+# The contrast the background essay asks about: decorative steps that look like work vs the
+# facts that are the work (reasoning tags; other environments skip it).
+LOOKS_GOOD = ("verify", "restate")
+DOES_WORK = ("fact",)
+
+
+def _signals(main, k_label: int) -> dict[str, str]:
+  """{row name: column} of the signals present, in table order."""
+  cols = main.cols
+  rows = {"model (point)": "model_credit", "model (mixture mean)": "model_mean"}
+  if "label_credit" in cols:
+    rows[f"training labels (MC, K={k_label})"] = "label_credit"
+  rows["outcome R"] = "outcome"
+  src = "label" if "label_progress" in cols else "ref"
+  rows["MC progress (soft)"] = f"{src}_progress"
+  rows["MC phi_hard (Math-Shepherd hard)"] = f"{src}_phi_hard"
+  for name, col in (("learned PRM", "prm"), ("TD advantage", "td_advantage")):
+    if col in cols:
+      rows[name] = col
+  if "rudder" in cols:
+    rows["RUDDER (return decomposition)"] = "rudder"
+  return rows
+
+
+def _valid(cols: dict, names) -> np.ndarray:
+  ok = np.isfinite(cols["ref_credit"])
+  for n in names:
+    ok &= np.isfinite(np.asarray(cols[n], float))
+  return ok
+
+
+def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds) -> dict:
+  cols = main.cols
+  rows = _signals(main, k_label)
+  ok = _valid(cols, rows.values())
+  ref = cols["ref_credit"][ok]
+  episode = cols["episode"][ok]
+  signals = {name: np.asarray(cols[c], float)[ok] for name, c in rows.items()}
+  n_boot, seed = cfg.bootstrap, cfg.seed
+  out: dict = {"steps": int(ok.sum()), "episodes": len(main.episodes), "signals": rows}
+  out["headline"] = _as_dicts(dm.metric_table(signals, ref, episode, n_boot, seed))
+  steps = dm.EpisodeSteps(episode)
+
+  # Calibration of the model's mixture against the reference (its own noise added).
+  ref_se = cols["ref_credit_stderr"][ok]
+  sigma = np.sqrt(np.square(cols["model_sigma"][ok]) + np.square(ref_se))
+  u = dm.pit(ref, cols["model_p_zero"][ok], cols["model_mu"][ok], sigma, seed)
+  cov = dm.bootstrap(
+    steps.num_episodes, lambda idx: dm.coverage(u[steps.gather(idx)]), n_boot, seed
+  )
+  out["calibration"] = {
+    "coverage": {
+      f"{int(level * 100)}%": dm.Estimate(*map(float, (cov[0][i], cov[1][i], cov[2][i]))).as_dict()
+      for i, level in enumerate(dm.COVERAGE_LEVELS)
+    },
+    "reliability": {
+      "levels": list(dm.RELIABILITY_LEVELS),
+      "observed": dm.coverage(u, dm.RELIABILITY_LEVELS).tolist(),
+    },
+  }
+
+  # Classes.
+  n_cls = len(KLASS_NAMES)
+  ref_k = cols["ref_klass"][ok].astype(int)
+  out["classes"] = {
+    "names": list(KLASS_NAMES),
+    "model_vs_reference": dm.confusion(cols["model_klass"][ok], ref_k, n_cls).tolist(),
+  }
+  if "label_klass" in cols:
+    out["classes"]["labels_vs_reference"] = dm.confusion(
+      cols["label_klass"][ok], ref_k, n_cls
+    ).tolist()
+
+  # Equivalent rollouts.
+  if "label_credit" in cols:
+    model_e2 = np.square(signals["model (point)"] - ref)
+    label_e2 = np.square(cols["label_credit"][ok] - ref)
+    ref_var = np.square(ref_se)
+
+    def k_star(idx):
+      sel = steps.gather(idx)
+      return [dm.equivalent_rollouts(model_e2[sel], label_e2[sel], ref_var[sel], k_label)]
+
+    v, lo, hi, _ = dm.bootstrap(steps.num_episodes, k_star, n_boot, seed)
+    per_step_env = float(np.sum(main.rollout_steps)) / max(int(main.mask.sum()), 1) / k_ref
+    out["equivalent_rollouts"] = {
+      "k": dm.Estimate(float(v[0]), float(lo[0]), float(hi[0])).as_dict(),
+      "label_rollouts": k_label,
+      "env_steps_per_step_per_rollout": per_step_env,  # all 3 arms (keep, replace, phi)
+      "env_steps_per_step": per_step_env * float(v[0]),
+      "model_seconds_per_step": score_seconds
+      / max(int(sum(s.mask.sum() for s in [main, *shift_sets])), 1),
+      "model_flops_per_step": _flops_per_step(predictor, main),
+    }
+
+  out["slices"] = _slices(main, shift_sets, ok, n_boot, seed)
+  out["per_tag"] = _per_tag(cols, rows, ok, steps, n_boot, seed)
+  return out
+
+
+def _as_dicts(table: dict) -> dict:
+  return {k: {m: e.as_dict() for m, e in v.items()} for k, v in table.items()}
+
+
+def _flops_per_step(predictor, main) -> float | None:
+  """XLA's FLOP count of one forward pass over a batch of the set / its valid steps."""
+  batch = predictor.batch(main.episodes[:64])
+  try:
+    compiled = jax.jit(predictor.credit_fn()).lower(predictor.state, batch).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float(cost["flops"]) / max(int(batch["mask"].sum()), 1)
+  except (KeyError, TypeError, IndexError):
+    return None  # a backend that does not count FLOPs
+
+
+def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
+  """Model Spearman and MAE per slice, and the change from the whole set, with CIs."""
+  cols = main.cols
+  pred, ref = cols["model_credit"], cols["ref_credit"]
+  episode = cols["episode"]
+  steps = dm.EpisodeSteps(episode[ok])
+  index = np.flatnonzero(ok)
+  rel = cols["t"] / np.maximum(cols["length"] - 1, 1)
+  median_len = np.median(main.lengths)
+  slices = {f"tag {t}": cols["tag"] == t for t in sorted(set(cols["tag"].tolist()))}
+  slices |= {
+    "position: first third": rel < 1 / 3,
+    "position: middle third": (rel >= 1 / 3) & (rel < 2 / 3),
+    "position: last third": rel >= 2 / 3,
+    f"length <= {median_len:g}": cols["length"] <= median_len,
+    f"length > {median_len:g}": cols["length"] > median_len,
+    "outcome: success": cols["success"].astype(bool),
+    "outcome: failure": ~cols["success"].astype(bool),
+  }
+
+  def both(p, r):
+    sp = dm.correlation(stats.spearmanr, p, r)
+    return [sp, float(np.mean(np.abs(p - r)))] if p.size else [np.nan, np.nan]
+
+  rows = []
+  all_dist = None
+  for name, member in slices.items():
+    member = member[index]
+    if member.sum() < 5:
+      continue
+
+    def stat(idx, member=member):
+      sel = steps.gather(idx)
+      whole = both(pred[index][sel], ref[index][sel])
+      part = sel[member[sel]]
+      here = both(pred[index][part], ref[index][part])
+      return [*here, here[0] - whole[0], here[1] - whole[1]]
+
+    v, lo, hi, dist = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+    rows.append(_slice_row(name, int(member.sum()), v, lo, hi))
+  whole_stat = lambda idx: both(pred[index][steps.gather(idx)], ref[index][steps.gather(idx)])  # noqa: E731
+  _, _, _, all_dist = dm.bootstrap(steps.num_episodes, whole_stat, n_boot, seed)
+  for s in shift_sets:
+    sc = s.cols
+    s_ok = np.isfinite(sc["ref_credit"])
+    s_steps = dm.EpisodeSteps(sc["episode"][s_ok])
+    p, r = sc["model_credit"][s_ok], sc["ref_credit"][s_ok]
+
+    def shifted(idx, p=p, r=r, s_steps=s_steps):
+      sel = s_steps.gather(idx)
+      return both(p[sel], r[sel])
+
+    v, lo, hi, dist = dm.bootstrap(s_steps.num_episodes, shifted, n_boot, seed + 1)
+    delta = dist - all_dist  # independent sets: resample each, subtract
+    d_lo, d_hi = np.nanpercentile(delta, 2.5, axis=0), np.nanpercentile(delta, 97.5, axis=0)
+    whole = np.asarray(whole_stat(np.arange(steps.num_episodes)))
+    rows.append(
+      _slice_row(
+        f"shift: {s.name}",
+        int(s_ok.sum()),
+        np.concatenate([v, v - whole]),
+        np.concatenate([lo, d_lo]),
+        np.concatenate([hi, d_hi]),
+      )
+    )
+  return rows
+
+
+def _slice_row(name, n, v, lo, hi) -> dict:
+  est = lambda i: dm.Estimate(float(v[i]), float(lo[i]), float(hi[i])).as_dict()  # noqa: E731
+  return {
+    "slice": name,
+    "steps": n,
+    "spearman": est(0),
+    "mae": est(1),
+    "spearman_change": est(2),
+    "mae_change": est(3),
+  }
+
+
+def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
+  """{signal: {tag: z-mean Estimate}, "_contrast": {signal: Estimate}} (module docstring)."""
+  tags = cols["tag"][ok]
+  names = sorted(set(tags.tolist()))
+  series = {"reference": cols["ref_credit"][ok]}
+  series |= {name: np.asarray(cols[c], float)[ok] for name, c in rows.items()}
+  contrast = all(any(t in names for t in group) for group in (LOOKS_GOOD, DOES_WORK))
+  out: dict = {"tags": names, "signals": {}, "contrast": {}}
+  for name, x in series.items():
+    z = (x - float(np.mean(x))) / max(float(np.std(x)), 1e-12)
+
+    def stat(idx, z=z):
+      sel = steps.gather(idx)
+      means = [
+        float(np.mean(z[sel][tags[sel] == t])) if np.any(tags[sel] == t) else np.nan for t in names
+      ]
+      if contrast:
+        good = np.isin(tags[sel], LOOKS_GOOD)
+        work = np.isin(tags[sel], DOES_WORK)
+        means.append(float(np.mean(z[sel][good]) - np.mean(z[sel][work])))
+      return means
+
+    v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+    out["signals"][name] = {
+      t: dm.Estimate(float(v[i]), float(lo[i]), float(hi[i])).as_dict() for i, t in enumerate(names)
+    }
+    if contrast:
+      out["contrast"][name] = dm.Estimate(float(v[-1]), float(lo[-1]), float(hi[-1])).as_dict()
+  return out
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def _fmt(e: dict, spec: str = ".3f") -> str:
+  if e is None or e.get("value") is None or not np.isfinite(e["value"]):
+    return "n/a"
+  return f"{e['value']:{spec}} [{e['lo']:{spec}}, {e['hi']:{spec}}]"
+
+
+def markdown(report: dict) -> str:
+  r = report
+  ref = r["reference"]
+  lines = [
+    f"# Drift report: {r['env']}",
+    "",
+    f"Model: `{r['checkpoint']}` step {r['model']['step']} (digest {r['model']['digest']}); "
+    f"{r['episodes']} episodes, {r['steps']} steps, `{r['replacement']}` credit.",
+    f"Reference: {ref['kind']}"
+    + (f" at K={ref['rollouts']}" if ref["kind"] != "exact DP" else "")
+    + f"; its RMS stderr / credit spread = {ref['stderr_over_spread']:.3f}. "
+    + _check_line(ref["check"]),
+    "",
+    "## Headline: every signal against the reference (95% bootstrap CIs over episodes)",
+    "",
+    "| signal | Spearman | Pearson | Kendall | MAE | within-episode Spearman | pairwise acc. |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for name, m in r["headline"].items():
+    lines.append(
+      f"| {name} | {_fmt(m['spearman'])} | {_fmt(m['pearson'])} | {_fmt(m['kendall'])} | "
+      f"{_fmt(m['mae'], '.4f')} | {_fmt(m['within_spearman'])} | {_fmt(m['pairwise_accuracy'])} |"
+    )
+  if "equivalent_rollouts" in r:
+    e = r["equivalent_rollouts"]
+    flops = e["model_flops_per_step"]
+    lines += [
+      "",
+      "## Equivalent rollouts",
+      "",
+      f"The model's error against the reference equals that of a Monte Carlo label with "
+      f"**K = {_fmt(e['k'], '.1f')}** branches (training labels: K = {e['label_rollouts']}). "
+      f"Such a label costs {e['env_steps_per_step']:.3g} environment steps per step "
+      f"({e['env_steps_per_step_per_rollout']:.3g} per branch, three arms); the model "
+      f"{e['model_seconds_per_step'] * 1e6:.3g} us per step"
+      + (f" and {flops:.3g} FLOPs per step." if flops else "."),
+    ]
+  c = r["calibration"]
+  lines += [
+    "",
+    "## Calibration (the model's predictive mixture, reference noise added)",
+    "",
+    "| interval | coverage |",
+    "|---|---|",
+  ]
+  lines += [f"| {k} | {_fmt(v)} |" for k, v in c["coverage"].items()]
+  lines += ["", "Reliability diagram: `reliability.png`.", "", "## Classes (rows: reference)", ""]
+  names = r["classes"]["names"]
+  for key, title in (("model_vs_reference", "model"), ("labels_vs_reference", "training labels")):
+    if key in r["classes"]:
+      lines += [f"{title} (columns: {title} class)", "", "| | " + " | ".join(names) + " |"]
+      lines.append("|---" * (len(names) + 1) + "|")
+      for name, row in zip(names, r["classes"][key], strict=True):
+        lines.append(f"| {name} | " + " | ".join(str(x) for x in row) + " |")
+      lines.append("")
+  lines += [
+    "## Drift slices (model; change from the whole set, CI)",
+    "",
+    "| slice | steps | Spearman | change | MAE | change |",
+    "|---|---|---|---|---|---|",
+  ]
+  for s in r["slices"]:
+    lines.append(
+      f"| {s['slice']} | {s['steps']} | {_fmt(s['spearman'])} | {_fmt(s['spearman_change'])} | "
+      f"{_fmt(s['mae'], '.4f')} | {_fmt(s['mae_change'], '.4f')} |"
+    )
+  pt = r["per_tag"]
+  lines += [
+    "",
+    "## Per tag: mean of each signal, centred, in its own standard deviations (z)",
+    "",
+    "| signal | "
+    + " | ".join(pt["tags"])
+    + (" | verify/restate - fact |" if pt["contrast"] else " |"),
+    "|---" * (len(pt["tags"]) + 1 + bool(pt["contrast"])) + "|",
+  ]
+  for name, by_tag in pt["signals"].items():
+    cells = [_fmt(by_tag[t], ".2f") for t in pt["tags"]]
+    if pt["contrast"]:
+      cells.append(_fmt(pt["contrast"][name], ".2f"))
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  if "gradient" in r:
+    g = r["gradient"]
+    lines += [
+      "",
+      f"## Policy gradient on `{g['env']}` ({g['episodes']} episodes, MC K={g['rollouts']})",
+      "",
+      "bias dB = 20 log10(|g* - E g| / |g*|) (floor: what sampling alone gives), variance / "
+      "mean(g*^2), SNR dB = 10 log10(|g*|^2 / mean |g_i - g*|^2).",
+      "",
+      "| credit source | bias dB | floor dB | variance | SNR dB |",
+      "|---|---|---|---|---|",
+    ]
+    for name, s in g["rows"].items():
+      lines.append(
+        f"| {name} | {s['bias_db']:.1f} | {s['bias_floor_db']:.1f} | {s['variance']:.3g} | "
+        f"{s['snr_db']:.1f} |"
+      )
+  lines += [
+    "",
+    f"Total {r['seconds']['total']} s. Plots: scatter.png, reliability.png, tags.png, slices.png.",
+    "",
+  ]
+  return "\n".join(lines)
+
+
+def _check_line(check: dict) -> str:
+  if "variance_ratio" in check:
+    return (
+      f"Check ({check['kind']}, {check['steps']} steps): between-pass variance / reported "
+      f"stderr^2 = {check['variance_ratio']:.3f} (1 = honest)."
+    )
+  return (
+    f"Check ({check['kind']}, {check['steps']} steps): z RMS {check['z_rms']:.3f} (1 = honest)."
+  )
+
+
+def write_report(out: str, report: dict, main, shift_sets) -> None:
+  """report.json and report.md (atomic), then the plots."""
+  from hindsight.files import atomic_write_text
+
+  write_json(os.path.join(out, "report.json"), report)
+  atomic_write_text(os.path.join(out, "report.md"), markdown(report))
+  _plots(out, report, main)
+
+
+def _plots(out: str, report: dict, main) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  cols = main.cols
+  ok = np.isfinite(cols["ref_credit"])
+  panels = [("model_credit", "model (one forward pass)")]
+  if "label_credit" in cols:
+    panels.append(("label_credit", f"training labels (K={report['label_rollouts']})"))
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), squeeze=False)
+  x = cols["ref_credit"][ok]
+  for ax, (col, title) in zip(axes[0], panels, strict=True):
+    y = np.asarray(cols[col], float)[ok]
+    good = np.isfinite(y)
+    ax.scatter(x[good], y[good], s=4, alpha=0.3)
+    lo, hi = float(min(x.min(), y[good].min())), float(max(x.max(), y[good].max()))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xlabel("reference credit")
+    ax.set_ylabel(title)
+  fig.suptitle(f"{report['env']}: predicted and labeled credit against the reference")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "scatter.png"), dpi=100)
+  plt.close(fig)
+
+  rel = report["calibration"]["reliability"]
+  fig, ax = plt.subplots(figsize=(4.5, 4.5))
+  ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="calibrated")
+  ax.plot(rel["levels"], rel["observed"], "o-", label="model")
+  ax.set_xlabel("nominal central-interval level")
+  ax.set_ylabel("share of reference credits inside")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "reliability.png"), dpi=100)
+  plt.close(fig)
+
+  pt = report["per_tag"]
+  names, tags = list(pt["signals"]), pt["tags"]
+  fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(tags) * len(names) / 4), 4.5))
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
+    est = [pt["signals"][name][t] for t in tags]
+    v = np.array([e["value"] if e["value"] is not None else np.nan for e in est], float)
+    lo = np.array([e["lo"] if e["lo"] is not None else np.nan for e in est], float)
+    hi = np.array([e["hi"] if e["hi"] is not None else np.nan for e in est], float)
+    ax.bar(np.arange(len(tags)) + i * width, v, width, yerr=[v - lo, hi - v], label=name, capsize=1)
+  ax.set_xticks(np.arange(len(tags)) + 0.4 - width / 2, tags, rotation=30, ha="right")
+  ax.axhline(0, color="k", lw=0.5)
+  ax.set_ylabel("mean per step (z: units of the signal's std)")
+  ax.legend(fontsize=6, ncol=2)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "tags.png"), dpi=100)
+  plt.close(fig)
+
+  rows = report["slices"]
+  fig, ax = plt.subplots(figsize=(6, 0.3 * len(rows) + 1.5))
+  v = np.array([r["spearman"]["value"] or np.nan for r in rows], float)
+  lo = np.array([r["spearman"]["lo"] or np.nan for r in rows], float)
+  hi = np.array([r["spearman"]["hi"] or np.nan for r in rows], float)
+  y = np.arange(len(rows))[::-1]
+  ax.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", capsize=2)
+  whole = report["headline"]["model (point)"]["spearman"]["value"]
+  if whole is not None:
+    ax.axvline(whole, color="k", lw=0.8, ls="--")
+  ax.set_yticks(y, [r["slice"] for r in rows])
+  ax.set_xlabel("model Spearman against the reference")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "slices.png"), dpi=100)
+  plt.close(fig)

@@ -1,0 +1,108 @@
+"""The `label_fit` evaluator: a split's predictions against its own training labels.
+
+This is the training run's report.json. The labels are Monte Carlo estimates with noise, so
+these numbers mix the model's error with the labels'; `hindsight eval` (the drift harness)
+scores the same model against a reference credit instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from scipy import stats
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.evaluators.split_pass import predict_split
+from hindsight.files import write_json
+from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
+
+
+class LabelFitEvaluator:
+  """run(state) -> (report dict, per-step columns) for one split (usually test)."""
+
+  def __init__(self, programs, plan, reader, spec, mesh, rows):
+    self.programs = programs
+    self.args = (plan, reader, spec, mesh, rows)
+
+  def run(self, state) -> tuple[dict, dict]:
+    losses, steps = predict_split(self.programs, state, *self.args)
+    out = prediction_metrics(
+      steps["pred"],
+      steps["pred_mean"],
+      steps["pred_var"],
+      steps["label"],
+      steps["stderr"],
+      steps["progress"],
+    )
+    out["test_loss"] = losses
+    out["class_accuracy"] = float(np.mean(steps["pred_klass"] == steps["klass"]))
+    out["per_tag"] = per_tag(steps["tags"], steps["pred"], steps["label"])
+    if "agent_pred" in steps:
+      pred, label = steps["agent_pred"], steps["agent_label"]
+      out["agent"] = {
+        "pairs": int(label.size),  # (episode, agent) pairs of the split
+        "spearman": correlation(stats.spearmanr, pred, label),
+        "pearson": correlation(stats.pearsonr, pred, label),
+        "mae": float(np.mean(np.abs(pred - label))),
+        "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
+      }
+    return out, steps
+
+
+def summary_text(r: dict) -> str:
+  """The report's few lines for a console (report["summary"])."""
+  lines = [
+    f"credit model on {r['env']} ({r['replacement']} labels), "
+    f"{r['episodes']['test']} held-out episodes, {r['steps']} steps, against its own "
+    "training labels (Monte Carlo, noisy; `hindsight eval` scores it against the reference):",
+    f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
+    f"(best constant: {r['constant_mae']:.4g})  "
+    f"(of the continuous mean: Spearman {r['spearman_mean']:.3f})",
+    f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
+    f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
+    f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
+    f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",
+  ]
+  if np.isnan(r["spearman"]):
+    lines.append(
+      "  (Spearman nan: the predictions are constant, so they rank nothing; a model trained "
+      "for very few steps, like a :smoke config, can end there)"
+    )
+  if "agent" in r:
+    a = r["agent"]
+    lines.append(
+      f"  agent-level Shapley values ({a['pairs']} episode x agent pairs): Spearman "
+      f"{a['spearman']:.3f}  Pearson {a['pearson']:.3f}  MAE {a['mae']:.4g}"
+    )
+  lines.append("  per tag (labeled -> predicted mean credit):")
+  for tag, row in r["per_tag"].items():
+    lines.append(
+      f"    {tag:<18} {row['steps']:>6} steps  {row['label']:+.3f} -> {row['predicted']:+.3f}"
+    )
+  return "\n".join(lines)
+
+
+def write_label_fit(workdir: str, report: dict, steps: dict) -> None:
+  """WORKDIR/report.json (atomic, strict JSON) and WORKDIR/test_scatter.png."""
+  write_json(os.path.join(workdir, "report.json"), report)
+  _scatter(os.path.join(workdir, "test_scatter.png"), steps, report)
+
+
+def _scatter(path: str, steps: dict, report: dict) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(5, 5))
+  ax.scatter(steps["label"], steps["pred"], s=4, alpha=0.3)
+  lo = float(min(steps["label"].min(), steps["pred"].min()))
+  hi = float(max(steps["label"].max(), steps["pred"].max()))
+  ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+  ax.set_xlabel("labeled credit (rollouts)")
+  ax.set_ylabel("predicted credit (one forward pass)")
+  ax.set_title(f"{report['env']}: Spearman {report['spearman']:.3f}, MAE {report['mae']:.3g}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,193 @@
+"""`Predictor`: the one way to use a trained credit model (DESIGN section 2).
+
+    predictor = Predictor.load("runs/demo")           # the best checkpoint, model only
+    scores = predictor.score(episodes)                # in-memory episodes -> per-step arrays
+    fn = predictor.credit_fn()                        # pure (state, batch) -> outputs
+    out = jax.jit(fn)(predictor.state, batch)         # inside the caller's own jit/vmap/scan
+
+Per step t the model gives a mixture: an exact tie (credit exactly 0) with probability p0_t,
+else N(mu_t, s_t^2). The outputs, in label units, float [T] per episode (or [B, T]):
+  credit   the point prediction, the mixture's median: 0 where p0_t > 1/2, else mu_t
+  mean     the mixture's mean (1 - p0_t) mu_t
+  std      the mixture's standard deviation sqrt((1 - p0)(s^2 + mu^2) - mean^2)
+  p_zero   p0_t = P(credit exactly 0)
+  mu, sigma  the continuous part (calibration uses the whole mixture)
+  klass    int, the argmax class over KLASS_NAMES
+A checkpoint step directory carries `hindsight_model.json` (model config + DataSpec), so
+loading needs neither the training config nor its optimizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data.batching import DataSpec, as_episode, episodes_batch
+from hindsight.errors import HindsightError
+from hindsight.model.checkpoints import Checkpoints
+from hindsight.model.credit_model import ModelConfig
+from hindsight.model.programs import model_graph
+
+MODEL_FILE = "hindsight_model.json"
+MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no MODEL_FILE
+PAD_MULTIPLE = 8  # episodes are padded to a multiple of this: few shapes, few compiles
+
+
+def model_files(model_cfg: ModelConfig, spec: DataSpec) -> dict[str, str]:
+  """The JSON files a checkpoint step carries so that it alone rebuilds the model."""
+  record = {
+    "format": MODEL_FORMAT,
+    "model_config": dataclasses.asdict(model_cfg),
+    "data_spec": json.loads(spec.to_json()),
+  }
+  return {MODEL_FILE: json.dumps(record, indent=1, sort_keys=True)}
+
+
+def checkpoint_dir(workdir: str) -> str:
+  """The checkpoint directory of a training run, given the run's workdir or the directory."""
+  inner = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(inner):
+    return inner
+  if os.path.isdir(workdir) and any(n.isdigit() for n in os.listdir(workdir)):
+    return workdir
+  raise HindsightError(f"--checkpoint {workdir}: no checkpoints (expected {inner})")
+
+
+def outputs(model, batch: dict) -> dict:
+  """The model's raw outputs as the Predictor's named outputs (module docstring)."""
+  out = model(batch)
+  p0 = jax.nn.sigmoid(out["zero_logit"])
+  mu, var = out["mean"], jnp.exp(out["log_var"])
+  mean = (1.0 - p0) * mu
+  second = (1.0 - p0) * (var + jnp.square(mu))
+  return {
+    "credit": out["credit"],
+    "mean": mean,
+    "std": jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0)),
+    "p_zero": p0,
+    "mu": mu,
+    "sigma": jnp.sqrt(var),
+    "klass": jnp.argmax(out["logits"], -1).astype(jnp.int32),
+  }
+
+
+def _digest(state) -> str:
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(state):
+    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return h.hexdigest()[:16]
+
+
+class Predictor:
+  """A restored credit model: `score` episodes, or `credit_fn` inside your own program."""
+
+  def __init__(self, graphdef, state, spec: DataSpec, model_config: ModelConfig, step: int):
+    self.graphdef, self.state = graphdef, state
+    self.spec, self.model_config, self.step = spec, model_config, step
+    self.digest = _digest(state)  # of the parameters: equal digests = the same model
+    self._score = jax.jit(self.credit_fn())
+
+  @classmethod
+  def load(cls, workdir: str, step: int | str = "best") -> Predictor:
+    """The model of `step` ("best": lowest validation loss, "last", or a step number) of
+    the run in `workdir` (or its checkpoint directory), after verifying its manifest."""
+    ckpt = Checkpoints(checkpoint_dir(workdir), read_only=True)
+    try:
+      steps = ckpt.steps()
+      if not steps:
+        raise HindsightError(f"--checkpoint {workdir}: no finished checkpoint")
+      if step == "best":
+        chosen = ckpt.best_step()
+      elif step in ("last", "latest"):
+        chosen = steps[-1]
+      else:
+        try:
+          chosen = int(step)
+        except ValueError:
+          raise HindsightError(f"--step {step!r}: expected best, last or a number") from None
+        if chosen not in steps:
+          raise HindsightError(f"--step {chosen}: not a kept checkpoint (kept: {steps})")
+      path = os.path.join(ckpt.step_dir(chosen), MODEL_FILE)
+      if not os.path.isfile(path):
+        raise HindsightError(
+          f"checkpoint {ckpt.step_dir(chosen)} has no {MODEL_FILE} (saved by an older "
+          "hindsight): retrain it"
+        )
+      try:
+        with open(path) as f:
+          record = json.load(f)
+        model_cfg = ModelConfig(**record["model_config"])
+        spec = DataSpec.from_json(json.dumps(record["data_spec"]))
+      except (ValueError, KeyError, TypeError) as e:
+        raise HindsightError(f"{path}: unreadable ({type(e).__name__})") from None
+      graphdef, abstract = model_graph(model_cfg, spec)
+      sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
+      )
+      got, restored = ckpt.restore({"model": abstract}, step=chosen, partial=True)
+      if got != chosen:
+        raise HindsightError(f"checkpoint step {chosen} could not be restored")
+    finally:
+      ckpt.close()
+    return cls(graphdef, restored["model"], spec, model_cfg, chosen)
+
+  def credit_fn(self) -> Callable[[nnx.State, dict], dict]:
+    """A pure fn(state, batch) -> outputs (module docstring), [B, T] each; `batch` as made
+    by `batch`/`hindsight.data.batching.episodes_batch`. Jit, vmap or scan it freely."""
+    graphdef = self.graphdef
+
+    def fn(state, batch):
+      return outputs(nnx.merge(graphdef, state), batch)
+
+    return fn
+
+  def batch(self, episodes: Sequence[dict], pad: int | None = None) -> dict:
+    """One padded batch of in-memory episodes (checked: a one-line error names the first
+    bad one); pad defaults to the longest, rounded up to PAD_MULTIPLE."""
+    eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    if pad is None:
+      pad = _round_up(max(len(e["actions"]) for e in eps))
+    return episodes_batch(eps, pad, self.spec)
+
+  def score(self, episodes: Sequence[dict], batch_size: int = 64) -> list[dict]:
+    """Per-step outputs of every episode: [{name: array [T_i]}] in input order.
+
+    Episodes are grouped into length buckets (multiples of PAD_MULTIPLE) and batches of a
+    power-of-two number of rows (at most batch_size), so repeated calls reuse a few
+    compiled programs.
+    """
+    if not episodes:
+      return []
+    eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    lengths = np.array([len(e["actions"]) for e in eps])
+    results: list[dict | None] = [None] * len(eps)
+    for pad in sorted({_round_up(n) for n in lengths}):
+      ids = np.flatnonzero([_round_up(n) == pad for n in lengths])
+      for start in range(0, ids.size, batch_size):
+        chunk = ids[start : start + batch_size]
+        rows = 1 << max(0, math.ceil(math.log2(chunk.size)))
+        batch = episodes_batch(
+          [eps[i] for i in chunk] + [None] * (rows - chunk.size), pad, self.spec
+        )
+        out = jax.device_get(self._score(self.state, batch))
+        for row, i in enumerate(chunk):
+          results[i] = {k: np.asarray(v[row, : lengths[i]]) for k, v in out.items()}
+    return results
+
+  def describe(self) -> dict:
+    return {"step": self.step, "digest": self.digest, "klass_names": list(KLASS_NAMES)}
+
+
+def _round_up(n: int) -> int:
+  return int(math.ceil(max(n, 1) / PAD_MULTIPLE) * PAD_MULTIPLE)

@@ -1,0 +1,121 @@
+"""The credit model's compiled programs: init, train step and eval step over a sharded state.
+
+The training state is the pytree `{"model": nnx.State, "optimizer": nnx.State}`: checkpoints
+save it whole, and `Predictor` restores the `"model"` half alone (no optimizer to rebuild).
+Shared by `train/train.py`, `eval/bench_model.py` and the evaluators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import optax
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hindsight.data.batching import DataSpec
+from hindsight.model.credit_model import CreditModel, ModelConfig
+from hindsight.model.loss import credit_loss
+from hindsight.model.sharding import replicated, state_shardings
+
+# The label fields an eval step hands back beside the model's outputs.
+EVAL_LABELS = (
+  "credit",
+  "credit_stderr",
+  "progress",
+  "klass",
+  "label_mask",
+  "agent_shapley",
+  "agent_mask",
+)
+
+
+def make_optimizer(config: ConfigDict) -> optax.GradientTransformation:
+  """AdamW with linear warmup, cosine decay and global-norm clipping (config.optim)."""
+  o, steps = config.optim, config.train.steps
+  schedule = optax.warmup_cosine_decay_schedule(
+    init_value=0.0,
+    peak_value=o.learning_rate,
+    warmup_steps=min(o.warmup_steps, steps),
+    decay_steps=max(steps, 1),
+    end_value=o.learning_rate * o.final_lr_ratio,
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(o.clip_norm),
+    optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
+  )
+
+
+def model_graph(model_cfg: ModelConfig, spec: DataSpec) -> tuple[nnx.GraphDef, nnx.State]:
+  """The model's static half and the ShapeDtypeStructs of its state (no arrays allocated)."""
+  return nnx.split(
+    nnx.eval_shape(lambda: CreditModel(model_cfg, spec, rngs=nnx.Rngs(params=jax.random.key(0))))
+  )
+
+
+@dataclasses.dataclass
+class TrainPrograms:
+  """The train state's static half and the jitted programs over its (sharded) state.
+
+  state = {"model": ..., "optimizer": ...}; train_step(state, batch, key) -> (state, metrics);
+  eval_step(state, batch) -> (model outputs, the batch's EVAL_LABELS, loss metrics).
+  """
+
+  graphdef: nnx.GraphDef
+  abstract_state: dict  # ShapeDtypeStructs carrying their shardings
+  init: Callable
+  train_step: Callable
+  eval_step: Callable
+
+
+def train_programs(config: ConfigDict, spec: DataSpec, mesh) -> TrainPrograms:
+  model_cfg = ModelConfig(**config.model.to_dict())
+  tx = make_optimizer(config)
+  loss = functools.partial(
+    credit_loss,
+    class_weight=float(config.loss.class_weight),
+    beta=float(config.loss.beta),
+    zero_weight=float(config.loss.zero_weight),
+    agent_weight=float(config.loss.agent_weight),
+  )
+
+  def build(key):
+    model = CreditModel(model_cfg, spec, rngs=nnx.Rngs(params=key))
+    return {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
+
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(jax.random.key(0))))
+  shardings = state_shardings(abstract, mesh, config.mesh.min_fsdp_size)
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
+  metrics_sharding = replicated(mesh)
+
+  @functools.partial(jax.jit, out_shardings=shardings)
+  def init(key):
+    return nnx.state(build(key))
+
+  @functools.partial(jax.jit, donate_argnums=0, out_shardings=(shardings, metrics_sharding))
+  def train_step(state, batch, key):
+    parts = nnx.merge(graphdef, state)
+    model, optimizer = parts["model"], parts["optimizer"]
+
+    def loss_fn(model):
+      out = model(batch, dropout_key=key if model_cfg.dropout > 0 else None)
+      return loss(out, batch, model.value_scale[...])
+
+    (_, metrics), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    optimizer.update(model, grads)
+    return nnx.state(parts), metrics
+
+  @functools.partial(jax.jit, out_shardings=metrics_sharding)
+  def eval_step(state, batch):
+    model = nnx.merge(graphdef, state)["model"]
+    out = model(batch)
+    _, metrics = loss(out, batch, model.value_scale[...])
+    return out, {k: batch[k] for k in EVAL_LABELS if k in batch}, metrics
+
+  return TrainPrograms(graphdef, abstract, init, train_step, eval_step)

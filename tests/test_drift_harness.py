@@ -1,0 +1,242 @@
+"""The drift harness end to end: the Predictor, the reference, and `hindsight eval` on :smoke runs.
+
+One tabular and one reasoning :smoke run are trained per module (seconds each); every test
+reads them, none writes into them (reports go to tmp_path).
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, run_cli
+
+from hindsight.config_io import load_config
+from hindsight.data import episode_to_json, open_labels
+from hindsight.data.batching import EpisodeReader, make_batch
+from hindsight.drift import DriftConfig, run_drift
+from hindsight.drift import reference as ref_lib
+from hindsight.envs import make
+from hindsight.errors import HindsightError
+from hindsight.labeling.engine import Labeler, episode_key, to_numpy
+from hindsight.model.predictor import MODEL_FILE, Predictor
+from train.train import train_and_evaluate
+
+pytestmark = pytest.mark.xdist_group("drift")
+
+
+@pytest.fixture(scope="module")
+def tabular_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("tabular_run")
+  config = load_config("configs/tabular.py:smoke", ["train.steps=200", "train.eval_every=50"])
+  train_and_evaluate(config, str(workdir))
+  return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def reasoning_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("reasoning_run")
+  train_and_evaluate(load_config("configs/reasoning.py:smoke"), str(workdir))
+  return str(workdir)
+
+
+def _test_episodes(workdir, n=8):
+  with open(os.path.join(workdir, "splits.json")) as f:
+    run = json.load(f)
+  labels = open_labels(run["labels"])
+  return labels, np.asarray(run["test"][:n])
+
+
+def test_credit_fn_inside_a_users_jit_equals_score(tabular_run):
+  predictor = Predictor.load(tabular_run)
+  labels, ids = _test_episodes(tabular_run)
+  episodes = [episode_to_json(labels[int(i)]) for i in ids]  # plain JSON types, as served
+  scores = predictor.score(episodes)
+  batch = predictor.batch(episodes)
+  fn = predictor.credit_fn()
+
+  @jax.jit
+  def users_program(state, batch):  # e.g. inside an RL update
+    out = fn(state, batch)
+    return out["credit"] * 2.0, out
+
+  doubled, out = users_program(predictor.state, batch)
+  for row, sc in enumerate(scores):
+    n = len(episodes[row]["actions"])
+    np.testing.assert_allclose(out["credit"][row, :n], sc["credit"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["std"][row, :n], sc["std"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(doubled[row, :n], 2 * sc["credit"], rtol=1e-5, atol=1e-6)
+    assert sc["klass"].dtype.kind == "i" and np.all((sc["p_zero"] >= 0) & (sc["p_zero"] <= 1))
+
+
+def test_in_memory_batch_equals_the_dataset_batch(tabular_run):
+  predictor = Predictor.load(tabular_run)
+  labels, ids = _test_episodes(tabular_run)
+  from_disk = make_batch(EpisodeReader(labels), ids, 24, predictor.spec)
+  in_memory = predictor.batch([episode_to_json(labels[int(i)]) for i in ids], pad=24)
+  for name in ("observations", "actions", "rewards", "mask", "success"):
+    np.testing.assert_array_equal(in_memory[name], from_disk[name], err_msg=name)
+  # Label fields of scored-only episodes stay out of the loss mask.
+  bare = [{k: e[k] for k in ("observations", "actions", "rewards")} for e in
+          map(episode_to_json, (labels[int(i)] for i in ids))]  # fmt: skip
+  bare_batch = predictor.batch(bare, pad=24)
+  assert bare_batch["mask"].any() and not bare_batch["label_mask"].any()
+  np.testing.assert_array_equal(bare_batch["success"], from_disk["success"])
+
+
+def test_predictor_bad_input_is_one_line(tabular_run, tmp_path):
+  predictor = Predictor.load(tabular_run)
+  labels, ids = _test_episodes(tabular_run, 1)
+  ep = episode_to_json(labels[int(ids[0])])
+  for bad, fragment in (
+    ({k: v for k, v in ep.items() if k != "rewards"}, "missing field 'rewards'"),
+    (dict(ep, actions=[99] * len(ep["actions"])), "outside [0,"),
+    (dict(ep, rewards=ep["rewards"][:-1]), "'rewards' must be"),
+  ):
+    with pytest.raises(HindsightError, match=r"episode 0: ") as e:
+      predictor.score([bad])
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+  # A checkpoint without its model file (saved before it existed) is refused: retrain.
+  import shutil
+
+  old = tmp_path / "old"
+  shutil.copytree(os.path.join(tabular_run, "checkpoints"), old / "checkpoints")
+  for step in os.listdir(old / "checkpoints"):
+    if step.isdigit():
+      os.remove(old / "checkpoints" / step / MODEL_FILE)
+  with pytest.raises(HindsightError, match=r"older hindsight.*retrain"):
+    Predictor.load(str(old))
+  with pytest.raises(HindsightError, match="not a kept checkpoint"):
+    Predictor.load(tabular_run, step=7)
+
+
+def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run):
+  labels, ids = _test_episodes(tabular_run, 16)
+  meta = labels.metadata
+  env, policy = make(meta["env"])
+  from hindsight.drift.harness import _label_config
+
+  base = _label_config(meta)
+  labeler = Labeler(env, policy, base)
+  eps = [labels[int(i)] for i in ids]
+  traj = ref_lib.regenerate(
+    labeler, meta["seed"], ids, [e["actions"] for e in eps], [e["rewards"] for e in eps]
+  )
+  # With the labels' own keys the relabel reproduces the stored labels bit for bit ...
+  same = ref_lib.label_trajectories(
+    labeler, traj, jax.vmap(episode_key, (None, 0))(meta["seed"], ids), progress=False
+  )
+  # ... with the reference's keys it is an independent estimate of the same quantity.
+  other = ref_lib.label_trajectories(
+    labeler, traj, ref_lib.reference_keys(meta["seed"], ids), progress=False
+  )
+  for row, e in enumerate(eps):
+    n = len(e["actions"])
+    np.testing.assert_array_equal(same["credit"][row, :n], e["credit"])
+  stored = np.concatenate([e["credit"] for e in eps])
+  fresh = np.concatenate([other["credit"][r, : len(e["actions"])] for r, e in enumerate(eps)])
+  assert not np.array_equal(stored, fresh)
+  # A dataset whose episodes do not regenerate is refused in one line.
+  with pytest.raises(HindsightError, match="does not regenerate"):
+    ref_lib.regenerate(labeler, meta["seed"] + 1, ids, [e["actions"] for e in eps],
+                       [e["rewards"] for e in eps])  # fmt: skip
+
+
+def test_mc_reference_is_honest_against_the_dp_on_a_tabular_mdp():
+  """The MC relabel's stderrs against the exact DP: z RMS about 1 (the check the harness
+  runs on tabular environments)."""
+  env, policy = make("tabular:data/key_corridor.npz")
+  cfg = ref_lib.reference_config(_base(), 64)
+  mc = Labeler(env, policy, cfg)
+  exact = Labeler(env, policy, ref_lib.reference_config(_base(), 2, exact=True))
+  ids = np.arange(96)
+  traj = to_numpy(mc.sample(jax.vmap(episode_key, (None, 0))(5, ids)))
+  keys = ref_lib.reference_keys(5, ids)
+  a = ref_lib.label_trajectories(mc, traj, keys, progress=False)
+  b = ref_lib.label_trajectories(exact, traj, keys, progress=False)
+  check = ref_lib.check_against_exact(a, b, np.asarray(traj.mask))
+  assert check["steps"] > 300 and 0.85 <= check["z_rms"] <= 1.15, check
+  second = ref_lib.label_trajectories(mc, traj, ref_lib.reference_keys(5, ids, 1), progress=False)
+  passes = ref_lib.check_passes(a, second, np.asarray(traj.mask))
+  assert 0.75 <= passes["variance_ratio"] <= 1.3, passes
+
+
+def _base():
+  from hindsight.labeling.engine import LabelConfig
+
+  return LabelConfig(num_rollouts=8)
+
+
+def test_choose_rollouts_scales_with_the_labels_noise():
+  rng = np.random.default_rng(0)
+  credit = rng.normal(size=1000)
+  # Labels whose noise is half the signal's spread: K = K_L (0.5 / 0.1)^2 = 25 K_L.
+  k = ref_lib.choose_rollouts(credit, np.full(1000, 0.5), 32, 0.1)
+  assert k == 1024  # 800 rounded up to a power of two
+  assert ref_lib.choose_rollouts(credit, np.full(1000, 0.01), 32, 0.1) == 128  # >= 4 K_L
+
+
+def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
+  out = tmp_path / "drift"
+  proc = run_cli(
+    "eval", "--checkpoint", tabular_run, "--episodes", 6, "--check-episodes", 8,
+    "--shift", "none", "--baseline-steps", 20, "--gradient-episodes", 256, "--bootstrap", 20,
+    "--out", out, "--no-progress", timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  assert "Spearman vs reference" in proc.stdout and "report.md" in proc.stdout
+  report = json.loads((out / "report.json").read_text())
+  assert report["reference"]["kind"] == "exact DP"
+  assert 0.5 < report["reference"]["check"]["z_rms"] < 2.0, report["reference"]["check"]
+  signals = report["headline"]
+  for name in ("model (point)", "training labels (MC, K=8)", "outcome R", "learned PRM",
+               "TD advantage", "RUDDER (return decomposition)", "MC progress (soft)"):  # fmt: skip
+    assert name in signals, name
+    assert set(signals[name]["spearman"]) == {"value", "lo", "hi"}
+  # On the exact reference, labels with K = 8 are noisy but unbiased: positive Spearman.
+  assert signals["training labels (MC, K=8)"]["spearman"]["value"] > 0.3
+  assert report["equivalent_rollouts"]["model_flops_per_step"] > 0
+  rows = report["gradient"]["rows"]
+  # Credit under policy_other is A / (1 - pi): a biased gradient, far above its noise floor;
+  # under policy it is the advantage: unbiased, near its floor.
+  other, plain = rows["exact policy_other"], rows["exact policy"]
+  assert other["bias_db"] > other["bias_floor_db"] + 6, other
+  assert plain["bias_db"] < plain["bias_floor_db"] + 6, plain
+  md = (out / "report.md").read_text()
+  assert "## Headline" in md and "## Policy gradient" in md and "## Drift slices" in md
+  for png in ("scatter.png", "reliability.png", "tags.png", "slices.png"):
+    assert os.path.getsize(out / png) > 1000, png
+  # The reference is cached: a second run reuses it (and gives the same numbers).
+  cached = sorted(os.listdir(out / "cache"))
+  assert any(f.startswith("reference-") for f in cached)
+
+
+def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run, tmp_path):
+  cfg = DriftConfig(
+    checkpoint=reasoning_run,
+    episodes=6,
+    reference_rollouts=32,
+    check_episodes=6,
+    shift_episodes=8,
+    baseline_steps=10,
+    gradient_env="",
+    bootstrap=20,
+    out=str(tmp_path / "drift"),
+    progress=False,
+  )
+  report = run_drift(cfg)
+  assert report["reference"]["kind"] == "MC relabel" and report["reference"]["rollouts"] == 32
+  check = report["reference"]["check"]
+  assert check["steps"] > 10 and np.isfinite(check["variance_ratio"])
+  names = [s["slice"] for s in report["slices"]]
+  assert "shift: reasoning:horizon=30" in names and "outcome: success" in names
+  assert "verify" in report["per_tag"]["tags"] or "fact" in report["per_tag"]["tags"]
+  # Rerun: the cached reference, check pass and shifted sets are reused, same headline.
+  again = run_drift(cfg)
+  assert again["headline"] == report["headline"]
+
+
+def test_eval_bad_input_is_one_line(tmp_path):
+  assert_one_line_error(run_cli("eval", "--checkpoint", tmp_path / "nope"), "no checkpoints")
+  assert_one_line_error(run_cli("eval", "--checkpoint", tmp_path, "--bootstrap", 3), "--bootstrap")
