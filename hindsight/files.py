@@ -20,6 +20,9 @@ def atomic_write_text(path: str, text: str) -> None:
   """Writes `text` to `path` through a temporary file in the same directory and a rename,
   flushed to disk first: a reader (or a killed writer) never sees half a file."""
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make reports private to their writer
   with os.fdopen(fd, "w") as f:
     f.write(text)
     f.flush()

@@ -170,18 +170,19 @@ def _base():
 
 def test_choose_rollouts_scales_with_the_labels_noise():
   rng = np.random.default_rng(0)
-  credit = rng.normal(size=1000)
-  # Labels whose noise is half the signal's spread: K = K_L (0.5 / 0.1)^2 = 25 K_L.
-  k = ref_lib.choose_rollouts(credit, np.full(1000, 0.5), 32, 0.1)
+  n = 100_000
+  # Labels whose noise (stderr 0.5) is half the signal's spread (1): K = K_L (0.5 / 0.1)^2.
+  credit = rng.normal(size=n) + 0.5 * rng.normal(size=n)
+  k = ref_lib.choose_rollouts(credit, np.full(n, 0.5), 32, 0.1)
   assert k == 1024  # 800 rounded up to a power of two
-  assert ref_lib.choose_rollouts(credit, np.full(1000, 0.01), 32, 0.1) == 128  # >= 4 K_L
+  assert ref_lib.choose_rollouts(credit, np.full(n, 0.01), 32, 0.1) == 128  # >= 4 K_L
 
 
 def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
   out = tmp_path / "drift"
   proc = run_cli(
     "eval", "--checkpoint", tabular_run, "--episodes", 6, "--check-episodes", 8,
-    "--shift", "none", "--baseline-steps", 20, "--gradient-episodes", 256, "--bootstrap", 20,
+    "--shift", "none", "--baseline-steps", 20, "--gradient-episodes", 1024, "--bootstrap", 20,
     "--out", out, "--no-progress", timeout=600,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr
@@ -201,7 +202,7 @@ def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
   # Credit under policy_other is A / (1 - pi): a biased gradient, far above its noise floor;
   # under policy it is the advantage: unbiased, near its floor.
   other, plain = rows["exact policy_other"], rows["exact policy"]
-  assert other["bias_db"] > other["bias_floor_db"] + 6, other
+  assert other["bias_db"] > other["bias_floor_db"] + 10, other
   assert plain["bias_db"] < plain["bias_floor_db"] + 6, plain
   md = (out / "report.md").read_text()
   assert "## Headline" in md and "## Policy gradient" in md and "## Drift slices" in md
@@ -234,7 +235,7 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   assert "verify" in report["per_tag"]["tags"] or "fact" in report["per_tag"]["tags"]
   # Rerun: the cached reference, check pass and shifted sets are reused, same headline.
   again = run_drift(cfg)
-  assert again["headline"] == report["headline"]
+  assert json.dumps(again["headline"]) == json.dumps(report["headline"])  # NaN == NaN here
 
 
 def test_eval_bad_input_is_one_line(tmp_path):

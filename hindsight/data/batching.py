@@ -249,9 +249,17 @@ def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
   out = {"observations": obs, "actions": actions.astype(np.int32), "rewards": rewards}
   success = episode.get("success")
   out["success"] = bool(rewards.sum() > spec.success_threshold) if success is None else success
-  for name in ("credit", "credit_stderr", "progress", "klass", "agent"):
+  for name in ("credit", "credit_stderr", "progress", "agent"):
     if episode.get(name) is not None:
-      out[name] = np.asarray(episode[name])
+      out[name] = np.asarray(episode[name], np.float32 if name != "agent" else None)
+  if episode.get("klass") is not None:
+    klass = np.asarray(episode["klass"])
+    if klass.dtype.kind in "US":  # the export format names classes
+      unknown = set(klass.tolist()) - set(KLASS_NAMES)
+      if unknown:
+        raise HindsightError(f"{where}: unknown klass {sorted(unknown)[0]!r}")
+      klass = np.array([KLASS_NAMES.index(k) for k in klass.tolist()])
+    out["klass"] = klass.astype(np.int32)
   if spec.num_agents:
     agent = np.asarray(episode.get("agent", np.arange(n) % spec.num_agents))
     if agent.shape != (n,) or agent.min() < 0 or agent.max() >= spec.num_agents:

@@ -164,6 +164,27 @@ def history_credit(
   return np.where(mask, np.asarray(batch["rewards"]) + v_next - v, 0.0)
 
 
+@dataclasses.dataclass
+class LearnedBaseline:
+  """A trained history model and what turns its outputs into credit."""
+
+  kind: str
+  graphdef: nnx.GraphDef
+  state: nnx.State
+  base: float  # p_{-1} (prm) or g_{-1} (rudder)
+  return_scale: float
+
+  def credit(self, batch_fn, episodes: list[dict], rows: int = 64) -> list[np.ndarray]:
+    """Per-episode credit [T_i]; batch_fn(episodes) pads them (Predictor.batch)."""
+    out = []
+    for start in range(0, len(episodes), rows):
+      chunk = episodes[start : start + rows]
+      batch = batch_fn(chunk)
+      c = history_credit(self.kind, self.graphdef, self.state, batch, self.base, self.return_scale)
+      out += [c[i, : len(e["actions"])] for i, e in enumerate(chunk)]
+    return out
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _score(graphdef, state, batch):
   return nnx.merge(graphdef, state)(batch)

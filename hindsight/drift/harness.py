@@ -305,8 +305,10 @@ def run_drift(cfg: DriftConfig) -> dict:
       "outcome", [np.full(len(e["actions"]), float(np.sum(e["rewards"]))) for e in s.episodes]
     )
   score_seconds = time.perf_counter() - tic_score
-  if cfg.baseline_steps:
-    _learned_baselines(cfg, predictor, reader, run, sets)
+  models = _learned_baselines(cfg, predictor, reader, run) if cfg.baseline_steps else []
+  for m in models:
+    for s in sets:
+      s.add_episode_signal(m.kind, m.credit(predictor.batch, s.episodes))
 
   from hindsight.drift.report import build_report
 
@@ -315,12 +317,17 @@ def run_drift(cfg: DriftConfig) -> dict:
     build_report(cfg, predictor, main, shift_sets, base.num_rollouts, k_ref, score_seconds)
   )
   if cfg.gradient_env:
+    # The learned signals join the table when they were trained on its environment.
+    extra = None
+    if _same_env(cfg.gradient_env, main_env):
+      extra = _gradient_learned_sources(env, predictor, models)
     report["gradient"] = gradient_table(
       cfg.gradient_env,
       cfg.gradient_episodes,
       cfg.gradient_rollouts,
       cfg.seed,
       progress=cfg.progress,
+      extra_sources=extra,
     )
   report["seconds"]["total"] = round(time.perf_counter() - tic, 1)
   from hindsight.drift.report import write_report
@@ -395,9 +402,9 @@ def _noise_ratio(cols: dict) -> float:
   return float(np.sqrt(np.mean(np.square(se[ok]))) / max(np.std(c[ok]), 1e-12))
 
 
-def _learned_baselines(cfg, predictor, reader, run, sets) -> None:
-  """Trains prm, td_advantage and rudder on the run's training split (outcomes only) and
-  adds their credit to every set. (Retrained on every run: seconds each, deterministic.)"""
+def _learned_baselines(cfg, predictor, reader, run) -> list:
+  """prm, td_advantage and rudder trained on the run's training split (outcomes only).
+  (Retrained on every run: seconds each, and deterministic.)"""
   spec = predictor.spec
   train_ids = np.asarray(run["train"], np.int64)
   lengths = np.array([len(reader[int(i)]["actions"]) for i in train_ids])
@@ -419,18 +426,46 @@ def _learned_baselines(cfg, predictor, reader, run, sets) -> None:
     return make_batch(reader, ids, pad, spec)
 
   bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}
+  models = []
   for kind in bl.LEARNED:
     graphdef, state = bl.train_history_model(
       kind, batches, spec, predictor.model_config, bcfg, return_scale, cfg.progress
     )
-    for s in sets:
-      credit = []
-      for start in range(0, len(s.episodes), 64):
-        chunk = s.episodes[start : start + 64]
-        batch = predictor.batch(chunk, pad=int(s.mask.shape[1] + 7) // 8 * 8)
-        c = bl.history_credit(kind, graphdef, state, batch, bases[kind], return_scale)
-        credit += [c[i, : len(e["actions"])] for i, e in enumerate(chunk)]
-      s.add_episode_signal(kind, credit)
+    models.append(bl.LearnedBaseline(kind, graphdef, state, bases[kind], return_scale))
+  return models
+
+
+def _same_env(a: str, b: str) -> bool:
+  """Two env specs name the same environment (tabular files compared by real path)."""
+  ka, _, pa = a.partition(":")
+  kb, _, pb = b.partition(":")
+  if ka == kb == "tabular":
+    return os.path.realpath(pa) == os.path.realpath(pb)
+  return a == b
+
+
+def _gradient_learned_sources(env, predictor, models):
+  """extra_sources for gradient_table: the model's and the learned baselines' credit on the
+  gradient episodes (when they were trained on this very environment)."""
+
+  def sources(traj, labels):
+    del labels
+    arrays = _traj_fields(env, traj)
+    episodes = _episodes_from_arrays(env, arrays)
+    H = arrays["actions"].shape[1]
+
+    def padded(per_episode):
+      out = np.zeros((len(per_episode), H))
+      for i, c in enumerate(per_episode):
+        out[i, : len(c)] = c
+      return out
+
+    found = {"model (point)": padded([sc["credit"] for sc in predictor.score(episodes)])}
+    for m in models:
+      found[f"learned {m.kind}"] = padded(m.credit(predictor.batch, episodes))
+    return found
+
+  return sources
 
 
 __all__ = ["DriftConfig", "EpisodeSet", "run_drift"]

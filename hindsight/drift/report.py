@@ -420,18 +420,18 @@ def _plots(out: str, report: dict, main) -> None:
 
   pt = report["per_tag"]
   names, tags = list(pt["signals"]), pt["tags"]
-  fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(tags) * len(names) / 4), 4.5))
+  fig, ax = plt.subplots(figsize=(max(8.0, 1.4 * len(tags)), 5))
   width = 0.8 / len(names)
   for i, name in enumerate(names):
     est = [pt["signals"][name][t] for t in tags]
     v = np.array([e["value"] if e["value"] is not None else np.nan for e in est], float)
     lo = np.array([e["lo"] if e["lo"] is not None else np.nan for e in est], float)
     hi = np.array([e["hi"] if e["hi"] is not None else np.nan for e in est], float)
-    ax.bar(np.arange(len(tags)) + i * width, v, width, yerr=[v - lo, hi - v], label=name, capsize=1)
+    ax.bar(np.arange(len(tags)) + i * width, v, width, yerr=_yerr(v, lo, hi), label=name, capsize=1)
   ax.set_xticks(np.arange(len(tags)) + 0.4 - width / 2, tags, rotation=30, ha="right")
   ax.axhline(0, color="k", lw=0.5)
   ax.set_ylabel("mean per step (z: units of the signal's std)")
-  ax.legend(fontsize=6, ncol=2)
+  ax.legend(fontsize=7, ncol=2, loc="lower left")
   fig.tight_layout()
   fig.savefig(os.path.join(out, "tags.png"), dpi=100)
   plt.close(fig)
@@ -442,7 +442,7 @@ def _plots(out: str, report: dict, main) -> None:
   lo = np.array([r["spearman"]["lo"] or np.nan for r in rows], float)
   hi = np.array([r["spearman"]["hi"] or np.nan for r in rows], float)
   y = np.arange(len(rows))[::-1]
-  ax.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", capsize=2)
+  ax.errorbar(v, y, xerr=_yerr(v, lo, hi), fmt="o", capsize=2)
   whole = report["headline"]["model (point)"]["spearman"]["value"]
   if whole is not None:
     ax.axvline(whole, color="k", lw=0.8, ls="--")
@@ -451,3 +451,9 @@ def _plots(out: str, report: dict, main) -> None:
   fig.tight_layout()
   fig.savefig(os.path.join(out, "slices.png"), dpi=100)
   plt.close(fig)
+
+
+def _yerr(v, lo, hi) -> np.ndarray:
+  """Error-bar lengths; a percentile interval of a few resamples can miss its own point
+  estimate, and matplotlib refuses negative lengths."""
+  return np.nan_to_num(np.maximum(np.stack([v - lo, hi - v]), 0.0))
