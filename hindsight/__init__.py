@@ -2,10 +2,11 @@
 
 One flat public API (rlax style). Environments and policies are functional (gymnax style);
 the labeler branches trajectories at every step and measures interventional credit, and the
-credit model (`hindsight.model`) learns to predict it in one forward pass.
+credit model (`hindsight.model`) learns to predict it in one forward pass; `Predictor` loads
+a trained one, and `hindsight.drift` measures it against the reference credit.
 """
 
-from hindsight import credit, model
+from hindsight import credit, drift, model
 from hindsight.credit import KLASS_NAMES, REPLACEMENTS, tabular_values
 from hindsight.data import Labels, open_labels
 from hindsight.data.batching import DataSpec
@@ -25,7 +26,7 @@ from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, Trajectory
 from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.metrics import prediction_metrics, summarize, tag_table
-from hindsight.model import CreditModel, ModelConfig
+from hindsight.model import CreditModel, ModelConfig, Predictor
 from hindsight.policies import Policy, TabularPolicy
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
   "Labels",
   "ModelConfig",
   "Policy",
+  "Predictor",
   "Reasoning",
   "ReasoningPolicy",
   "TabularEnv",
@@ -50,6 +52,7 @@ __all__ = [
   "TabularPolicy",
   "Trajectory",
   "credit",
+  "drift",
   "key_corridor_mdp",
   "load_tabular",
   "make",

@@ -4,6 +4,7 @@ One tabular and one reasoning :smoke run are trained per module (seconds each); 
 reads them, none writes into them (reports go to tmp_path).
 """
 
+import dataclasses
 import json
 import os
 
@@ -68,6 +69,10 @@ def test_credit_fn_inside_a_users_jit_equals_score(tabular_run):
     np.testing.assert_allclose(out["std"][row, :n], sc["std"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(doubled[row, :n], 2 * sc["credit"], rtol=1e-5, atol=1e-6)
     assert sc["klass"].dtype.kind == "i" and np.all((sc["p_zero"] >= 0) & (sc["p_zero"] <= 1))
+  # A whole label dataset scores as it is, in order.
+  everything = predictor.score(labels)
+  assert len(everything) == len(labels)
+  np.testing.assert_allclose(everything[int(ids[0])]["credit"], scores[0]["credit"], atol=1e-6)
 
 
 def test_in_memory_batch_equals_the_dataset_batch(tabular_run):
@@ -206,7 +211,7 @@ def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
   assert plain["bias_db"] < plain["bias_floor_db"] + 6, plain
   md = (out / "report.md").read_text()
   assert "## Headline" in md and "## Policy gradient" in md and "## Drift slices" in md
-  for png in ("scatter.png", "reliability.png", "tags.png", "slices.png"):
+  for png in ("scatter.png", "reliability.png", "tags.png", "slices.png", "gradient.png"):
     assert os.path.getsize(out / png) > 1000, png
   # The reference is cached: a second run reuses it (and gives the same numbers).
   cached = sorted(os.listdir(out / "cache"))
@@ -236,6 +241,15 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   # Rerun: the cached reference, check pass and shifted sets are reused, same headline.
   again = run_drift(cfg)
   assert json.dumps(again["headline"]) == json.dumps(report["headline"])  # NaN == NaN here
+  cached = os.listdir(tmp_path / "drift" / "cache")
+  assert len(cached) == 4, cached  # reference, check pass, two shifted sets: none recomputed
+  # --env: fresh episodes of another spec, no training labels to score beside the model.
+  fresh = run_drift(
+    dataclasses.replace(cfg, env="reasoning:decorative_rate=0", shifts=(), baseline_steps=0)
+  )
+  assert fresh["env"] == "reasoning:decorative_rate=0" and fresh["episodes"] == 6
+  assert "model (point)" in fresh["headline"]
+  assert not any(name.startswith("training labels") for name in fresh["headline"])
 
 
 def test_eval_bad_input_is_one_line(tmp_path):

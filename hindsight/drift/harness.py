@@ -138,9 +138,6 @@ class EpisodeSet:
       [np.asarray(v)[:n] for v, n in zip(per_episode, self.lengths, strict=True)]
     )
 
-  def add_padded_signal(self, name: str, padded: np.ndarray) -> None:
-    self.cols[name] = np.asarray(padded)[:, : self.mask.shape[1]][self.mask]
-
 
 def run_drift(cfg: DriftConfig) -> dict:
   """The whole harness; returns the report (also written under cfg.out)."""
@@ -188,6 +185,8 @@ def run_drift(cfg: DriftConfig) -> dict:
   digest = sha256_file(os.path.join(labels.path, "hindsight_checksums.json"))
 
   def cached(name: str, compute, **key):
+    # Everything a cached array depends on names its file: the label config included.
+    key["config"] = dataclasses.asdict(ref_cfg)
     path = os.path.join(cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
     hit = ref_lib.load_cached(path)
     if hit is None:
@@ -196,6 +195,13 @@ def run_drift(cfg: DriftConfig) -> dict:
     return hit
 
   labeler = Labeler(env, policy, ref_cfg)
+
+  def reference_labeler(env, policy):
+    """Fresh and shifted sets are labeled as they are sampled: by the DP where tabular."""
+    if isinstance(env, TabularEnv):
+      return Labeler(env, policy, ref_lib.reference_config(base, 2, exact=True))
+    return Labeler(env, policy, ref_cfg)
+
   # -- the main set ----------------------------------------------------------------------
   if cfg.env is None:
     eps = [reader.labels[int(i)] for i in ids]
@@ -236,7 +242,7 @@ def run_drift(cfg: DriftConfig) -> dict:
 
     def fresh():
       t, lab = ref_lib.sample_and_label(
-        labeler, fresh_seed, n, cfg.progress, f"{cfg.env} K={k_ref}"
+        reference_labeler(env, policy), fresh_seed, n, cfg.progress, f"{cfg.env} reference"
       )
       return _keep(lab) | _traj_fields(env, t)
 
@@ -253,15 +259,28 @@ def run_drift(cfg: DriftConfig) -> dict:
   else:
     check_traj = _trajectories_of(env, policy, ref_cfg, fresh_seed, np.arange(m))
   check_ids = ids[:m]
+  check_seed = seed if cfg.env is None else fresh_seed
 
   def second_pass():
     return _keep(
       ref_lib.label_trajectories(
-        labeler, check_traj, ref_lib.reference_keys(seed, check_ids, 1), cfg.progress, "check pass"
+        labeler,
+        check_traj,
+        ref_lib.reference_keys(check_seed, check_ids, 1),
+        cfg.progress,
+        "check pass",
       )
     )
 
-  check = cached("check", second_pass, data=digest, env=main_env, ids=check_ids.tolist(), k=k_ref)
+  check = cached(
+    "check",
+    second_pass,
+    data=digest,
+    env=main_env,
+    seed=check_seed,
+    ids=check_ids.tolist(),
+    k=k_ref,
+  )
   mask = main.mask[:m]
   first = {k: v[:m] for k, v in reference.items()}
   if tabular:
@@ -281,12 +300,12 @@ def run_drift(cfg: DriftConfig) -> dict:
   shift_sets = []
   for j, spec in enumerate(shifts):
     s_env, s_policy = make(spec)
-    s_labeler = Labeler(s_env, s_policy, ref_cfg)
+    s_labeler = reference_labeler(s_env, s_policy)
     s_seed = seed + SHIFT_SEED_OFFSET + 1 + j
 
     def shifted(s_labeler=s_labeler, s_seed=s_seed, spec=spec, s_env=s_env):
       t, lab = ref_lib.sample_and_label(
-        s_labeler, s_seed, cfg.shift_episodes, cfg.progress, f"{spec} K={k_ref}"
+        s_labeler, s_seed, cfg.shift_episodes, cfg.progress, f"{spec} reference"
       )
       return _keep(lab) | _traj_fields(s_env, t)
 

@@ -22,6 +22,7 @@ stderr is a tie bound are left out: that bound is conservative by design).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -169,15 +170,7 @@ def save_cached(path: str, arrays: dict) -> None:
 
 def reference_config(base: LabelConfig, rollouts: int, exact: bool = False) -> LabelConfig:
   """The labels' config (replacement, gamma, tolerance, confidence, stratify) at K."""
-  return LabelConfig(
-    num_rollouts=rollouts,
-    replacement=base.replacement,
-    gamma=base.gamma,
-    exact=exact,
-    decorative_tolerance=base.decorative_tolerance,
-    confidence=base.confidence,
-    stratify=base.stratify,
-  )
+  return dataclasses.replace(base, num_rollouts=rollouts, exact=exact)
 
 
 def sample_and_label(

@@ -355,7 +355,8 @@ def markdown(report: dict) -> str:
       )
   lines += [
     "",
-    f"Total {r['seconds']['total']} s. Plots: scatter.png, reliability.png, tags.png, slices.png.",
+    f"Total {r['seconds']['total']} s. Plots: scatter.png, reliability.png, tags.png, "
+    "slices.png, gradient.png.",
     "",
   ]
   return "\n".join(lines)
@@ -436,6 +437,9 @@ def _plots(out: str, report: dict, main) -> None:
   fig.savefig(os.path.join(out, "tags.png"), dpi=100)
   plt.close(fig)
 
+  if "gradient" in report:
+    _gradient_plot(plt, os.path.join(out, "gradient.png"), report["gradient"])
+
   rows = report["slices"]
   fig, ax = plt.subplots(figsize=(6, 0.3 * len(rows) + 1.5))
   v = np.array([r["spearman"]["value"] or np.nan for r in rows], float)
@@ -450,6 +454,25 @@ def _plots(out: str, report: dict, main) -> None:
   ax.set_xlabel("model Spearman against the reference")
   fig.tight_layout()
   fig.savefig(os.path.join(out, "slices.png"), dpi=100)
+  plt.close(fig)
+
+
+def _gradient_plot(plt, path: str, g: dict) -> None:
+  """Bias (with its sampling floor) and SNR of every credit source's policy gradient."""
+  names = list(g["rows"])
+  rows = [g["rows"][n] for n in names]
+  y = np.arange(len(names))[::-1]
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(names) + 1.5), sharey=True)
+  a.barh(y, [r["bias_db"] for r in rows], color="tab:red", alpha=0.7, label="bias")
+  a.plot([r["bias_floor_db"] for r in rows], y, "k|", ms=12, label="sampling floor")
+  a.set_xlabel("bias dB (above the floor: real bias)")
+  a.legend(fontsize=7)
+  b.barh(y, [r["snr_db"] for r in rows], color="tab:blue", alpha=0.7)
+  b.set_xlabel("SNR dB (higher is better)")
+  a.set_yticks(y, names)
+  fig.suptitle(f"policy gradient on {os.path.basename(g['env'])}, {g['episodes']} episodes")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
   plt.close(fig)
 
 

@@ -52,10 +52,6 @@ class Estimate:
   def as_dict(self) -> dict:
     return {"value": self.value, "lo": self.lo, "hi": self.hi}
 
-  def __format__(self, spec: str) -> str:
-    spec = spec or ".3f"
-    return f"{self.value:{spec}} [{self.lo:{spec}}, {self.hi:{spec}}]"
-
 
 class EpisodeSteps:
   """Steps grouped by episode: `gather(idx)` gives the step indices of a resample of

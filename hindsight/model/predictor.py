@@ -163,13 +163,15 @@ class Predictor:
   def score(self, episodes: Sequence[dict], batch_size: int = 64) -> list[dict]:
     """Per-step outputs of every episode: [{name: array [T_i]}] in input order.
 
+    episodes: dicts in the export format, or a label dataset (`open_labels(DIR)`).
+
     Episodes are grouped into length buckets (multiples of PAD_MULTIPLE) and batches of a
     power-of-two number of rows (at most batch_size), so repeated calls reuse a few
     compiled programs.
     """
-    if not episodes:
-      return []
     eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    if not eps:
+      return []
     lengths = np.array([len(e["actions"]) for e in eps])
     results: list[dict | None] = [None] * len(eps)
     for pad in sorted({_round_up(n) for n in lengths}):
