@@ -96,7 +96,9 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
   if "label_credit" in cols:
     model_e2 = np.square(signals["model (point)"] - ref)
     label_e2 = np.square(cols["label_credit"][ok] - ref)
-    ref_var = np.square(ref_se)
+    # The reference's noise to subtract: its sample variance; a tie-bounded step's stderr is
+    # a conservative bound, not a noise level (its branches all tied), so it counts 0.
+    ref_var = np.where(cols["ref_credit_bounded"][ok].astype(bool), 0.0, np.square(ref_se))
 
     def k_star(idx):
       sel = steps.gather(idx)
@@ -149,8 +151,11 @@ def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
     "position: first third": rel < 1 / 3,
     "position: middle third": (rel >= 1 / 3) & (rel < 2 / 3),
     "position: last third": rel >= 2 / 3,
-    f"length <= {median_len:g}": cols["length"] <= median_len,
-    f"length > {median_len:g}": cols["length"] > median_len,
+  }
+  if main.lengths.min() < main.lengths.max():  # one length (a fixed horizon): no slice
+    slices[f"length <= {median_len:g}"] = cols["length"] <= median_len
+    slices[f"length > {median_len:g}"] = cols["length"] > median_len
+  slices |= {
     "outcome: success": cols["success"].astype(bool),
     "outcome: failure": ~cols["success"].astype(bool),
   }

@@ -17,7 +17,9 @@ probability integral transform u = F(c) (randomised over the atom at 0); a centr
 of level a covers c iff |u - 1/2| <= a/2, so coverage(a) = mean(|u - 1/2| <= a/2).
 Equivalent rollouts (`equivalent_rollouts`): Monte Carlo labels with K branches have error
 variance ~ 1/K, so with the labels' excess MSE m_L = mean (y - c)^2 - mean se_c^2 at K_L and
-the model's m_M the same way, a label of K* = K_L m_L / m_M branches errs as much as the model.
+the model's m_M the same way, a label of K* = K_L m_L / m_M branches errs as much as the model
+(the reference's noise se_c^2 counts 0 on steps whose stderr is a tie bound: all its
+branches tied, and the bound is conservative, not a noise level).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import warnings
 
 import numpy as np
 from scipy import stats
+
+from hindsight.metrics.credit_fit import correlation
 
 POINT_METRICS = (
   "spearman",
@@ -75,13 +79,6 @@ class EpisodeSteps:
     """(episode position, step indices) for each episode."""
     for j in range(self.num_episodes):
       yield j, self.order[self.starts[j] : self.starts[j] + self.counts[j]]
-
-
-def correlation(fn, x, y) -> float:
-  """fn(x, y).statistic, NaN where either side is constant (nothing to rank)."""
-  if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
-    return float("nan")
-  return float(fn(x, y).statistic)
 
 
 def pairwise_counts(pred: np.ndarray, ref: np.ndarray) -> tuple[float, int]:
