@@ -33,7 +33,7 @@ from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import sha256_file
-from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.model.predictor import Predictor
 
 REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
@@ -101,15 +101,12 @@ def _run_files(workdir: str) -> dict:
     return json.load(f)
 
 
-def _decode(ex: dict, tag_names=None) -> dict:
-  tags = ex["tags"]
-  if tag_names is not None:
-    tags = [tag_names[int(t)] for t in tags]
-  else:
-    tags = [t.decode() if isinstance(t, bytes) else str(t) for t in tags]
+def _decode(ex: dict) -> dict:
+  """A dataset example -> the episode dict the model scores (observations, actions,
+  rewards, success) and its tag names."""
   ep = {k: np.asarray(ex[k]) for k in ("observations", "actions", "rewards")}
   ep["success"] = bool(ex["success"])
-  ep["tags"] = tags
+  ep["tags"] = [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
   return ep
 
 
@@ -117,7 +114,7 @@ class EpisodeSet:
   """One evaluated set: episodes (dicts) + per-step columns over their valid steps."""
 
   def __init__(self, name: str, episodes: list[dict], reference: dict, labels: dict | None):
-    self.name, self.episodes = name, episodes
+    self.name, self.episodes, self.reference = name, episodes, reference
     lengths = np.array([len(e["actions"]) for e in episodes])
     self.lengths = lengths
     mask = np.arange(reference["credit"].shape[1])[None] < lengths[:, None]
@@ -139,6 +136,42 @@ class EpisodeSet:
     )
 
 
+@dataclasses.dataclass
+class _Context:
+  """What every stage of run_drift shares."""
+
+  cfg: DriftConfig
+  env: object  # the evaluated environment (the dataset's, or --env)
+  policy: object
+  base: LabelConfig  # the training labels' config
+  ref_cfg: LabelConfig  # the same at K_ref
+  seed: int  # the training labels' seed
+  digest: str  # of the label dataset's checksums file
+  cache: str  # directory of cached arrays
+
+  @property
+  def tabular(self) -> bool:
+    return isinstance(self.env, TabularEnv)
+
+  def labeler(self, env=None, policy=None, exact_if_tabular: bool = False) -> Labeler:
+    """An MC labeler at K_ref, or (exact_if_tabular) the DP where the env is tabular."""
+    env = self.env if env is None else env
+    policy = self.policy if policy is None else policy
+    if exact_if_tabular and isinstance(env, TabularEnv):
+      return Labeler(env, policy, ref_lib.reference_config(self.base, 2, exact=True))
+    return Labeler(env, policy, self.ref_cfg)
+
+  def cached(self, name: str, compute, **key) -> dict:
+    """compute() once; later runs load OUT/cache/NAME-<digest of key and config>.npz."""
+    key["config"] = dataclasses.asdict(self.ref_cfg)
+    path = os.path.join(self.cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
+    hit = ref_lib.load_cached(path)
+    if hit is None:
+      hit = compute()
+      ref_lib.save_cached(path, hit)
+    return hit
+
+
 def run_drift(cfg: DriftConfig) -> dict:
   """The whole harness; returns the report (also written under cfg.out)."""
   cfg.check()
@@ -154,17 +187,9 @@ def run_drift(cfg: DriftConfig) -> dict:
       "adapter): the drift harness needs a JAX environment"
     )
   out = make_dir(cfg.out or os.path.join(cfg.checkpoint, "drift"), "--out")
-  cache = make_dir(os.path.join(out, "cache"), "--out")
   base = _label_config(meta)
-  seed = int(meta.get("seed", 0))
   test_ids = np.asarray(run["test"], np.int64)
-  # K_ref from the noise of the labels of the test split (the reference needs far less
-  # noise than them); a tabular environment needs none: the DP is exact.
-  ids = test_ids if not cfg.episodes or cfg.env else test_ids[: cfg.episodes]
-  reader = EpisodeReader(labels)
-  main_env = cfg.env or env_spec
-  env, policy = make(main_env)
-  tabular = isinstance(env, TabularEnv)
+  # K_ref from the noise of the test split's labels (the reference needs far less).
   sample = [labels[int(i)] for i in test_ids[:256]]
   k_ref = cfg.reference_rollouts or ref_lib.choose_rollouts(
     np.concatenate([np.asarray(e["credit"]) for e in sample]),
@@ -172,7 +197,18 @@ def run_drift(cfg: DriftConfig) -> dict:
     base.num_rollouts,
     cfg.reference_fraction,
   )
-  ref_cfg = ref_lib.reference_config(base, k_ref)
+  main_env = cfg.env or env_spec
+  env, policy = make(main_env)
+  ctx = _Context(
+    cfg=cfg,
+    env=env,
+    policy=policy,
+    base=base,
+    ref_cfg=ref_lib.reference_config(base, k_ref),
+    seed=int(meta.get("seed", 0)),
+    digest=sha256_file(os.path.join(labels.path, "hindsight_checksums.json")),
+    cache=make_dir(os.path.join(out, "cache"), "--out"),
+  )
   report: dict = {
     "checkpoint": os.path.abspath(cfg.checkpoint),
     "model": predictor.describe(),
@@ -180,156 +216,42 @@ def run_drift(cfg: DriftConfig) -> dict:
     "env": main_env,
     "replacement": base.replacement,
     "label_rollouts": base.num_rollouts,
-    "reference": {"kind": "exact DP" if tabular else "MC relabel", "rollouts": k_ref},
+    "reference": {"kind": "exact DP" if ctx.tabular else "MC relabel", "rollouts": k_ref},
   }
-  digest = sha256_file(os.path.join(labels.path, "hindsight_checksums.json"))
-
-  def cached(name: str, compute, **key):
-    # Everything a cached array depends on names its file: the label config included.
-    key["config"] = dataclasses.asdict(ref_cfg)
-    path = os.path.join(cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
-    hit = ref_lib.load_cached(path)
-    if hit is None:
-      hit = compute()
-      ref_lib.save_cached(path, hit)
-    return hit
-
-  labeler = Labeler(env, policy, ref_cfg)
-
-  def reference_labeler(env, policy):
-    """Fresh and shifted sets are labeled as they are sampled: by the DP where tabular."""
-    if isinstance(env, TabularEnv):
-      return Labeler(env, policy, ref_lib.reference_config(base, 2, exact=True))
-    return Labeler(env, policy, ref_cfg)
-
-  # -- the main set ----------------------------------------------------------------------
   if cfg.env is None:
-    eps = [reader.labels[int(i)] for i in ids]
-    episodes = [_decode(e) for e in eps]
-    train_labels = _pad_fields(
-      [
-        {k: np.asarray(e[k]) for k in ("credit", "credit_stderr", "progress", "phi_hard", "klass")}
-        | {"credit_bounded": np.asarray(e["credit_bounded"])}
-        for e in eps
-      ],
-      env.horizon,
-    )
-    traj = ref_lib.regenerate(
-      labeler, seed, ids, [e["actions"] for e in episodes], [e["rewards"] for e in episodes]
-    )
-
-    def main_reference():
-      if tabular:
-        exact = Labeler(env, policy, ref_lib.reference_config(base, 2, exact=True))
-        return _keep(
-          ref_lib.label_trajectories(
-            exact, traj, ref_lib.reference_keys(seed, ids), cfg.progress, "reference (DP)"
-          )
-        )
-      return _keep(
-        ref_lib.label_trajectories(
-          labeler, traj, ref_lib.reference_keys(seed, ids), cfg.progress, f"reference K={k_ref}"
-        )
-      )
-
-    reference = cached(
-      "reference", main_reference, data=digest, ids=ids.tolist(), k=k_ref, tabular=tabular
-    )
+    ids = test_ids[: cfg.episodes] if cfg.episodes else test_ids
+    main, traj = _test_split_set(ctx, labels, ids)
+    check_seed = ctx.seed
   else:
-    fresh_seed = seed + SHIFT_SEED_OFFSET
-    n = cfg.episodes or 256
-    ids = np.arange(n)
-
-    def fresh():
-      t, lab = ref_lib.sample_and_label(
-        reference_labeler(env, policy), fresh_seed, n, cfg.progress, f"{cfg.env} reference"
-      )
-      return _keep(lab) | _traj_fields(env, t)
-
-    got = cached("fresh", fresh, env=cfg.env, seed=fresh_seed, n=n, k=k_ref)
-    reference, episodes = got, _episodes_from_arrays(env, got)
-    train_labels = None
-    traj = None
-  main = EpisodeSet(main_env, episodes, reference, train_labels)
-
-  # -- honesty of the reference ------------------------------------------------------------
-  m = min(cfg.check_episodes, len(episodes))
-  if cfg.env is None:
-    check_traj = jax.tree.map(lambda x: x[:m], traj)
-  else:
-    check_traj = _trajectories_of(env, policy, ref_cfg, fresh_seed, np.arange(m))
-  check_ids = ids[:m]
-  check_seed = seed if cfg.env is None else fresh_seed
-
-  def second_pass():
-    return _keep(
-      ref_lib.label_trajectories(
-        labeler,
-        check_traj,
-        ref_lib.reference_keys(check_seed, check_ids, 1),
-        cfg.progress,
-        "check pass",
-      )
-    )
-
-  check = cached(
-    "check",
-    second_pass,
-    data=digest,
-    env=main_env,
-    seed=check_seed,
-    ids=check_ids.tolist(),
-    k=k_ref,
-  )
-  mask = main.mask[:m]
-  first = {k: v[:m] for k, v in reference.items()}
-  if tabular:
-    report["reference"]["check"] = {
-      "kind": f"MC K={k_ref} against the DP",
-      **ref_lib.check_against_exact(check, first, mask),
-    }
-  else:
-    report["reference"]["check"] = {
-      "kind": "two independent passes",
-      **ref_lib.check_passes(first, check, mask),
-    }
+    ids = np.arange(cfg.episodes or 256)
+    main, traj = _fresh_set(ctx, main_env, ids)
+    check_seed = ctx.seed + SHIFT_SEED_OFFSET
+  report["reference"]["check"] = _check_reference(ctx, main, traj, ids, check_seed, main_env)
   report["reference"]["stderr_over_spread"] = _noise_ratio(main.cols)
-
-  # -- shifted sets (OOD slices) ---------------------------------------------------------
   shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
-  shift_sets = []
-  for j, spec in enumerate(shifts):
-    s_env, s_policy = make(spec)
-    s_labeler = reference_labeler(s_env, s_policy)
-    s_seed = seed + SHIFT_SEED_OFFSET + 1 + j
+  shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
 
-    def shifted(s_labeler=s_labeler, s_seed=s_seed, spec=spec, s_env=s_env):
-      t, lab = ref_lib.sample_and_label(
-        s_labeler, s_seed, cfg.shift_episodes, cfg.progress, f"{spec} reference"
-      )
-      return _keep(lab) | _traj_fields(s_env, t)
-
-    got = cached("shift", shifted, env=spec, seed=s_seed, n=cfg.shift_episodes, k=k_ref)
-    shift_sets.append(EpisodeSet(spec, _episodes_from_arrays(s_env, got), got, None))
-
-  # -- signals ---------------------------------------------------------------------------
+  # Signals on every set: the model (timed after one untimed pass that compiles), the
+  # outcome, and the learned baselines.
   sets = [main, *shift_sets]
-  predictor.score(main.episodes)  # compile every bucket's program once, untimed
+  predictor.score(main.episodes)
   tic_score = time.perf_counter()
   for s in sets:
     scores = predictor.score(s.episodes)
     for name in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
       s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
+  score_seconds = time.perf_counter() - tic_score
+  for s in sets:
     s.add_episode_signal(
       "outcome", [np.full(len(e["actions"]), float(np.sum(e["rewards"]))) for e in s.episodes]
     )
-  score_seconds = time.perf_counter() - tic_score
+  reader = EpisodeReader(labels)
   models = _learned_baselines(cfg, predictor, reader, run) if cfg.baseline_steps else []
   for m in models:
     for s in sets:
       s.add_episode_signal(m.kind, m.credit(predictor.batch, s.episodes))
 
-  from hindsight.drift.report import build_report
+  from hindsight.drift.report import build_report, write_report
 
   report["seconds"] = {"model_scoring": round(score_seconds, 2)}
   report.update(
@@ -349,11 +271,92 @@ def run_drift(cfg: DriftConfig) -> dict:
       extra_sources=extra,
     )
   report["seconds"]["total"] = round(time.perf_counter() - tic, 1)
-  from hindsight.drift.report import write_report
-
   write_report(out, report, main, shift_sets)
   report["out"] = out
   return report
+
+
+def _test_split_set(ctx: _Context, labels, ids: np.ndarray):
+  """The run's test episodes with their training labels and the reference: the DP where
+  tabular, else the regenerated trajectories relabeled at K_ref with independent keys.
+  Returns (EpisodeSet, Trajectory of the episodes)."""
+  eps = [labels[int(i)] for i in ids]
+  episodes = [_decode(e) for e in eps]
+  fields = ("credit", "credit_stderr", "progress", "phi_hard", "klass", "credit_bounded")
+  train_labels = _pad_fields([{k: np.asarray(e[k]) for k in fields} for e in eps], ctx.env.horizon)
+  traj = ref_lib.regenerate(
+    ctx.labeler(), ctx.seed, ids, [e["actions"] for e in episodes], [e["rewards"] for e in episodes]
+  )
+
+  def compute():
+    what = "reference (DP)" if ctx.tabular else f"reference K={ctx.ref_cfg.num_rollouts}"
+    labeler = ctx.labeler(exact_if_tabular=True)
+    keys = ref_lib.reference_keys(ctx.seed, ids)
+    return _keep(ref_lib.label_trajectories(labeler, traj, keys, ctx.cfg.progress, what))
+
+  reference = ctx.cached(
+    "reference", compute, data=ctx.digest, ids=ids.tolist(), tabular=ctx.tabular
+  )
+  name = ctx.cfg.env or labels.metadata.get("env", "")
+  return EpisodeSet(name, episodes, reference, train_labels), traj
+
+
+def _fresh_set(ctx: _Context, spec: str, ids: np.ndarray):
+  """Fresh episodes of `spec` (--env), sampled and labeled as the reference."""
+  seed = ctx.seed + SHIFT_SEED_OFFSET
+
+  def compute():
+    labeler = ctx.labeler(exact_if_tabular=True)
+    t, lab = ref_lib.sample_and_label(
+      labeler, seed, ids.size, ctx.cfg.progress, f"{spec} reference"
+    )
+    return _keep(lab) | _traj_fields(ctx.env, t)
+
+  got = ctx.cached("fresh", compute, env=spec, seed=seed, n=int(ids.size))
+  m = min(ctx.cfg.check_episodes, ids.size)
+  traj = _trajectories_of(ctx.labeler(), seed, np.arange(m))
+  return EpisodeSet(spec, _episodes_from_arrays(ctx.env, got), got, None), traj
+
+
+def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -> dict:
+  """The reference's honesty on its first `check_episodes` episodes: an independent MC
+  pass (keys of pass 1) against it, or against the DP on tabular environments."""
+  m = min(ctx.cfg.check_episodes, len(main.episodes))
+  check_traj = jax.tree.map(lambda x: x[:m], traj)
+  check_ids = ids[:m]
+
+  def compute():
+    keys = ref_lib.reference_keys(seed, check_ids, 1)
+    labels = ref_lib.label_trajectories(
+      ctx.labeler(), check_traj, keys, ctx.cfg.progress, "check pass"
+    )
+    return _keep(labels)
+
+  check = ctx.cached(
+    "check", compute, data=ctx.digest, env=env_spec, seed=seed, ids=check_ids.tolist()
+  )
+  mask = main.mask[:m]
+  first = {k: v[:m] for k, v in main.reference.items()}
+  if ctx.tabular:
+    kind = f"MC K={ctx.ref_cfg.num_rollouts} against the DP"
+    return {"kind": kind, **ref_lib.check_against_exact(check, first, mask)}
+  return {"kind": "two independent passes", **ref_lib.check_passes(first, check, mask)}
+
+
+def _shift_set(ctx: _Context, spec: str, j: int):
+  """Fresh episodes of a shifted environment (an OOD slice), labeled as the reference."""
+  env, policy = make(spec)
+  seed = ctx.seed + SHIFT_SEED_OFFSET + 1 + j
+
+  def compute():
+    labeler = ctx.labeler(env, policy, exact_if_tabular=True)
+    t, lab = ref_lib.sample_and_label(
+      labeler, seed, ctx.cfg.shift_episodes, ctx.cfg.progress, f"{spec} reference"
+    )
+    return _keep(lab) | _traj_fields(env, t)
+
+  got = ctx.cached("shift", compute, env=spec, seed=seed, n=ctx.cfg.shift_episodes)
+  return EpisodeSet(spec, _episodes_from_arrays(env, got), got, None)
 
 
 def _keep(labels: dict) -> dict:
@@ -395,11 +398,10 @@ def _episodes_from_arrays(env, arrays: dict) -> list[dict]:
   return out
 
 
-def _trajectories_of(env, policy, cfg, seed, indices):
-  from hindsight.labeling.engine import episode_key, to_numpy
-
-  labeler = Labeler(env, policy, cfg)
-  return to_numpy(labeler.sample(jax.vmap(episode_key, (None, 0))(seed, indices)))
+def _trajectories_of(labeler: Labeler, seed: int, indices: np.ndarray):
+  """The full-state trajectories of episodes `indices` of `seed` (Trajectory, NumPy)."""
+  keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
+  return to_numpy(labeler.sample(keys))
 
 
 def _pad_fields(per_episode: list[dict], horizon: int) -> dict:
