@@ -181,6 +181,9 @@ def test_choose_rollouts_scales_with_the_labels_noise():
   k = ref_lib.choose_rollouts(credit, np.full(n, 0.5), 32, 0.1)
   assert k == 1024  # 800 rounded up to a power of two
   assert ref_lib.choose_rollouts(credit, np.full(n, 0.01), 32, 0.1) == 128  # >= 4 K_L
+  # Tie bounds are conservative intervals, not noise: they do not raise K.
+  stderr = np.where(np.arange(n) % 2 == 0, 5.0, 0.5)
+  assert ref_lib.choose_rollouts(credit, stderr, 32, 0.1, bounded=np.arange(n) % 2 == 0) == 1024
 
 
 def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):

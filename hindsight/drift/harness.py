@@ -196,6 +196,7 @@ def run_drift(cfg: DriftConfig) -> dict:
     np.concatenate([np.asarray(e["credit_stderr"]) for e in sample]),
     base.num_rollouts,
     cfg.reference_fraction,
+    bounded=np.concatenate([np.asarray(e["credit_bounded"]) for e in sample]),
   )
   main_env = cfg.env or env_spec
   env, policy = make(main_env)
@@ -227,7 +228,7 @@ def run_drift(cfg: DriftConfig) -> dict:
     main, traj = _fresh_set(ctx, main_env, ids)
     check_seed = ctx.seed + SHIFT_SEED_OFFSET
   report["reference"]["check"] = _check_reference(ctx, main, traj, ids, check_seed, main_env)
-  report["reference"]["stderr_over_spread"] = _noise_ratio(main.cols)
+  report["reference"].update(_noise_ratio(main.cols))
   shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
   shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
 
@@ -416,11 +417,18 @@ def _pad_fields(per_episode: list[dict], horizon: int) -> dict:
   return out
 
 
-def _noise_ratio(cols: dict) -> float:
-  """RMS reference stderr / std of the reference credit (the 'stated small fraction')."""
+def _noise_ratio(cols: dict) -> dict:
+  """The reference's RMS sample stderr / the std of its credit (the 'stated small
+  fraction'), and the share of steps whose stderr is a tie bound instead (left out)."""
   c, se = cols["ref_credit"], cols["ref_credit_stderr"]
+  bounded = cols["ref_credit_bounded"].astype(bool)
   ok = np.isfinite(c)
-  return float(np.sqrt(np.mean(np.square(se[ok]))) / max(np.std(c[ok]), 1e-12))
+  sample = ok & ~bounded
+  rms = float(np.sqrt(np.mean(np.square(se[sample])))) if sample.any() else 0.0
+  return {
+    "stderr_over_spread": rms / max(float(np.std(c[ok])), 1e-12),
+    "tie_bounded_share": float(np.mean(bounded[ok])),
+  }
 
 
 def _learned_baselines(cfg, predictor, reader, run) -> list:

@@ -60,16 +60,24 @@ def reference_keys(seed: int, indices: np.ndarray, pass_index: int = 0) -> jax.A
 
 
 def choose_rollouts(
-  label_credit: np.ndarray, label_stderr: np.ndarray, label_rollouts: int, fraction: float
+  label_credit: np.ndarray,
+  label_stderr: np.ndarray,
+  label_rollouts: int,
+  fraction: float,
+  bounded: np.ndarray | None = None,
 ) -> int:
   """The K at which the reference's RMS stderr is about `fraction` of the credit spread.
 
   MC stderrs scale as 1/sqrt(K): from the labels' RMS stderr e at K_label and the spread s
   (std of the labels' credit, minus their noise), K = K_label (e / (fraction s))^2, rounded
-  up to a power of two, at least 4 K_label, at most MAX_REFERENCE_ROLLOUTS.
+  up to a power of two, at least 4 K_label, at most MAX_REFERENCE_ROLLOUTS. Steps whose
+  stderr is a tie bound (`bounded`: every branch tied) are left out of e: the bound is a
+  conservative interval, not a noise level (on key_to_door, 90% of steps, it would ask for
+  the maximum K).
   """
   ok = np.isfinite(label_credit) & np.isfinite(label_stderr)
-  e2 = float(np.mean(np.square(label_stderr[ok]))) if ok.any() else 0.0
+  noisy = ok if bounded is None else ok & ~np.asarray(bounded, bool)
+  e2 = float(np.mean(np.square(label_stderr[noisy]))) if noisy.any() else 0.0
   signal = max(float(np.var(label_credit[ok])) - e2, 1e-12) if ok.any() else 1.0
   k = label_rollouts * e2 / (fraction**2 * signal)
   k = max(4 * label_rollouts, k)

@@ -270,7 +270,8 @@ def markdown(report: dict) -> str:
     f"{r['episodes']} episodes, {r['steps']} steps, `{r['replacement']}` credit.",
     f"Reference: {ref['kind']}"
     + (f" at K={ref['rollouts']}" if ref["kind"] != "exact DP" else "")
-    + f"; its RMS stderr / credit spread = {ref['stderr_over_spread']:.3f}. "
+    + f"; its RMS stderr / credit spread = {ref['stderr_over_spread']:.3f} (sample stderrs; "
+    + f"{ref['tie_bounded_share']:.1%} of steps tie in every branch and carry a tie bound). "
     + _check_line(ref["check"]),
     "",
     "## Headline: every signal against the reference (95% bootstrap CIs over episodes)",
