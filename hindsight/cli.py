@@ -9,6 +9,8 @@
                                            dividends as JSON)
   hindsight eval    --checkpoint WORKDIR [--env SPEC] [--episodes N]
                     [--reference-rollouts K] [--out DIR]   (the drift report)
+  hindsight score   --checkpoint WORKDIR --input FILE.jsonl|DATASET --out FILE.jsonl
+  hindsight serve   --checkpoint WORKDIR [--host H] [--port P]   (POST /v1/credit)
 
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
@@ -153,7 +155,56 @@ def _parser() -> argparse.ArgumentParser:
   ev.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and baselines")
   ev.add_argument("--out", default="", help="report directory (default: CHECKPOINT/drift)")
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+  sc = sub.add_parser("score", help="batch-score a JSONL file or a label dataset")
+  sc.add_argument("--checkpoint", required=True, help="a training run's --workdir")
+  sc.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  sc.add_argument("--input", required=True, help="JSONL (export format) or a dataset dir")
+  sc.add_argument("--out", required=True, help="output JSONL (written atomically)")
+  sc.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+  sv = sub.add_parser("serve", help="serve credit over HTTP (POST /v1/credit)")
+  sv.add_argument("--checkpoint", required=True, help="a training run's --workdir")
+  sv.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+  sv.add_argument("--port", type=int, default=8000, help="port")
+  sv.add_argument("--window-ms", type=float, default=2.0, help="batching window")
+  sv.add_argument("--max-batch", type=int, default=64, help="trajectories per scored batch")
+  sv.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit")
+  sv.add_argument("--max-trajectories", type=int, default=256, help="per request")
+  sv.add_argument("--max-steps", type=int, default=0, help="per trajectory (0: 4 x max_length)")
   return p
+
+
+def _score(args) -> int:
+  from hindsight.model.predictor import Predictor
+  from hindsight.serving.batch import score_file
+
+  n = score_file(Predictor.load(args.checkpoint, args.step), args.input, args.out,
+                 progress=not args.no_progress)  # fmt: skip
+  print(f"scored {n} episodes: {args.out}")
+  return 0
+
+
+def _serve(args) -> int:
+  from hindsight.errors import HindsightError
+  from hindsight.serving.app import ServeConfig, serve
+
+  for name in ("window_ms", "max_batch", "max_body_bytes", "max_trajectories", "max_steps"):
+    if getattr(args, name) < 0 or (name != "max_steps" and getattr(args, name) == 0):
+      raise HindsightError(f"--{name.replace('_', '-')} must be > 0")
+  cfg = ServeConfig(
+    checkpoint=args.checkpoint,
+    step=args.step,
+    window_ms=args.window_ms,
+    max_batch=args.max_batch,
+    max_body_bytes=args.max_body_bytes,
+    max_trajectories=args.max_trajectories,
+    max_steps=args.max_steps,
+  )
+  print(f"hindsight: serving {args.checkpoint} on http://{args.host}:{args.port}", flush=True)
+  serve(cfg, args.host, args.port)
+  return 0
 
 
 def _eval(args) -> int:
@@ -306,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     "summary": _summary,
     "coalition": _coalition,
     "eval": _eval,
+    "score": _score,
+    "serve": _serve,
   }
   try:
     return report_errors("hindsight", commands[args.command], args)

@@ -221,14 +221,17 @@ def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
   """An in-memory episode (the export format: observations, actions, rewards, optional
   success, agent and label fields, as lists or arrays) checked against `spec` and converted
   to arrays. Bad input raises a one-line HindsightError naming `where` and the field."""
+  if not isinstance(episode, dict):
+    raise HindsightError(f"{where}: expected an object with observations, actions, rewards")
   for name in ("observations", "actions", "rewards"):
     if name not in episode:
       raise HindsightError(f"{where}: missing field '{name}'")
   try:
     actions = np.asarray(episode["actions"])
-    rewards = np.asarray(episode["rewards"], np.float32)
+    with np.errstate(over="ignore"):  # a huge reward becomes inf, refused below
+      rewards = np.asarray(episode["rewards"], np.float32)
     obs = np.asarray(episode["observations"])
-  except (TypeError, ValueError):
+  except (TypeError, ValueError, OverflowError):
     raise HindsightError(f"{where}: observations, actions and rewards must be arrays") from None
   n = actions.shape[0] if actions.ndim == 1 else -1
   if n < 1:
@@ -244,14 +247,21 @@ def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
     raise HindsightError(f"{where}: 'observations' has shape {obs.shape}, the model needs {want}")
   if spec.obs_kind == "vector" and not np.issubdtype(obs.dtype, np.number):
     raise HindsightError(f"{where}: 'observations' must be numbers")
+  if spec.obs_kind == "vector" and not np.all(np.isfinite(obs)):
+    raise HindsightError(f"{where}: 'observations' must be finite (no NaN or inf)")
   if spec.obs_kind == "discrete" and not np.issubdtype(obs.dtype, np.integer):
     raise HindsightError(f"{where}: 'observations' must be int ids for this model")
   out = {"observations": obs, "actions": actions.astype(np.int32), "rewards": rewards}
   success = episode.get("success")
-  out["success"] = bool(rewards.sum() > spec.success_threshold) if success is None else success
-  for name in ("credit", "credit_stderr", "progress", "agent"):
+  if success is not None and not isinstance(success, bool | int | float | np.bool_ | np.number):
+    raise HindsightError(f"{where}: 'success' must be true or false")
+  out["success"] = bool(rewards.sum() > spec.success_threshold if success is None else success)
+  for name in ("credit", "credit_stderr", "progress"):
     if episode.get(name) is not None:
-      out[name] = np.asarray(episode[name], np.float32 if name != "agent" else None)
+      try:
+        out[name] = np.asarray(episode[name], np.float32).reshape(n)
+      except (TypeError, ValueError):
+        raise HindsightError(f"{where}: '{name}' must be {n} numbers") from None
   if episode.get("klass") is not None:
     klass = np.asarray(episode["klass"])
     if klass.dtype.kind in "US":  # the export format names classes
@@ -261,8 +271,12 @@ def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
       klass = np.array([KLASS_NAMES.index(k) for k in klass.tolist()])
     out["klass"] = klass.astype(np.int32)
   if spec.num_agents:
-    agent = np.asarray(episode.get("agent", np.arange(n) % spec.num_agents))
-    if agent.shape != (n,) or agent.min() < 0 or agent.max() >= spec.num_agents:
+    try:
+      agent = np.asarray(episode.get("agent", np.arange(n) % spec.num_agents))
+    except (TypeError, ValueError):
+      agent = np.zeros(0)
+    ok = agent.shape == (n,) and np.issubdtype(agent.dtype, np.integer)
+    if not ok or agent.min() < 0 or agent.max() >= spec.num_agents:
       raise HindsightError(f"{where}: 'agent' must be {n} ids in [0, {spec.num_agents})")
     out["agent"] = agent
   return out

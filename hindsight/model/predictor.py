@@ -40,7 +40,9 @@ from hindsight.model.programs import model_graph
 
 MODEL_FILE = "hindsight_model.json"
 MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no MODEL_FILE
-PAD_MULTIPLE = 8  # episodes are padded to a multiple of this: few shapes, few compiles
+PAD_MULTIPLE = 8  # episodes up to 64 steps are padded to a multiple of this, longer ones
+# to a power of two: few shapes, so few compiles, and little padding where episodes are short
+ROW_BUCKETS = (1, 4, 16, 64)  # rows of a scored batch (the largest is the batch size)
 
 
 def model_files(model_cfg: ModelConfig, spec: DataSpec) -> dict[str, str]:
@@ -154,31 +156,46 @@ class Predictor:
 
   def batch(self, episodes: Sequence[dict], pad: int | None = None) -> dict:
     """One padded batch of in-memory episodes (checked: a one-line error names the first
-    bad one); pad defaults to the longest, rounded up to PAD_MULTIPLE."""
+    bad one); pad defaults to the longest episode's length bucket (`pad_length`)."""
     eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
     if pad is None:
-      pad = _round_up(max(len(e["actions"]) for e in eps))
+      pad = pad_length(max(len(e["actions"]) for e in eps))
     return episodes_batch(eps, pad, self.spec)
 
-  def score(self, episodes: Sequence[dict], batch_size: int = 64) -> list[dict]:
+  def warmup(self, max_steps: int | None = None) -> int:
+    """Compiles the program of every (row bucket, length bucket) up to `max_steps` (default
+    the model's max_length), so a steady stream of calls never compiles; returns the
+    number of programs compiled."""
+    pads = sorted({pad_length(n) for n in range(1, (max_steps or self.spec.max_length) + 1)})
+    for pad in pads:
+      for rows in ROW_BUCKETS:
+        jax.block_until_ready(
+          self._score(self.state, episodes_batch([None] * rows, pad, self.spec))
+        )
+    return len(pads) * len(ROW_BUCKETS)
+
+  def compiled_programs(self) -> int:
+    """How many programs `score` has compiled so far (jit's cache of shapes)."""
+    return int(self._score._cache_size())
+
+  def score(self, episodes: Sequence[dict], batch_size: int = ROW_BUCKETS[-1]) -> list[dict]:
     """Per-step outputs of every episode: [{name: array [T_i]}] in input order.
 
     episodes: dicts in the export format, or a label dataset (`open_labels(DIR)`).
 
-    Episodes are grouped into length buckets (multiples of PAD_MULTIPLE) and batches of a
-    power-of-two number of rows (at most batch_size), so repeated calls reuse a few
-    compiled programs.
+    Episodes are grouped into length buckets (`pad_length`) and batches of ROW_BUCKETS rows
+    (chunks of at most batch_size), so repeated calls reuse a few compiled programs.
     """
     eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
     if not eps:
       return []
     lengths = np.array([len(e["actions"]) for e in eps])
     results: list[dict | None] = [None] * len(eps)
-    for pad in sorted({_round_up(n) for n in lengths}):
-      ids = np.flatnonzero([_round_up(n) == pad for n in lengths])
+    for pad in sorted({pad_length(n) for n in lengths}):
+      ids = np.flatnonzero([pad_length(n) == pad for n in lengths])
       for start in range(0, ids.size, batch_size):
         chunk = ids[start : start + batch_size]
-        rows = 1 << max(0, math.ceil(math.log2(chunk.size)))
+        rows = next((r for r in ROW_BUCKETS if r >= chunk.size), chunk.size)
         batch = episodes_batch(
           [eps[i] for i in chunk] + [None] * (rows - chunk.size), pad, self.spec
         )
@@ -191,5 +208,10 @@ class Predictor:
     return {"step": self.step, "digest": self.digest, "klass_names": list(KLASS_NAMES)}
 
 
-def _round_up(n: int) -> int:
-  return int(math.ceil(max(n, 1) / PAD_MULTIPLE) * PAD_MULTIPLE)
+def pad_length(n: int) -> int:
+  """The length bucket of an n-step episode: a multiple of PAD_MULTIPLE up to 64 steps,
+  else the next power of two."""
+  n = max(int(n), 1)
+  if n <= 64:
+    return int(math.ceil(n / PAD_MULTIPLE) * PAD_MULTIPLE)
+  return 1 << math.ceil(math.log2(n))

@@ -1,0 +1,115 @@
+"""Load benchmark of `hindsight serve` on loopback: latency and throughput under 1 and N clients.
+
+Starts the server on a trained run (default runs/demo) in a subprocess, waits until it is
+ready (warmed up), then for each client count sends requests of one trajectory of `--steps`
+steps (random observations and actions of the model's shape) from that many threads with
+keep-alive connections, for `--seconds` each. Prints p50/p99 latency and steps scored per
+second; the server is stopped at the end (and on any error).
+
+  python eval/bench_serve.py --checkpoint runs/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from hindsight.model.predictor import Predictor
+from hindsight.serving import Client
+
+
+def _trajectory(spec, steps: int, rng) -> dict:
+  if spec.obs_kind == "vector":
+    obs = rng.normal(size=(steps, spec.obs_dim)).round(3).tolist()
+  else:
+    obs = rng.integers(0, spec.obs_dim, steps).tolist()
+  return {
+    "observations": obs,
+    "actions": rng.integers(0, spec.num_actions, steps).tolist(),
+    "rewards": [0.0] * (steps - 1) + [1.0],
+  }
+
+
+def _load(port: int, body: bytes, clients: int, seconds: float) -> list[float]:
+  """Latencies (s) of every request sent by `clients` threads during `seconds`."""
+  latencies: list[float] = []
+  lock = threading.Lock()
+  stop = time.perf_counter() + seconds
+
+  def run():
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    mine = []
+    while time.perf_counter() < stop:
+      tic = time.perf_counter()
+      conn.request("POST", "/v1/credit", body, {"Content-Type": "application/json"})
+      response = conn.getresponse()
+      response.read()
+      if response.status != 200:
+        raise RuntimeError(f"status {response.status}")
+      mine.append(time.perf_counter() - tic)
+    conn.close()
+    with lock:
+      latencies.extend(mine)
+
+  threads = [threading.Thread(target=run) for _ in range(clients)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  return latencies
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--checkpoint", default="runs/demo")
+  p.add_argument("--steps", type=int, default=128, help="steps per trajectory")
+  p.add_argument("--clients", default="1,64", help="client counts to measure")
+  p.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
+  p.add_argument("--port", type=int, default=8791)
+  args = p.parse_args()
+
+  spec = Predictor.load(args.checkpoint).spec
+  rng = np.random.default_rng(0)
+  body = json.dumps({"trajectories": [_trajectory(spec, args.steps, rng)]}).encode()
+  server = subprocess.Popen(
+    [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", args.checkpoint,
+     "--port", str(args.port), "--max-steps", str(args.steps)],
+    stdout=subprocess.DEVNULL,
+  )  # fmt: skip
+  try:
+    client = Client(f"http://127.0.0.1:{args.port}")
+    deadline = time.time() + 300
+    while not client.ready():
+      if server.poll() is not None or time.time() > deadline:
+        raise SystemExit("bench_serve: the server did not become ready")
+      time.sleep(0.2)
+    _load(args.port, body, 1, 1.0)  # warm connections and caches
+    single = None
+    print(f"{args.steps}-step trajectories, one per request, {args.seconds:g} s per row:")
+    for clients in (int(c) for c in args.clients.split(",")):
+      lat = np.asarray(_load(args.port, body, clients, args.seconds))
+      rate = lat.size * args.steps / args.seconds
+      single = rate if single is None else single
+      p50, p99 = np.percentile(lat, [50, 99]) * 1e3
+      print(
+        f"  {clients:>3} clients: {lat.size:>6} requests  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+        f"{rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
+      )
+  finally:
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+  main()

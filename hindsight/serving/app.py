@@ -1,0 +1,352 @@
+"""`hindsight serve`: credit over HTTP for RL loops that are not written in JAX.
+
+  POST /v1/credit   {"trajectories": [{"observations", "actions", "rewards", "agent"?}]}
+                    (JSON, or msgpack with Content-Type application/msgpack)
+                 -> {"credit": [[...]], "credit_std": [[...]], "p_zero": [[...]],
+                     "klass": [[name, ...]], "model": {"step", "digest"}}
+  POST /v1/reload   {"checkpoint"?: DIR, "step"?: "best" | "last" | N}: load, verify, warm
+                    up, then swap; requests in flight finish on the model they started on
+  GET  /healthz     the process is up;  GET /readyz  the model is loaded and warmed up
+  GET  /metrics     Prometheus: requests by code, latency, batch sizes, model step
+
+Concurrent requests are batched dynamically: the first waiting request opens a collection
+window (`window_ms`); requests arriving within it join the batch up to `max_batch`
+trajectories, and the batch is scored in one `Predictor.score` call on the compiled buckets
+(off the event loop, in a worker thread). Every request is validated before it joins a batch,
+so one bad request never fails another; bad requests get a 4xx and a one-line message.
+SIGHUP reloads the checkpoint directory served (its best step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import time
+
+import jax
+import msgspec
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data.batching import as_episode
+from hindsight.errors import HindsightError, one_line
+from hindsight.model.predictor import Predictor
+
+MSGPACK = "application/msgpack"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+  """The server's model, batching and limits (the `hindsight serve` flags)."""
+
+  checkpoint: str
+  step: str = "best"
+  window_ms: float = 2.0  # how long the first waiting request waits for company
+  max_batch: int = 64  # trajectories scored together at most
+  max_body_bytes: int = 8 << 20
+  max_trajectories: int = 256  # per request
+  max_steps: int = 0  # per trajectory (0: the model's max_length x 4)
+  warmup: bool = True  # compile every bucket before /readyz says ready
+
+
+class _Failure(Exception):
+  """A request that gets `status` and a one-line message."""
+
+  def __init__(self, status: int, message: str):
+    super().__init__(message)
+    self.status = status
+
+
+@dataclasses.dataclass
+class _Job:
+  episodes: list[dict]
+  future: asyncio.Future
+
+
+class Server:
+  """The app's state: the model being served, the batcher, the metrics."""
+
+  def __init__(self, cfg: ServeConfig):
+    self.cfg = cfg
+    self.predictor: Predictor | None = None
+    self.queue: asyncio.Queue | None = None
+    self.reload_lock: asyncio.Lock | None = None
+    self.ready = False
+    self.registry = CollectorRegistry()
+    self.requests = Counter(
+      "hindsight_requests", "HTTP requests by route and status code", ["route", "code"],
+      registry=self.registry,
+    )  # fmt: skip
+    self.latency = Histogram(
+      "hindsight_request_seconds", "Latency of /v1/credit requests", registry=self.registry,
+      buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+    )  # fmt: skip
+    self.batch_sizes = Histogram(
+      "hindsight_batch_trajectories", "Trajectories per scored batch", registry=self.registry,
+      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    )  # fmt: skip
+    self.model_step = Gauge(
+      "hindsight_model_step", "Checkpoint step served", registry=self.registry
+    )
+
+  @property
+  def max_steps(self) -> int:
+    return self.cfg.max_steps or 4 * self.predictor.spec.max_length
+
+  # -- model ------------------------------------------------------------------------------
+
+  def load(self, checkpoint: str, step) -> Predictor:
+    """A verified, warmed-up Predictor (blocking: runs in a worker thread)."""
+    predictor = Predictor.load(checkpoint, step)
+    if self.predictor is not None:
+      _check_compatible(self.predictor, predictor)
+    if self.cfg.warmup:
+      predictor.warmup(self.cfg.max_steps or 4 * predictor.spec.max_length)
+    return predictor
+
+  async def reload(self, checkpoint: str | None = None, step=None) -> Predictor:
+    async with self.reload_lock:
+      new = await asyncio.to_thread(
+        self.load, checkpoint or self.cfg.checkpoint, self.cfg.step if step is None else step
+      )
+      self.predictor = new  # batches read it once each: in-flight ones keep the old model
+      self.model_step.set(new.step)
+      return new
+
+  # -- batching ---------------------------------------------------------------------------
+
+  async def score(self, episodes: list[dict]) -> tuple[list[dict], Predictor]:
+    future = asyncio.get_running_loop().create_future()
+    await self.queue.put(_Job(episodes, future))
+    return await future
+
+  async def batch_loop(self) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+      jobs = [await self.queue.get()]
+      count = len(jobs[0].episodes)
+      deadline = loop.time() + self.cfg.window_ms / 1000
+      while count < self.cfg.max_batch:
+        timeout = deadline - loop.time()
+        if timeout <= 0:
+          break
+        try:
+          job = await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+          break
+        jobs.append(job)
+        count += len(job.episodes)
+      predictor = self.predictor
+      episodes = [e for job in jobs for e in job.episodes]
+      self.batch_sizes.observe(len(episodes))
+      try:
+        scores = await asyncio.to_thread(predictor.score, episodes, self.cfg.max_batch)
+      except Exception as e:  # every waiting request hears of it, none hangs
+        for job in jobs:
+          if not job.future.done():
+            job.future.set_exception(e)
+        continue
+      start = 0
+      for job in jobs:
+        part = scores[start : start + len(job.episodes)]
+        start += len(job.episodes)
+        if not job.future.done():
+          job.future.set_result((part, predictor))
+
+
+def _check_compatible(old: Predictor, new: Predictor) -> None:
+  """A reloaded model must have the served one's tree structure, shapes and dtypes (and
+  DataSpec inputs), so every client's requests stay valid."""
+  if jax.tree.structure(old.state) != jax.tree.structure(new.state):
+    raise HindsightError("the new checkpoint's parameter tree differs from the served model's")
+  for a, b in zip(jax.tree.leaves(old.state), jax.tree.leaves(new.state), strict=True):
+    if a.shape != b.shape or a.dtype != b.dtype:
+      raise HindsightError(
+        f"the new checkpoint has a {b.dtype}{list(b.shape)} parameter where the served model "
+        f"has {a.dtype}{list(a.shape)}"
+      )
+  o, n = old.spec, new.spec
+  if (o.obs_kind, o.obs_dim, o.num_actions, o.num_agents) != (
+    n.obs_kind,
+    n.obs_dim,
+    n.num_actions,
+    n.num_agents,
+  ):
+    raise HindsightError("the new checkpoint expects other observations or actions")
+
+
+def _decode(request_body: bytes, content_type: str):
+  try:
+    if content_type.split(";")[0].strip() == MSGPACK:
+      return msgspec.msgpack.decode(request_body)
+    return msgspec.json.decode(request_body)
+  except (msgspec.DecodeError, ValueError) as e:
+    raise _Failure(
+      400,
+      f"the body is not valid {'msgpack' if MSGPACK in content_type else 'JSON'}: {one_line(e)}",
+    ) from None
+
+
+def _trajectories(body, server: Server) -> list[dict]:
+  """The request's trajectories, each checked against the model (400 on the first bad one)."""
+  if not isinstance(body, dict) or not isinstance(body.get("trajectories"), list):
+    raise _Failure(400, 'expected {"trajectories": [...]}')
+  trajs = body["trajectories"]
+  if not trajs:
+    raise _Failure(400, "'trajectories' is empty")
+  if len(trajs) > server.cfg.max_trajectories:
+    raise _Failure(
+      413, f"{len(trajs)} trajectories in one request; the limit is {server.cfg.max_trajectories}"
+    )
+  spec = server.predictor.spec
+  out = []
+  for i, t in enumerate(trajs):
+    where = f"trajectories[{i}]"
+    steps = t.get("actions") if isinstance(t, dict) else None
+    if isinstance(steps, list) and len(steps) > server.max_steps:
+      raise _Failure(413, f"{where}: {len(steps)} steps; the limit is {server.max_steps}")
+    try:
+      out.append(as_episode(t, spec, where))
+    except HindsightError as e:
+      raise _Failure(400, one_line(e)) from None
+  return out
+
+
+def _answer(scores: list[dict], predictor: Predictor) -> dict:
+  names = np.asarray(KLASS_NAMES)
+  return {
+    "credit": [s["credit"].astype(float).tolist() for s in scores],
+    "credit_std": [s["std"].astype(float).tolist() for s in scores],
+    "p_zero": [s["p_zero"].astype(float).tolist() for s in scores],
+    "klass": [names[s["klass"]].tolist() for s in scores],
+    "model": {"step": predictor.step, "digest": predictor.digest},
+  }
+
+
+def create_app(cfg: ServeConfig, predictor: Predictor | None = None) -> Starlette:
+  """The ASGI app; the model (`predictor`, else loaded from cfg.checkpoint) warms up in the
+  background after startup, and /readyz says ready when it has."""
+  server = Server(cfg)
+
+  def respond(route: str, status: int, content: dict) -> Response:
+    server.requests.labels(route, str(status)).inc()
+    # msgspec encodes the nested float lists several times faster than the json module.
+    return Response(msgspec.json.encode(content), status, media_type="application/json")
+
+  async def credit(request: Request) -> Response:
+    tic = time.perf_counter()
+    try:
+      if not server.ready:
+        raise _Failure(503, "the model is still loading")
+      length = request.headers.get("content-length")
+      if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+        raise _Failure(413, f"the body has {length} bytes; the limit is {cfg.max_body_bytes}")
+      body = b""
+      async for chunk in request.stream():
+        body += chunk
+        if len(body) > cfg.max_body_bytes:
+          raise _Failure(413, f"the body exceeds the limit of {cfg.max_body_bytes} bytes")
+      episodes = _trajectories(_decode(body, request.headers.get("content-type", "")), server)
+      scores, predictor = await server.score(episodes)
+      answer = _answer(scores, predictor)
+    except _Failure as e:
+      return respond("credit", e.status, {"error": str(e)})
+    except HindsightError as e:
+      return respond("credit", 400, {"error": one_line(e)})
+    server.latency.observe(time.perf_counter() - tic)
+    if MSGPACK in request.headers.get("accept", ""):
+      server.requests.labels("credit", "200").inc()
+      return Response(msgspec.msgpack.encode(answer), media_type=MSGPACK)
+    return respond("credit", 200, answer)
+
+  async def reload(request: Request) -> Response:
+    try:
+      body = _decode(await request.body() or b"{}", request.headers.get("content-type", ""))
+      if not isinstance(body, dict):
+        raise _Failure(400, 'expected {"checkpoint"?: DIR, "step"?: STEP}')
+      new = await server.reload(body.get("checkpoint"), body.get("step"))
+    except _Failure as e:
+      return respond("reload", e.status, {"error": str(e)})
+    except (HindsightError, OSError) as e:
+      # Refused (damaged, incompatible, missing): the old model keeps serving.
+      return respond("reload", 409, {"error": one_line(e)})
+    return respond("reload", 200, {"model": {"step": new.step, "digest": new.digest}})
+
+  async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+  async def readyz(request: Request) -> Response:
+    if not server.ready:
+      return JSONResponse({"ready": False}, status_code=503)
+    p = server.predictor
+    return JSONResponse({"ready": True, "model": {"step": p.step, "digest": p.digest}})
+
+  async def metrics(request: Request) -> Response:
+    return Response(generate_latest(server.registry), media_type="text/plain; version=0.0.4")
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    server.queue = asyncio.Queue()
+    server.reload_lock = asyncio.Lock()
+    batcher = asyncio.create_task(server.batch_loop())
+
+    async def start():
+      if predictor is None:
+        await server.reload()
+      else:
+        if cfg.warmup:
+          await asyncio.to_thread(predictor.warmup, cfg.max_steps or 4 * predictor.spec.max_length)
+        server.predictor = predictor
+        server.model_step.set(predictor.step)
+      server.ready = True
+
+    loader = asyncio.create_task(start())
+    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+      # SIGHUP reloads (only where the loop owns the main thread's signals).
+      asyncio.get_running_loop().add_signal_handler(
+        signal.SIGHUP, lambda: asyncio.ensure_future(_quiet(server.reload()))
+      )
+    app.state.server = server
+    try:
+      yield
+    finally:
+      loader.cancel()
+      batcher.cancel()
+
+  routes = [
+    Route("/v1/credit", credit, methods=["POST"]),
+    Route("/v1/reload", reload, methods=["POST"]),
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/metrics", metrics),
+  ]
+  return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _quiet(coro) -> None:
+  """A SIGHUP reload: a refused checkpoint leaves the served model in place."""
+  with contextlib.suppress(HindsightError, OSError):
+    await coro
+
+
+def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+  """Runs the server until SIGTERM/SIGINT (in-flight requests finish first)."""
+  import uvicorn
+
+  # Load before listening: a bad checkpoint is a one-line error, not a server never ready.
+  predictor = Predictor.load(cfg.checkpoint, cfg.step)
+  config = uvicorn.Config(
+    create_app(cfg, predictor),
+    host=host,
+    port=port,
+    log_level="warning",
+    timeout_graceful_shutdown=30,
+  )
+  uvicorn.Server(config).run()

@@ -1,0 +1,93 @@
+"""`hindsight score`: batch-score a JSONL file or a label dataset into JSONL.
+
+Each output line is the input episode (the export format) plus, per step,
+`predicted_credit`, `predicted_std`, `predicted_p_zero` and `predicted_klass` (names). The
+output is written to a temporary file and renamed when complete: a killed run leaves no
+half-written file that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+
+import numpy as np
+
+from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data.batching import as_episode
+from hindsight.data.labels import CHECKSUMS, dataset_dir, episode_to_json, job_dir, open_labels
+from hindsight.errors import HindsightError
+from hindsight.model.predictor import Predictor
+from hindsight.progress import CompileAwareBar
+
+CHUNK = 256  # episodes scored per call
+
+
+def _read_jsonl(path: str) -> Iterator[dict]:
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        yield json.loads(line)
+      except ValueError:
+        raise HindsightError(f"--input {path}: line {n} is not JSON") from None
+
+
+def read_episodes(path: str) -> tuple[int | None, Iterator[dict]]:
+  """(count if known, episodes) of a JSONL file or a label dataset directory."""
+  if os.path.isdir(path):
+    if not os.path.isfile(os.path.join(dataset_dir(job_dir(path)), CHECKSUMS)):
+      raise HindsightError(f"--input {path}: neither a JSONL file nor a label dataset")
+    labels = open_labels(path)
+    names = labels.metadata.get("klass_names")
+    return len(labels), (episode_to_json(ex, names) for ex in labels)
+  if not os.path.isfile(path):
+    raise HindsightError(f"--input {path}: no such file")
+  return None, _read_jsonl(path)
+
+
+def score_file(predictor: Predictor, path: str, out: str, progress: bool = True) -> int:
+  """Scores every episode of `path` into `out` (JSONL); returns the episode count."""
+  total, episodes = read_episodes(path)
+  names = np.asarray(KLASS_NAMES)
+  directory = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(directory):
+    raise HindsightError(f"--out {out}: directory {directory} does not exist")
+  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".jsonl.tmp")
+  count = 0
+  try:
+    with (
+      os.fdopen(fd, "w") as f,
+      CompileAwareBar(total=total, desc="score", unit="ep", disable=not progress, delay=0.5) as bar,
+    ):
+      chunk: list[dict] = []
+
+      def flush():
+        nonlocal count
+        scores = predictor.score(chunk)
+        for ep, sc in zip(chunk, scores, strict=True):
+          ep = dict(ep)
+          ep["predicted_credit"] = sc["credit"].astype(float).tolist()
+          ep["predicted_std"] = sc["std"].astype(float).tolist()
+          ep["predicted_p_zero"] = sc["p_zero"].astype(float).tolist()
+          ep["predicted_klass"] = names[sc["klass"]].tolist()
+          f.write(json.dumps(ep, sort_keys=True) + "\n")
+        count += len(chunk)
+        bar.update(len(chunk))
+        chunk.clear()
+
+      for i, ep in enumerate(episodes):
+        as_episode(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
+        chunk.append(ep)
+        if len(chunk) == CHUNK:
+          flush()
+      if chunk:
+        flush()
+    os.replace(tmp, out)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return count

@@ -1,0 +1,277 @@
+"""Serving: in-process (no recompiles), batch scoring, and the HTTP server (answers equal
+`score`, fuzzed bodies never 5xx, limits, hot reload under load, a damaged reload refused)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import numpy as np
+import pytest
+from conftest import FAST_COMPILE, ROOT, assert_one_line_error, flip_byte_in_largest_file, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+from hindsight.config_io import load_config
+from hindsight.data import episode_to_json, open_labels
+from hindsight.errors import HindsightError
+from hindsight.model.predictor import Predictor
+from hindsight.serving import Client
+from hindsight.serving.app import ServeConfig, create_app
+from train.train import train_and_evaluate
+
+pytestmark = pytest.mark.xdist_group("serving")
+MAX_STEPS = 24
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("serving_run")
+  config = load_config("configs/tabular.py:smoke", ["train.steps=60", "train.eval_every=20"])
+  train_and_evaluate(config, str(workdir))
+  return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def episodes(run):
+  labels = open_labels(os.path.join(run, "labels"))
+  return [episode_to_json(labels[i]) for i in range(len(labels))]
+
+
+def _bare(ep):
+  return {k: ep[k] for k in ("observations", "actions", "rewards")}
+
+
+@pytest.fixture(scope="module")
+def client(run):
+  app = create_app(ServeConfig(checkpoint=run, max_steps=MAX_STEPS, max_trajectories=32))
+  with TestClient(app) as c:
+    for _ in range(600):
+      if c.get("/readyz").status_code == 200:
+        break
+      time.sleep(0.1)
+    yield c
+
+
+def test_http_answer_equals_score_and_credit_fn(client, run, episodes):
+  predictor = Predictor.load(run)
+  eps = [_bare(e) for e in episodes[:5]]
+  r = client.post("/v1/credit", json={"trajectories": eps})
+  assert r.status_code == 200, r.text
+  answer = r.json()
+  scores = predictor.score(eps)
+  batch = predictor.batch(eps)
+  direct = predictor.credit_fn()(predictor.state, batch)
+  for i, sc in enumerate(scores):
+    n = len(eps[i]["actions"])
+    np.testing.assert_allclose(answer["credit"][i], sc["credit"], atol=1e-6)
+    np.testing.assert_allclose(answer["credit"][i], np.asarray(direct["credit"])[i, :n], atol=1e-6)
+    np.testing.assert_allclose(answer["credit_std"][i], sc["std"], atol=1e-6)
+    assert len(answer["klass"][i]) == n and isinstance(answer["klass"][i][0], str)
+  assert answer["model"] == {"step": predictor.step, "digest": predictor.digest}
+  # msgpack in and out.
+  body = msgspec.msgpack.encode({"trajectories": eps})
+  r = client.post(
+    "/v1/credit",
+    content=body,
+    headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+  )
+  assert r.status_code == 200
+  assert msgspec.msgpack.decode(r.content)["credit"] == answer["credit"]
+
+
+def test_a_steady_stream_never_recompiles(run):
+  predictor = Predictor.load(run)
+  compiled = predictor.warmup(MAX_STEPS)
+  assert predictor.compiled_programs() == compiled
+  rng = np.random.default_rng(0)
+  spec = predictor.spec
+  for _ in range(1000):
+    count = int(rng.integers(1, 70))
+    eps = []
+    for n in rng.integers(1, MAX_STEPS + 1, count):
+      eps.append(
+        {
+          "observations": rng.integers(0, spec.obs_dim, n),
+          "actions": rng.integers(0, spec.num_actions, n),
+          "rewards": rng.normal(size=n),
+        }
+      )
+    predictor.score(eps)
+  assert predictor.compiled_programs() == compiled
+
+
+def test_limits_and_bad_requests_are_4xx_with_a_message(client, episodes):
+  good = _bare(episodes[0])
+  long = dict(good, actions=[0] * 30, rewards=[0.0] * 30, observations=[0] * 30)
+  cases = [
+    (b"not json", 400, "not valid JSON"),
+    (json.dumps({"trajectories": []}), 400, "empty"),
+    (json.dumps({"trajectories": [good] * 33}), 413, "limit is 32"),
+    (json.dumps({"trajectories": [long]}), 413, "limit is 24"),
+    (json.dumps({"trajectories": [dict(good, actions=good["actions"][:-1])]}), 400, "per action"),
+    (json.dumps({"trajectories": [dict(good, rewards=["x"] * len(good["rewards"]))]}), 400, ""),
+    (json.dumps({"trajectories": [{"actions": [1]}]}), 400, "missing field"),
+  ]
+  for body, status, fragment in cases:
+    r = client.post("/v1/credit", content=body)
+    assert r.status_code == status, (body[:80], r.text)
+    assert fragment in r.json()["error"]
+  big = ServeConfig(checkpoint="x").max_body_bytes + 1
+  r = client.post("/v1/credit", content=b" " * big)
+  assert r.status_code == 413
+  metrics = client.get("/metrics").text
+  assert 'hindsight_requests_total{code="413",route="credit"}' in metrics
+  assert "hindsight_request_seconds_bucket" in metrics and "hindsight_batch_trajectories" in metrics
+
+
+json_values = st.recursive(
+  st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=5),
+  lambda children: (
+    st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+  ),
+  max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+  body=st.one_of(
+    json_values,
+    st.fixed_dictionaries({"trajectories": st.lists(json_values, max_size=3)}),
+    st.fixed_dictionaries(
+      {
+        "trajectories": st.lists(
+          st.fixed_dictionaries(
+            {
+              "observations": st.lists(st.one_of(st.integers(-5, 40), st.floats()), max_size=6),
+              "actions": st.lists(st.one_of(st.integers(-2, 6), st.floats()), max_size=6),
+              "rewards": st.lists(st.floats(), max_size=6),
+            },
+            optional={"success": json_values, "agent": json_values},
+          ),
+          min_size=1,
+          max_size=3,
+        )
+      }
+    ),
+  )
+)
+def test_fuzzed_bodies_never_5xx(client, body):
+  r = client.post("/v1/credit", content=json.dumps(body, allow_nan=True))
+  assert r.status_code < 500, (body, r.text)
+  if r.status_code != 200:
+    assert r.json()["error"]
+
+
+def test_still_serving_after_the_fuzz(client, episodes):
+  r = client.post("/v1/credit", json={"trajectories": [_bare(episodes[1])]})
+  assert r.status_code == 200 and client.get("/healthz").status_code == 200
+
+
+def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client, run, episodes):
+  statuses, stop = [], threading.Event()
+
+  def load():
+    while not stop.is_set():
+      r = client.post("/v1/credit", json={"trajectories": [_bare(e) for e in episodes[:3]]})
+      statuses.append(r.status_code)
+
+  threads = [threading.Thread(target=load) for _ in range(3)]
+  for t in threads:
+    t.start()
+  try:
+    before = client.get("/readyz").json()["model"]
+    r = client.post("/v1/reload", json={"step": "last"})
+    assert r.status_code == 200, r.text
+    after = r.json()["model"]
+    # A damaged checkpoint is refused; the model served stays the same.
+    damaged = os.path.join(os.path.dirname(run), "damaged_run")
+    shutil.rmtree(damaged, ignore_errors=True)
+    shutil.copytree(os.path.join(run, "checkpoints"), os.path.join(damaged, "checkpoints"))
+    best = Predictor.load(run).step
+    flip_byte_in_largest_file(os.path.join(damaged, "checkpoints", str(best)))
+    r = client.post("/v1/reload", json={"checkpoint": damaged, "step": best})
+    assert r.status_code == 409 and "damaged" in r.json()["error"], r.text
+    assert client.get("/readyz").json()["model"] == after
+  finally:
+    stop.set()
+    for t in threads:
+      t.join()
+  assert statuses and all(s == 200 for s in statuses), set(statuses)
+  assert before["step"] != after["step"] or before == after
+
+
+def test_score_command_on_jsonl_and_a_dataset(run, episodes, tmp_path):
+  src = tmp_path / "in.jsonl"
+  src.write_text("".join(json.dumps(e) + "\n" for e in episodes[:10]))
+  out = tmp_path / "out.jsonl"
+  proc = run_cli("score", "--checkpoint", run, "--input", src, "--out", out, "--no-progress")
+  assert proc.returncode == 0, proc.stderr
+  lines = [json.loads(line) for line in out.read_text().splitlines()]
+  scores = Predictor.load(run).score(episodes[:10])
+  assert len(lines) == 10
+  for line, sc in zip(lines, scores, strict=True):
+    np.testing.assert_allclose(line["predicted_credit"], sc["credit"], atol=1e-6)
+    assert line["actions"] == episodes[lines.index(line)]["actions"]
+  proc = run_cli("score", "--checkpoint", run, "--input", os.path.join(run, "labels"),
+                 "--out", tmp_path / "all.jsonl", "--no-progress")  # fmt: skip
+  assert proc.returncode == 0 and len((tmp_path / "all.jsonl").read_text().splitlines()) == 64
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(
+    json.dumps(episodes[0]) + "\n" + json.dumps(dict(episodes[1], actions=[99])) + "\n"
+  )
+  proc = run_cli("score", "--checkpoint", run, "--input", bad, "--out", tmp_path / "b.jsonl")
+  assert_one_line_error(proc)
+  assert "episode 1" in proc.stderr and not (tmp_path / "b.jsonl").exists()
+
+
+def test_serve_from_another_process_with_the_client(run, episodes):
+  port = 18000 + os.getpid() % 1000
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", run, "--port", str(port),
+     "--max-steps", str(MAX_STEPS)],
+    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  try:
+    client = Client(f"http://127.0.0.1:{port}")
+    deadline = time.time() + 120
+    while not client.ready():
+      assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+      time.sleep(0.2)
+    out = client.credit([_bare(e) for e in episodes[:2]])
+    expected = Predictor.load(run).score([_bare(e) for e in episodes[:2]])
+    np.testing.assert_allclose(out["credit"][1], expected[1]["credit"], atol=1e-6)
+    with pytest.raises(HindsightError, match="400 trajectories"):
+      client.credit([dict(_bare(episodes[0]), actions=[-1] * len(episodes[0]["actions"]))])
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+  # uvicorn drains in-flight requests, then re-raises the SIGTERM it caught: killed by it.
+  err = proc.stderr.read()
+  assert proc.returncode in (0, -signal.SIGTERM), err
+  assert "Traceback" not in err, err
+
+
+def test_serve_bad_checkpoint_is_one_line(tmp_path):
+  assert_one_line_error(run_cli("serve", "--checkpoint", tmp_path), "no checkpoints")
+
+
+def test_readme_policy_gradient_example_runs(run, episodes):
+  """The README's in-process example, run as written (on this module's model)."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  start = text.index("```python", text.index("<!-- pg-example"))
+  code = text[start + len("```python") : text.index("```", start + 3)]
+  namespace = {"trajectories": [_bare(e) for e in episodes[:8]]}
+  exec(code.replace('"runs/demo"', repr(run)), namespace)
+  w = np.asarray(namespace["params"]["w"])
+  assert w.shape == (namespace["spec"].obs_dim, namespace["spec"].num_actions)
+  assert np.all(np.isfinite(w)) and np.any(w != 0)  # one credit-weighted step was taken
