@@ -28,6 +28,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python eval/bench_labeler.py
 	$(BIN)/python eval/bench_model.py --config configs/reasoning.py
+	@if [ -d runs/demo/checkpoints ]; then $(BIN)/python eval/bench_serve.py --checkpoint runs/demo; \
+	else echo "bench_serve: skipped (it serves the demo's model: run make demo first)"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -275,3 +275,15 @@ def test_readme_policy_gradient_example_runs(run, episodes):
   w = np.asarray(namespace["params"]["w"])
   assert w.shape == (namespace["spec"].obs_dim, namespace["spec"].num_actions)
   assert np.all(np.isfinite(w)) and np.any(w != 0)  # one credit-weighted step was taken
+
+
+def test_bench_serve_smoke(run):
+  port = 19000 + os.getpid() % 1000
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  proc = subprocess.run(
+    [sys.executable, "eval/bench_serve.py", "--checkpoint", run, "--steps", "16",
+     "--clients", "1,4", "--seconds", "0.5", "--port", str(port)],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  assert "1 clients:" in proc.stdout and "4 clients:" in proc.stdout and "p99" in proc.stdout
