@@ -187,12 +187,8 @@ def _score(args) -> int:
 
 
 def _serve(args) -> int:
-  from hindsight.errors import HindsightError
   from hindsight.serving.app import ServeConfig, serve
 
-  for name in ("window_ms", "max_batch", "max_body_bytes", "max_trajectories", "max_steps"):
-    if getattr(args, name) < 0 or (name != "max_steps" and getattr(args, name) == 0):
-      raise HindsightError(f"--{name.replace('_', '-')} must be > 0")
   cfg = ServeConfig(
     checkpoint=args.checkpoint,
     step=args.step,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -16,18 +17,38 @@ def sha256_file(path: str) -> str:
   return digest.hexdigest()
 
 
-def atomic_write_text(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file in the same directory and a rename,
-  flushed to disk first: a reader (or a killed writer) never sees half a file."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w"):
+  """A file object whose contents appear at `path` only when the block ends without an
+  error: written to a temporary file in the same directory, flushed to disk, renamed. A
+  reader (or a killed writer) never sees half a file; a failed block leaves nothing."""
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make reports private to their writer
-  with os.fdopen(fd, "w") as f:
+  try:
+    with os.fdopen(fd, mode) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` atomically (`atomic_open`)."""
+  with atomic_open(path) as f:
     f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+
+
+def atomic_savez(path: str, arrays: dict) -> None:
+  """np.savez of `arrays` to `path` atomically (`atomic_open`)."""
+  import numpy as np
+
+  with atomic_open(path, "wb") as f:
+    np.savez(f, **arrays)
 
 
 def json_safe(x):

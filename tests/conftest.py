@@ -75,6 +75,16 @@ def flip_byte_in_largest_file(directory) -> str:
   return victim
 
 
+def trained_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
+  """A training run of `config` (with --config overrides) in a fresh directory; its path."""
+  from hindsight.config_io import load_config
+  from train.train import train_and_evaluate
+
+  workdir = tmp_path_factory.mktemp(name)
+  train_and_evaluate(load_config(config, list(overrides)), str(workdir))
+  return str(workdir)
+
+
 np.set_printoptions(precision=4, suppress=True)
 
 

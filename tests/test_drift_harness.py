@@ -11,9 +11,8 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, trained_run
 
-from hindsight.config_io import load_config
 from hindsight.data import episode_to_json, open_labels
 from hindsight.data.batching import EpisodeReader, make_batch
 from hindsight.drift import DriftConfig, run_drift
@@ -22,24 +21,19 @@ from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.model.predictor import MODEL_FILE, Predictor
-from train.train import train_and_evaluate
 
 pytestmark = pytest.mark.xdist_group("drift")
 
 
 @pytest.fixture(scope="module")
 def tabular_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("tabular_run")
-  config = load_config("configs/tabular.py:smoke", ["train.steps=200", "train.eval_every=50"])
-  train_and_evaluate(config, str(workdir))
-  return str(workdir)
+  overrides = ["train.steps=200", "train.eval_every=50"]
+  return trained_run(tmp_path_factory, "tabular_run", "configs/tabular.py:smoke", overrides)
 
 
 @pytest.fixture(scope="module")
 def reasoning_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("reasoning_run")
-  train_and_evaluate(load_config("configs/reasoning.py:smoke"), str(workdir))
-  return str(workdir)
+  return trained_run(tmp_path_factory, "reasoning_run", "configs/reasoning.py:smoke")
 
 
 def _test_episodes(workdir, n=8):

@@ -13,18 +13,23 @@ import time
 import msgspec
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE, ROOT, assert_one_line_error, flip_byte_in_largest_file, run_cli
+from conftest import (
+  FAST_COMPILE,
+  ROOT,
+  assert_one_line_error,
+  flip_byte_in_largest_file,
+  run_cli,
+  trained_run,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from hindsight.config_io import load_config
 from hindsight.data import episode_to_json, open_labels
 from hindsight.errors import HindsightError
 from hindsight.model.predictor import Predictor
 from hindsight.serving import Client
 from hindsight.serving.app import ServeConfig, create_app
-from train.train import train_and_evaluate
 
 pytestmark = pytest.mark.xdist_group("serving")
 MAX_STEPS = 24
@@ -32,10 +37,8 @@ MAX_STEPS = 24
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("serving_run")
-  config = load_config("configs/tabular.py:smoke", ["train.steps=60", "train.eval_every=20"])
-  train_and_evaluate(config, str(workdir))
-  return str(workdir)
+  overrides = ["train.steps=60", "train.eval_every=20"]
+  return trained_run(tmp_path_factory, "serving_run", "configs/tabular.py:smoke", overrides)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ SIGTERM saves a checkpoint and returns early with `report["preempted"] = True`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 from ml_collections import ConfigDict
 
 from hindsight import evaluators
@@ -52,7 +50,7 @@ from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, model_files
-from hindsight.model.programs import train_programs
+from hindsight.model.programs import state_digest, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
 
@@ -175,18 +173,6 @@ def read_metrics(workdir: str, split: str = "train") -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   return [r for r in records if r["split"] == split]
-
-
-def params_digest(state) -> str:
-  """SHA-256 of every array of the state, in tree order: equal digests = bitwise equal."""
-  h = hashlib.sha256()
-  for leaf in jax.tree.leaves(state):
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-
-      leaf = multihost_utils.process_allgather(leaf, tiled=True)
-    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-  return h.hexdigest()
 
 
 def _maybe_initialize_distributed(config: ConfigDict) -> None:
@@ -321,7 +307,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   if preempted:
     ckpt.close()
     return {"preempted": True, "step": done}
-  final_digest = params_digest(state)
+  final_digest = state_digest(state)
   eval_step = ckpt.best_step() if config.checkpoint.evaluate == "best" else ckpt.steps()[-1]
   eval_step, state = ckpt.restore(programs.abstract_state, step=eval_step, fallback=False)
   ckpt.close()

@@ -32,8 +32,8 @@ from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
-from hindsight.files import sha256_file
-from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
+from hindsight.files import atomic_savez, sha256_file
+from hindsight.labeling.engine import LabelConfig, Labeler
 from hindsight.model.predictor import Predictor
 
 REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
@@ -120,7 +120,7 @@ class EpisodeSet:
     mask = np.arange(reference["credit"].shape[1])[None] < lengths[:, None]
     self.mask = mask
     flat = lambda x: np.asarray(x)[mask]  # noqa: E731
-    self.cols = {f"ref_{k}": flat(v) for k, v in reference.items() if np.ndim(v) == 2}
+    self.cols = {f"ref_{k}": flat(reference[k]) for k in ref_lib.FIELDS}
     if labels is not None:
       self.cols.update({f"label_{k}": flat(v) for k, v in labels.items() if np.ndim(v) == 2})
     self.cols["episode"] = np.repeat(np.arange(len(episodes)), lengths)
@@ -168,7 +168,7 @@ class _Context:
     hit = ref_lib.load_cached(path)
     if hit is None:
       hit = compute()
-      ref_lib.save_cached(path, hit)
+      atomic_savez(path, hit)  # a killed run leaves no half cache
     return hit
 
 
@@ -189,15 +189,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   out = make_dir(cfg.out or os.path.join(cfg.checkpoint, "drift"), "--out")
   base = _label_config(meta)
   test_ids = np.asarray(run["test"], np.int64)
-  # K_ref from the noise of the test split's labels (the reference needs far less).
-  sample = [labels[int(i)] for i in test_ids[:256]]
-  k_ref = cfg.reference_rollouts or ref_lib.choose_rollouts(
-    np.concatenate([np.asarray(e["credit"]) for e in sample]),
-    np.concatenate([np.asarray(e["credit_stderr"]) for e in sample]),
-    base.num_rollouts,
-    cfg.reference_fraction,
-    bounded=np.concatenate([np.asarray(e["credit_bounded"]) for e in sample]),
-  )
+  k_ref = cfg.reference_rollouts or _auto_rollouts(labels, test_ids[:256], base, cfg)
   main_env = cfg.env or env_spec
   env, policy = make(main_env)
   ctx = _Context(
@@ -277,6 +269,20 @@ def run_drift(cfg: DriftConfig) -> dict:
   return report
 
 
+def _auto_rollouts(labels, ids: np.ndarray, base: LabelConfig, cfg: DriftConfig) -> int:
+  """K_ref from the noise of (some of) the test split's labels: the reference needs far
+  less of it than they have (`reference.choose_rollouts`)."""
+  sample = [labels[int(i)] for i in ids]
+  field = lambda name: np.concatenate([np.asarray(e[name]) for e in sample])  # noqa: E731
+  return ref_lib.choose_rollouts(
+    field("credit"),
+    field("credit_stderr"),
+    base.num_rollouts,
+    cfg.reference_fraction,
+    bounded=field("credit_bounded"),
+  )
+
+
 def _test_split_set(ctx: _Context, labels, ids: np.ndarray):
   """The run's test episodes with their training labels and the reference: the DP where
   tabular, else the regenerated trajectories relabeled at K_ref with independent keys.
@@ -315,7 +321,7 @@ def _fresh_set(ctx: _Context, spec: str, ids: np.ndarray):
 
   got = ctx.cached("fresh", compute, env=spec, seed=seed, n=int(ids.size))
   m = min(ctx.cfg.check_episodes, ids.size)
-  traj = _trajectories_of(ctx.labeler(), seed, np.arange(m))
+  traj = ref_lib.sample_trajectories(ctx.labeler(), seed, np.arange(m))
   return EpisodeSet(spec, _episodes_from_arrays(ctx.env, got), got, None), traj
 
 
@@ -397,12 +403,6 @@ def _episodes_from_arrays(env, arrays: dict) -> list[dict]:
       }
     )
   return out
-
-
-def _trajectories_of(labeler: Labeler, seed: int, indices: np.ndarray):
-  """The full-state trajectories of episodes `indices` of `seed` (Trajectory, NumPy)."""
-  keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
-  return to_numpy(labeler.sample(keys))
 
 
 def _pad_fields(per_episode: list[dict], horizon: int) -> dict:

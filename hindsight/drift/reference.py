@@ -27,7 +27,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 
 import jax
 import numpy as np
@@ -84,13 +83,19 @@ def choose_rollouts(
   return int(min(MAX_REFERENCE_ROLLOUTS, 1 << math.ceil(math.log2(max(k, 2)))))
 
 
+def sample_trajectories(labeler: Labeler, seed: int, indices: np.ndarray) -> Trajectory:
+  """The full-state trajectories of episodes `indices` of `seed` (NumPy leaves [E, ...]):
+  the same keys the labeling job samples them from."""
+  keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
+  return to_numpy(labeler.sample(keys))
+
+
 def regenerate(
   labeler: Labeler, seed: int, indices: np.ndarray, actions: list, rewards: list
 ) -> Trajectory:
   """The full-state trajectories of dataset episodes `indices` (leaves [E, H + 1, ...]),
   checked against their stored actions and rewards (module docstring)."""
-  keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
-  traj = to_numpy(labeler.sample(keys))
+  traj = sample_trajectories(labeler, seed, indices)
   for row, (i, a, r) in enumerate(zip(indices, actions, rewards, strict=True)):
     n = len(a)
     same = np.array_equal(traj.actions[row, :n], a) and int(traj.mask[row].sum()) == n
@@ -166,14 +171,6 @@ def load_cached(path: str) -> dict | None:
       return {k: z[k] for k in z.files}
   except (OSError, ValueError):
     return None  # a damaged cache is recomputed, never trusted
-
-
-def save_cached(path: str, arrays: dict) -> None:
-  """np.savez through a temporary file and a rename: a killed run leaves no half cache."""
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".npz")
-  with os.fdopen(fd, "wb") as f:
-    np.savez(f, **arrays)
-  os.replace(tmp, path)
 
 
 def reference_config(base: LabelConfig, rollouts: int, exact: bool = False) -> LabelConfig:

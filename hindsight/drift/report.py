@@ -139,11 +139,9 @@ def _flops_per_step(predictor, main) -> float | None:
 
 def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
   """Model Spearman and MAE per slice, and the change from the whole set, with CIs."""
-  cols = main.cols
+  cols = {k: v[ok] for k, v in main.cols.items()}  # the steps with a defined reference
   pred, ref = cols["model_credit"], cols["ref_credit"]
-  episode = cols["episode"]
-  steps = dm.EpisodeSteps(episode[ok])
-  index = np.flatnonzero(ok)
+  steps = dm.EpisodeSteps(cols["episode"])
   rel = cols["t"] / np.maximum(cols["length"] - 1, 1)
   median_len = np.median(main.lengths)
   slices = {f"tag {t}": cols["tag"] == t for t in sorted(set(cols["tag"].tolist()))}
@@ -165,23 +163,26 @@ def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
     return [sp, float(np.mean(np.abs(p - r)))] if p.size else [np.nan, np.nan]
 
   rows = []
-  all_dist = None
   for name, member in slices.items():
-    member = member[index]
     if member.sum() < 5:
       continue
 
     def stat(idx, member=member):
       sel = steps.gather(idx)
-      whole = both(pred[index][sel], ref[index][sel])
       part = sel[member[sel]]
-      here = both(pred[index][part], ref[index][part])
+      whole, here = both(pred[sel], ref[sel]), both(pred[part], ref[part])
       return [*here, here[0] - whole[0], here[1] - whole[1]]
 
-    v, lo, hi, dist = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+    v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
     rows.append(_slice_row(name, int(member.sum()), v, lo, hi))
-  whole_stat = lambda idx: both(pred[index][steps.gather(idx)], ref[index][steps.gather(idx)])  # noqa: E731
-  _, _, _, all_dist = dm.bootstrap(steps.num_episodes, whole_stat, n_boot, seed)
+  if not shift_sets:
+    return rows
+
+  def whole_stat(idx):
+    sel = steps.gather(idx)
+    return both(pred[sel], ref[sel])
+
+  whole, _, _, whole_dist = dm.bootstrap(steps.num_episodes, whole_stat, n_boot, seed)
   for s in shift_sets:
     sc = s.cols
     s_ok = np.isfinite(sc["ref_credit"])
@@ -193,9 +194,8 @@ def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
       return both(p[sel], r[sel])
 
     v, lo, hi, dist = dm.bootstrap(s_steps.num_episodes, shifted, n_boot, seed + 1)
-    delta = dist - all_dist  # independent sets: resample each, subtract
+    delta = dist - whole_dist  # independent sets: resample each, subtract
     d_lo, d_hi = np.nanpercentile(delta, 2.5, axis=0), np.nanpercentile(delta, 97.5, axis=0)
-    whole = np.asarray(whole_stat(np.arange(steps.num_episodes)))
     rows.append(
       _slice_row(
         f"shift: {s.name}",
@@ -224,6 +224,8 @@ def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
   """{signal: {tag: z-mean Estimate}, "_contrast": {signal: Estimate}} (module docstring)."""
   tags = cols["tag"][ok]
   names = sorted(set(tags.tolist()))
+  tag_id = np.searchsorted(np.asarray(names, dtype=object), tags)
+  good, work = np.isin(tags, LOOKS_GOOD), np.isin(tags, DOES_WORK)
   series = {"reference": cols["ref_credit"][ok]}
   series |= {name: np.asarray(cols[c], float)[ok] for name, c in rows.items()}
   contrast = all(any(t in names for t in group) for group in (LOOKS_GOOD, DOES_WORK))
@@ -233,14 +235,13 @@ def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
 
     def stat(idx, z=z):
       sel = steps.gather(idx)
-      means = [
-        float(np.mean(z[sel][tags[sel] == t])) if np.any(tags[sel] == t) else np.nan for t in names
-      ]
-      if contrast:
-        good = np.isin(tags[sel], LOOKS_GOOD)
-        work = np.isin(tags[sel], DOES_WORK)
-        means.append(float(np.mean(z[sel][good]) - np.mean(z[sel][work])))
-      return means
+      counts = np.bincount(tag_id[sel], minlength=len(names))
+      with np.errstate(invalid="ignore", divide="ignore"):  # a tag absent: NaN
+        means = np.bincount(tag_id[sel], weights=z[sel], minlength=len(names)) / counts
+      if not contrast:
+        return means
+      gap = np.mean(z[sel][good[sel]]) - np.mean(z[sel][work[sel]])
+      return np.append(means, gap)
 
     v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
     out["signals"][name] = {

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 
 import jax
 import numpy as np
@@ -27,7 +26,7 @@ from hindsight.data import labels as label_io
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.errors import HindsightError, make_dir
-from hindsight.files import atomic_write_text
+from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
@@ -166,19 +165,6 @@ def _chunk_path(work: str, start: int, stop: int) -> str:
   return os.path.join(work, f"episodes_{start:09d}_{stop:09d}.npz")
 
 
-def _atomic_savez(path: str, arrays: dict) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, **arrays)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-
-
 def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -> dict:
   """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...])."""
   n = stop - start
@@ -277,7 +263,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   with bar:
     for start, stop in todo:
       arrays = source.label(job.seed, start, stop, chunk, bar)
-      _atomic_savez(_chunk_path(work, start, stop), arrays)
+      atomic_savez(_chunk_path(work, start, stop), arrays)
       env_steps += int(arrays["rollout_steps"].sum())
       bar.set_postfix(env_steps=f"{env_steps:.3g}")
 

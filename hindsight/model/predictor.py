@@ -20,7 +20,6 @@ loading needs neither the training config nor its optimizer.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -36,7 +35,7 @@ from hindsight.data.batching import DataSpec, as_episode, episodes_batch
 from hindsight.errors import HindsightError
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
-from hindsight.model.programs import model_graph
+from hindsight.model.programs import model_graph, state_digest
 
 MODEL_FILE = "hindsight_model.json"
 MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no MODEL_FILE
@@ -83,20 +82,13 @@ def outputs(model, batch: dict) -> dict:
   }
 
 
-def _digest(state) -> str:
-  h = hashlib.sha256()
-  for leaf in jax.tree.leaves(state):
-    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-  return h.hexdigest()[:16]
-
-
 class Predictor:
   """A restored credit model: `score` episodes, or `credit_fn` inside your own program."""
 
   def __init__(self, graphdef, state, spec: DataSpec, model_config: ModelConfig, step: int):
     self.graphdef, self.state = graphdef, state
     self.spec, self.model_config, self.step = spec, model_config, step
-    self.digest = _digest(state)  # of the parameters: equal digests = the same model
+    self.digest = state_digest(state)[:16]  # equal digests = the same parameters
     self._score = jax.jit(self.credit_fn())
 
   @classmethod

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from collections.abc import Callable
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from ml_collections import ConfigDict
@@ -47,6 +49,19 @@ def make_optimizer(config: ConfigDict) -> optax.GradientTransformation:
     optax.clip_by_global_norm(o.clip_norm),
     optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay),
   )
+
+
+def state_digest(state) -> str:
+  """SHA-256 of every array of a state, in tree order: equal digests = bitwise equal.
+  (With several processes each array is gathered whole first.)"""
+  h = hashlib.sha256()
+  for leaf in jax.tree.leaves(state):
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      leaf = multihost_utils.process_allgather(leaf, tiled=True)
+    h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return h.hexdigest()
 
 
 def model_graph(model_cfg: ModelConfig, spec: DataSpec) -> tuple[nnx.GraphDef, nnx.State]:

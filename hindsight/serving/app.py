@@ -55,6 +55,17 @@ class ServeConfig:
   max_steps: int = 0  # per trajectory (0: the model's max_length x 4)
   warmup: bool = True  # compile every bucket before /readyz says ready
 
+  def __post_init__(self):
+    """One-line errors for limits the server cannot run with (the flags map onto these)."""
+    for name in ("window_ms", "max_batch", "max_body_bytes", "max_trajectories", "max_steps"):
+      value = getattr(self, name)
+      if value < 0 or (name != "max_steps" and value == 0):
+        raise HindsightError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+  def steps_limit(self, spec) -> int:
+    """Steps per trajectory served (and warmed up): max_steps, or 4 x the model's length."""
+    return self.max_steps or 4 * spec.max_length
+
 
 class _Failure(Exception):
   """A request that gets `status` and a one-line message."""
@@ -98,7 +109,7 @@ class Server:
 
   @property
   def max_steps(self) -> int:
-    return self.cfg.max_steps or 4 * self.predictor.spec.max_length
+    return self.cfg.steps_limit(self.predictor.spec)
 
   # -- model ------------------------------------------------------------------------------
 
@@ -108,7 +119,7 @@ class Server:
     if self.predictor is not None:
       _check_compatible(self.predictor, predictor)
     if self.cfg.warmup:
-      predictor.warmup(self.cfg.max_steps or 4 * predictor.spec.max_length)
+      predictor.warmup(self.cfg.steps_limit(predictor.spec))
     return predictor
 
   async def reload(self, checkpoint: str | None = None, step=None) -> Predictor:
@@ -302,7 +313,7 @@ def create_app(cfg: ServeConfig, predictor: Predictor | None = None) -> Starlett
         await server.reload()
       else:
         if cfg.warmup:
-          await asyncio.to_thread(predictor.warmup, cfg.max_steps or 4 * predictor.spec.max_length)
+          await asyncio.to_thread(predictor.warmup, cfg.steps_limit(predictor.spec))
         server.predictor = predictor
         server.model_step.set(predictor.step)
       server.ready = True

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,6 +18,7 @@ from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.batching import as_episode
 from hindsight.data.labels import CHECKSUMS, dataset_dir, episode_to_json, job_dir, open_labels
 from hindsight.errors import HindsightError
+from hindsight.files import atomic_open
 from hindsight.model.predictor import Predictor
 from hindsight.progress import CompileAwareBar
 
@@ -56,38 +56,32 @@ def score_file(predictor: Predictor, path: str, out: str, progress: bool = True)
   directory = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(directory):
     raise HindsightError(f"--out {out}: directory {directory} does not exist")
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".jsonl.tmp")
   count = 0
-  try:
-    with (
-      os.fdopen(fd, "w") as f,
-      CompileAwareBar(total=total, desc="score", unit="ep", disable=not progress, delay=0.5) as bar,
-    ):
-      chunk: list[dict] = []
+  with (
+    atomic_open(out) as f,
+    CompileAwareBar(total=total, desc="score", unit="ep", disable=not progress, delay=0.5) as bar,
+  ):
+    chunk: list[dict] = []
 
-      def flush():
-        nonlocal count
-        scores = predictor.score(chunk)
-        for ep, sc in zip(chunk, scores, strict=True):
-          ep = dict(ep)
-          ep["predicted_credit"] = sc["credit"].astype(float).tolist()
-          ep["predicted_std"] = sc["std"].astype(float).tolist()
-          ep["predicted_p_zero"] = sc["p_zero"].astype(float).tolist()
-          ep["predicted_klass"] = names[sc["klass"]].tolist()
-          f.write(json.dumps(ep, sort_keys=True) + "\n")
-        count += len(chunk)
-        bar.update(len(chunk))
-        chunk.clear()
+    def flush():
+      nonlocal count
+      scores = predictor.score(chunk)
+      for ep, sc in zip(chunk, scores, strict=True):
+        ep = dict(ep)
+        ep["predicted_credit"] = sc["credit"].astype(float).tolist()
+        ep["predicted_std"] = sc["std"].astype(float).tolist()
+        ep["predicted_p_zero"] = sc["p_zero"].astype(float).tolist()
+        ep["predicted_klass"] = names[sc["klass"]].tolist()
+        f.write(json.dumps(ep, sort_keys=True) + "\n")
+      count += len(chunk)
+      bar.update(len(chunk))
+      chunk.clear()
 
-      for i, ep in enumerate(episodes):
-        as_episode(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
-        chunk.append(ep)
-        if len(chunk) == CHUNK:
-          flush()
-      if chunk:
+    for i, ep in enumerate(episodes):
+      as_episode(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
+      chunk.append(ep)
+      if len(chunk) == CHUNK:
         flush()
-    os.replace(tmp, out)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    if chunk:
+      flush()
   return count
