@@ -11,6 +11,10 @@
                     [--reference-rollouts K] [--out DIR]   (the drift report)
   hindsight score   --checkpoint WORKDIR --input FILE.jsonl|DATASET --out FILE.jsonl
   hindsight serve   --checkpoint WORKDIR [--host H] [--port P]   (POST /v1/credit)
+  hindsight audit   --checkpoint WORKDIR (--env SPEC | --trajectories FILE|DATASET)
+                    --budget N [--tolerance EPS] [--alpha A] --out DIR
+                    (spot-check the model against rollouts: drift alarm, gap per slice,
+                    the audited steps as a label dataset to fine-tune on)
 
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
@@ -77,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
   lab.add_argument(
     "--env",
     required=True,
-    help="tabular:PATH.npz | key_to_door[:p_key=P] | reasoning[:decorative_rate=D,horizon=H] | "
+    help="tabular:PATH.npz | key_to_door[:p_key=P] | "
+    "reasoning[:decorative_rate=D,horizon=H,competence_max=C] | "
     "team[:agents=N,rounds=R,p_error=E] | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
     "(README: Environments)",
   )
@@ -173,7 +178,101 @@ def _parser() -> argparse.ArgumentParser:
   sv.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit")
   sv.add_argument("--max-trajectories", type=int, default=256, help="per request")
   sv.add_argument("--max-steps", type=int, default=0, help="per trajectory (0: 4 x max_length)")
+  au = sub.add_parser(
+    "audit", help="spot-check a model against rollouts: drift alarm and labels to fine-tune on"
+  )
+  au.add_argument("--checkpoint", required=True, help="a training run's --workdir")
+  au.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  where = au.add_mutually_exclusive_group(required=True)
+  where.add_argument("--env", help="audit fresh episodes of this env spec (its policy)")
+  where.add_argument(
+    "--trajectories",
+    help="a label dataset dir, or JSONL with seed and episode per line (README: Auditing)",
+  )
+  au.add_argument("--budget", type=int, required=True, help="env steps the rollouts may spend")
+  au.add_argument(
+    "--tolerance",
+    type=float,
+    default=0.0,
+    help="|mean gap| allowed, in credit units (0: a tenth of the model's credit scale)",
+  )
+  au.add_argument("--alpha", type=float, default=0.05, help="false-alarm rate, any duration")
+  au.add_argument("--coverage-level", type=float, default=0.9, help="interval level checked")
+  au.add_argument(
+    "--coverage-tolerance", type=float, default=0.1, help="coverage allowed below the level"
+  )
+  au.add_argument("--episodes", type=int, default=256, help="pool size (--env) or most read")
+  au.add_argument("--rollouts", type=int, default=32, help="K branches per arm and step")
+  au.add_argument(
+    "--shares",
+    type=_shares,
+    default=(0.5, 0.25, 0.25),
+    metavar="U:S:D",
+    help="draw shares: uniform, most uncertain, most disagreeing with the outcome",
+  )
+  au.add_argument("--stop-at-alarm", action="store_true", help="stop spending once it fires")
+  au.add_argument("--seed", type=int, default=0, help="root of the pool, draws and rollouts")
+  au.add_argument("--out", required=True, help="report directory")
+  au.add_argument("--no-progress", action="store_true", help="no progress bar")
   return p
+
+
+def _shares(text: str) -> tuple[float, float, float]:
+  """U:S:D -> three floats for --shares."""
+  try:
+    parts = tuple(float(x) for x in text.split(":"))
+    if len(parts) != 3:
+      raise ValueError
+    return parts
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected U:S:D (three numbers), got '{text}'") from None
+
+
+def _audit(args) -> int:
+  from hindsight.audit import AuditConfig, run_audit
+
+  report = run_audit(
+    AuditConfig(
+      checkpoint=args.checkpoint,
+      step=args.step,
+      env=args.env,
+      trajectories=args.trajectories,
+      budget=args.budget,
+      tolerance=args.tolerance,
+      alpha=args.alpha,
+      coverage_level=args.coverage_level,
+      coverage_tolerance=args.coverage_tolerance,
+      episodes=args.episodes,
+      rollouts=args.rollouts,
+      shares=args.shares,
+      stop_at_alarm=args.stop_at_alarm,
+      seed=args.seed,
+      out=args.out,
+      progress=not args.no_progress,
+    )
+  )
+  print(verdict_text(report))
+  print(f"report: {os.path.join(report['out'], 'report.md')}")
+  return 0
+
+
+def verdict_text(report: dict) -> str:
+  """The audit's verdict in two console lines."""
+  v, g = report["verdict"], report["gap"]
+  cs = g["confidence_sequence"]
+  head = (
+    f"DRIFT ALARM ({v['reason']}) after {v['fired_after_draws']} audited steps, "
+    f"{v['fired_after_env_steps']:.3g} env steps"
+    if v["alarm"]
+    else f"no alarm after {report['draws']} audited steps"
+  )
+  gap = f"mean gap {g['mean']:+.4f}" + (
+    f", confidence sequence [{cs[0]:+.4f}, {cs[1]:+.4f}]" if cs else ""
+  )
+  return (
+    f"audit of {report['env']}: {head} ({report['spent_env_steps']:.3g} of "
+    f"{report['budget']:.3g} env steps spent)\n  {gap}; coverage {report['coverage']['mean']:.3f}"
+  )
 
 
 def _score(args) -> int:
@@ -355,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     "eval": _eval,
     "score": _score,
     "serve": _serve,
+    "audit": _audit,
   }
   try:
     return report_errors("hindsight", commands[args.command], args)

@@ -49,6 +49,22 @@ def continuation_totals(G_phi: jax.Array, r: jax.Array, gamma: float) -> jax.Arr
   return prefix[:, None] + gamma * discounts[:, None] * G_next
 
 
+def paired_credit(diff, keep_share, lo, hi, *, upper_rates, z: float):
+  """(credit, stderr, bounded) of one step from its K paired differences.
+
+  diff [K]: d_k = G^keep_k - G^rep_k of branches sharing continuation keys; keep_share: w =
+  q(a_t | s_t) when the replace arm was drawn from q restricted to a' != a_t (else 0); lo, hi:
+  bounds of the return-to-go from s_t (so d is in [lo - hi, hi - lo]). With the identity
+  Delta_t = (1 - w) E_{a' ~ q_-}[Q(a_t) - Q(a')]: credit = (1 - w) mean_k d_k, its stderr
+  (1 - w) x the stderr of the mean, raised to the tie bound where the branches nearly all
+  tie (`bounded`). w = 1 (a_t is the only action q can draw): exactly 0, stderr 0.
+  """
+  scale = jnp.where(keep_share >= DEGENERATE, 0.0, 1.0 - keep_share)
+  mean, se, bounded = bounded_mean_stderr(diff, lo - hi, hi - lo, upper_rates, z)
+  credit = scale * mean
+  return credit, jnp.where(scale > 0, scale * se, 0.0), bounded & (scale > 0)
+
+
 def step_fields(
   G: jax.Array,
   r: jax.Array,
@@ -111,10 +127,9 @@ def step_fields(
     w = keep_share
     # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
     scale = jnp.where(w >= DEGENERATE, 0.0, 1.0 - w)
-    diff_mean, diff_se, diff_bounded = bounded(G[..., 0] - G[..., 1], lo - hi, hi - lo)
-    credit = scale * diff_mean
-    credit_se = jnp.where(scale > 0, scale * diff_se, 0.0)
-    credit_bounded = diff_bounded & (scale > 0)
+    credit, credit_se, credit_bounded = jax.vmap(
+      functools.partial(paired_credit, upper_rates=upper_rates, z=z)
+    )(G[..., 0] - G[..., 1], w, lo, hi)
     # The baseline mixes the arms with weights (w, 1 - w). A rare event in the heavier arm
     # can hide behind the spread of the other, so a nearly tied arm bounds the mixture by
     # the sum of the arms' stderrs (sd(aX + bY) <= a sd(X) + b sd(Y)).

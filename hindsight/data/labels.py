@@ -67,9 +67,17 @@ AGENT_FIELDS = (
 )
 
 
-def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool, num_agents: int = 0):
+def build_features(
+  obs_shape: tuple[int, ...],
+  obs_dtype,
+  with_states: bool,
+  num_agents: int = 0,
+  partial: bool = False,
+):
   """The TFDS features of one episode of T steps (T varies); with num_agents > 0 also the
-  agent-level fields (AGENT_FIELDS) and the acting agent of every step."""
+  agent-level fields (AGENT_FIELDS) and the acting agent of every step; with `partial` a
+  per-step `labeled` flag (an audit labels a few steps of each episode: the others carry
+  NaN credit and stay out of every loss)."""
   step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
   features = {
     "episode": np.int64,
@@ -95,6 +103,8 @@ def build_features(obs_shape: tuple[int, ...], obs_dtype, with_states: bool, num
     for name, shape in zip(AGENT_FIELDS, shapes, strict=True):
       features[name] = tfds.features.Tensor(shape=shape, dtype=np.float32)
     features["agent"] = step(np.int32)
+  if partial:
+    features["labeled"] = step(np.bool_)
   return tfds.features.FeaturesDict(features)
 
 

@@ -16,7 +16,6 @@ against the reference credit on the same steps (`hindsight eval`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 
@@ -34,7 +33,7 @@ from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, sha256_file
 from hindsight.labeling.engine import LabelConfig, Labeler
-from hindsight.model.predictor import Predictor
+from hindsight.model.predictor import Predictor, training_run
 
 REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
 DEFAULT_SHIFTS = {
@@ -78,27 +77,6 @@ class DriftConfig:
       raise HindsightError("--reference-fraction must be in (0, 1)")
     if self.check_episodes < 2:
       raise HindsightError("--check-episodes must be >= 2")
-
-
-def _label_config(meta: dict) -> LabelConfig:
-  return LabelConfig(
-    num_rollouts=max(int(meta.get("rollouts", 2)), 2),
-    replacement=meta.get("replacement", "policy"),
-    gamma=float(meta.get("gamma", 1.0)),
-    decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
-    confidence=float(meta.get("confidence", 0.95)),
-    stratify=bool(meta.get("stratify", True)),
-  )
-
-
-def _run_files(workdir: str) -> dict:
-  path = os.path.join(workdir, "splits.json")
-  if not os.path.isfile(path):
-    raise HindsightError(
-      f"--checkpoint {workdir}: no splits.json (a run of an older hindsight: retrain it)"
-    )
-  with open(path) as f:
-    return json.load(f)
 
 
 def _decode(ex: dict) -> dict:
@@ -177,7 +155,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   cfg.check()
   tic = time.perf_counter()
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
-  run = _run_files(cfg.checkpoint)
+  run = training_run(cfg.checkpoint)
   labels = open_labels(run["labels"])
   meta = labels.metadata
   env_spec = meta.get("env", "")
@@ -187,7 +165,7 @@ def run_drift(cfg: DriftConfig) -> dict:
       "adapter): the drift harness needs a JAX environment"
     )
   out = make_dir(cfg.out or os.path.join(cfg.checkpoint, "drift"), "--out")
-  base = _label_config(meta)
+  base = LabelConfig.from_metadata(meta)
   test_ids = np.asarray(run["test"], np.int64)
   k_ref = cfg.reference_rollouts or _auto_rollouts(labels, test_ids[:256], base, cfg)
   main_env = cfg.env or env_spec
@@ -317,12 +295,12 @@ def _fresh_set(ctx: _Context, spec: str, ids: np.ndarray):
     t, lab = ref_lib.sample_and_label(
       labeler, seed, ids.size, ctx.cfg.progress, f"{spec} reference"
     )
-    return _keep(lab) | _traj_fields(ctx.env, t)
+    return _keep(lab) | ref_lib.trajectory_arrays(ctx.env, t)
 
   got = ctx.cached("fresh", compute, env=spec, seed=seed, n=int(ids.size))
   m = min(ctx.cfg.check_episodes, ids.size)
   traj = ref_lib.sample_trajectories(ctx.labeler(), seed, np.arange(m))
-  return EpisodeSet(spec, _episodes_from_arrays(ctx.env, got), got, None), traj
+  return EpisodeSet(spec, ref_lib.episodes_from_arrays(ctx.env, got), got, None), traj
 
 
 def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -> dict:
@@ -360,48 +338,15 @@ def _shift_set(ctx: _Context, spec: str, j: int):
     t, lab = ref_lib.sample_and_label(
       labeler, seed, ctx.cfg.shift_episodes, ctx.cfg.progress, f"{spec} reference"
     )
-    return _keep(lab) | _traj_fields(env, t)
+    return _keep(lab) | ref_lib.trajectory_arrays(env, t)
 
   got = ctx.cached("shift", compute, env=spec, seed=seed, n=ctx.cfg.shift_episodes)
-  return EpisodeSet(spec, _episodes_from_arrays(env, got), got, None)
+  return EpisodeSet(spec, ref_lib.episodes_from_arrays(env, got), got, None)
 
 
 def _keep(labels: dict) -> dict:
   out = {k: np.asarray(labels[k]) for k in ref_lib.FIELDS}
   out["rollout_steps"] = np.asarray(labels["rollout_steps"])
-  return out
-
-
-def _traj_fields(env, traj) -> dict:
-  """What a fresh episode set keeps of its trajectories: observations, actions, rewards,
-  mask, success and tag ids ([n, H, ...])."""
-  states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
-  params = env.default_params()
-  obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
-  tags = jax.vmap(jax.vmap(env.tag, (0, 0, None)), (0, 0, None))(states, traj.actions, params)
-  return {
-    "observations": np.asarray(obs),
-    "actions": np.asarray(traj.actions),
-    "rewards": np.asarray(traj.rewards),
-    "mask": np.asarray(traj.mask),
-    "tag_ids": np.asarray(tags),
-  }
-
-
-def _episodes_from_arrays(env, arrays: dict) -> list[dict]:
-  out = []
-  for i in range(arrays["actions"].shape[0]):
-    n = int(arrays["mask"][i].sum())
-    rewards = arrays["rewards"][i, :n]
-    out.append(
-      {
-        "observations": arrays["observations"][i, :n],
-        "actions": arrays["actions"][i, :n],
-        "rewards": rewards,
-        "success": bool(rewards.sum() > env.success_threshold),
-        "tags": [env.tag_names[int(t)] for t in arrays["tag_ids"][i, :n]],
-      }
-    )
   return out
 
 
@@ -479,8 +424,8 @@ def _gradient_learned_sources(env, predictor, models):
 
   def sources(traj, labels):
     del labels
-    arrays = _traj_fields(env, traj)
-    episodes = _episodes_from_arrays(env, arrays)
+    arrays = ref_lib.trajectory_arrays(env, traj)
+    episodes = ref_lib.episodes_from_arrays(env, arrays)
     H = arrays["actions"].shape[1]
 
     def padded(per_episode):

@@ -197,3 +197,38 @@ def sample_and_label(
       bar.update(n)
   cat = lambda *xs: np.concatenate(xs)  # noqa: E731
   return jax.tree.map(cat, *trajs), jax.tree.map(cat, *labels)
+
+
+def trajectory_arrays(env, traj: Trajectory) -> dict:
+  """What an evaluation keeps of trajectories (leaves [n, H + 1, ...]): observations,
+  actions, rewards, mask and tag ids, NumPy [n, H, ...]."""
+  states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
+  params = env.default_params()
+  obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
+  tags = jax.vmap(jax.vmap(env.tag, (0, 0, None)), (0, 0, None))(states, traj.actions, params)
+  return {
+    "observations": np.asarray(obs),
+    "actions": np.asarray(traj.actions),
+    "rewards": np.asarray(traj.rewards),
+    "mask": np.asarray(traj.mask),
+    "tag_ids": np.asarray(tags),
+  }
+
+
+def episodes_from_arrays(env, arrays: dict) -> list[dict]:
+  """The episodes of `trajectory_arrays` as the dicts the model scores (observations,
+  actions, rewards, success, tag names), each cut to its length."""
+  out = []
+  for i in range(arrays["actions"].shape[0]):
+    n = int(arrays["mask"][i].sum())
+    rewards = arrays["rewards"][i, :n]
+    out.append(
+      {
+        "observations": arrays["observations"][i, :n],
+        "actions": arrays["actions"][i, :n],
+        "rewards": rewards,
+        "success": bool(rewards.sum() > env.success_threshold),
+        "tags": [env.tag_names[int(t)] for t in arrays["tag_ids"][i, :n]],
+      }
+    )
+  return out

@@ -106,9 +106,12 @@ class Reasoning(Environment):
   has_action_classes = True
   success_threshold = 0.5
 
-  def __init__(self, horizon: int = 20, forget: float = 0.05):
+  def __init__(self, horizon: int = 20, forget: float = 0.05, competence=(0.0, 1.0)):
     self.horizon = horizon
     self._forget = forget
+    # c ~ U(lo, hi): a narrower range shifts the competence mix of the agents (the audit's
+    # shifted-policy example: `reasoning:competence_max=0.3` is a weaker agent).
+    self._competence = tuple(float(x) for x in competence)
 
   def default_params(self) -> ReasoningParams:
     return ReasoningParams(
@@ -123,7 +126,7 @@ class Reasoning(Environment):
     return ReasoningState(
       time=jnp.int32(0),
       done=jnp.bool_(False),
-      competence=jax.random.uniform(key),
+      competence=jax.random.uniform(key, minval=self._competence[0], maxval=self._competence[1]),
       facts=jnp.zeros((NUM_FACTS,), bool),
       drafted=jnp.bool_(False),
       draft_correct=jnp.bool_(False),

@@ -14,7 +14,7 @@ from hindsight.policies.tabular import TabularPolicy
 KNOWN_SPECS = (
   "tabular:PATH.npz",
   "key_to_door[:p_key=P]",
-  "reasoning[:decorative_rate=D,horizon=H]",
+  "reasoning[:decorative_rate=D,horizon=H,competence_max=C]",
   "team[:agents=N,rounds=R,p_error=E]",
 )
 
@@ -52,13 +52,22 @@ def make(spec: str) -> tuple[Environment, Policy]:
   if kind == "reasoning":
     from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
 
-    opts = _options(spec, arg, {"decorative_rate": 1.0, "horizon": 20})
+    opts = _options(
+      spec,
+      arg,
+      {"decorative_rate": 1.0, "horizon": 20, "competence_min": 0.0, "competence_max": 1.0},
+    )
     if opts["decorative_rate"] < 0:
       raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
     horizon = int(opts["horizon"])
     if horizon != opts["horizon"] or horizon < 2:
       raise HindsightError(f"--env {spec}: horizon must be an integer >= 2")
-    return Reasoning(horizon=horizon), ReasoningPolicy(opts["decorative_rate"])
+    competence = (opts["competence_min"], opts["competence_max"])
+    if not 0.0 <= competence[0] <= competence[1] <= 1.0:
+      raise HindsightError(f"--env {spec}: need 0 <= competence_min <= competence_max <= 1")
+    return Reasoning(horizon=horizon, competence=competence), ReasoningPolicy(
+      opts["decorative_rate"]
+    )
   if kind == "team":
     from hindsight.envs.team import Team, TeamPolicy
 

@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import tie_upper_rates, z_value
+from hindsight.credit.estimators import classify, tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
-from hindsight.credit.fields import continuation_totals, returns_to_go, step_fields
+from hindsight.credit.fields import continuation_totals, paired_credit, returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs, without_taken
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
@@ -96,6 +96,18 @@ class LabelConfig:
     if not 0.0 < self.confidence < 1.0:
       raise HindsightError(f"--confidence must be in (0, 1), got {self.confidence}")
 
+  @classmethod
+  def from_metadata(cls, meta: dict, num_rollouts: int | None = None) -> LabelConfig:
+    """The config a label dataset was made with (its metadata), optionally at another K."""
+    return cls(
+      num_rollouts=num_rollouts or max(int(meta.get("rollouts", 2)), 2),
+      replacement=meta.get("replacement", "policy"),
+      gamma=float(meta.get("gamma", 1.0)),
+      decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
+      confidence=float(meta.get("confidence", 0.95)),
+      stratify=bool(meta.get("stratify", True)),
+    )
+
 
 def episode_key(seed: int | jax.Array, episode_index: int | jax.Array) -> jax.Array:
   """The root key of one episode: a function of the seed and the episode's index only."""
@@ -107,7 +119,10 @@ class Labeler:
 
   `label(trajectories, keys)` labels trajectories from anywhere (a replay buffer, an RL
   loop): their saved states, actions, rewards and masks. `sample_and_label(seed, indices)`
-  samples the episodes itself first. Both are jitted and vmapped over the leading batch axis.
+  samples the episodes itself first. `label_steps(trajectories, steps, keys)` labels one
+  chosen step of each trajectory (the audit), and `step_info(trajectories)` says which steps
+  have no credit and what range their returns can take. All are jitted and vmapped over the
+  leading batch axis.
   """
 
   def __init__(
@@ -133,6 +148,8 @@ class Labeler:
     self._z = z_value(config.confidence)
     self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
     self.label = jax.jit(self._label_batch)
+    self.label_steps = jax.jit(jax.vmap(self._label_step))
+    self.step_info = jax.jit(jax.vmap(self._step_info))
     self.sample = jax.jit(jax.vmap(self._sample_episode))
     self.sample_and_label = jax.jit(self._sample_and_label)
 
@@ -210,6 +227,79 @@ class Labeler:
     keys = jax.vmap(episode_key, (None, 0))(seed, episode_indices)
     traj = jax.vmap(self._sample_episode)(keys)
     return traj, self._label_batch(traj, keys)
+
+  def _label_step(self, traj: Trajectory, t: jax.Array, key: jax.Array) -> dict[str, jax.Array]:
+    """The credit of step t of one trajectory alone (the audit's spot check).
+
+    The keep and replace arms of DESIGN section 1 (no phi arm): K branches, branch k with
+    keys split from fold_in(key, k), the same estimator as `label` (stratified replacement,
+    common random numbers, tie bounds). Returns float32 [] credit, credit_stderr, bool []
+    credit_bounded and undefined, int32 [] klass and rollout_steps (env steps simulated).
+    A step past the episode's end (mask[t] false) gets NaN credit and costs nothing.
+    """
+    env, cfg = self.env, self.config
+    K = cfg.num_rollouts
+    state = jax.tree.map(lambda x: x[t], traj.states)
+    a, valid = traj.actions[t], traj.mask[t]
+    pi = self.policy.probs(self.policy_params, state, self.env_params)
+    legal = env.legal_actions(state, self.env_params)
+    q, undefined = replacement_probs(cfg.replacement, pi, legal, a, env.null_action)
+    if cfg.stratify:
+      keep_share = q[a]
+      rest, mass = without_taken(q, a)
+      q_draw = jnp.where(mass > 0, rest, q)
+    else:
+      keep_share, q_draw = jnp.float32(0.0), q
+
+    def branch(k):
+      k_rep, k_cont = jax.random.split(jax.random.fold_in(key, k))
+      return jnp.stack([a, sample_categorical(k_rep, q_draw)]), k_cont
+
+    firsts, conts = jax.vmap(branch)(jnp.arange(K))  # [K, 2], [K]
+    banned = None
+    if cfg.replacement == "policy_no_repeat":
+      # Only the replace arm's continuation avoids a_t's content class.
+      banned = jnp.stack(
+        [jnp.int32(-1), env.action_class(state, a, self.env_params).astype(jnp.int32)]
+      )
+      banned = jnp.broadcast_to(banned, (K, 2)).reshape(-1)
+    run = functools.partial(
+      continuation_return,
+      env,
+      self.policy,
+      self.env_params,
+      self.policy_params,
+      gamma=cfg.gamma,
+    )
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (2 * K, *x.shape)), state)
+    keys = jnp.repeat(conts, 2)  # both arms of branch k share its continuation key
+    G, steps, _ = jax.vmap(run)(states, firsts.reshape(-1), keys, banned_class=banned)
+    G = G.reshape(K, 2)
+    lo, hi = self._return_bounds(state)
+    credit, se, bounded = paired_credit(
+      G[:, 0] - G[:, 1], keep_share, lo, hi, upper_rates=self._upper_rates, z=self._z
+    )
+    undefined = undefined | ~valid
+    credit = jnp.where(undefined, jnp.nan, credit)
+    return {
+      "credit": credit.astype(jnp.float32),
+      "credit_stderr": jnp.where(valid, se, jnp.nan).astype(jnp.float32),
+      "credit_bounded": bounded & valid,
+      "undefined": undefined & valid,
+      "klass": classify(credit, se, cfg.decorative_tolerance, self._z),
+      "rollout_steps": jnp.where(valid, steps.sum(), 0).astype(jnp.int32),
+    }
+
+  def _step_info(self, traj: Trajectory) -> tuple[jax.Array, jax.Array]:
+    """What a step's label can be before any rollout: (undefined [H] bool, q does not exist
+    for a valid step; bounds [H, 2], (lo, hi) of the return-to-go from s_t)."""
+    states = jax.tree.map(lambda x: x[: self.env.horizon], traj.states)
+    pi = jax.vmap(self.policy.probs, (None, 0, None))(self.policy_params, states, self.env_params)
+    legal = jax.vmap(self.env.legal_actions, (0, None))(states, self.env_params)
+    _, undefined = jax.vmap(replacement_probs, (None, 0, 0, 0, None))(
+      self.config.replacement, pi, legal, traj.actions, self.env.null_action
+    )
+    return undefined & traj.mask, jax.vmap(self._return_bounds)(states)
 
   def _branch_starts(self, traj: Trajectory, key: jax.Array):
     """Where each branch of one episode starts: state, forced first action and key.

@@ -194,14 +194,21 @@ def metric_table(
 
 
 def pit(
-  y: np.ndarray, p0: np.ndarray, mu: np.ndarray, sigma: np.ndarray, seed: int = 0
+  y: np.ndarray,
+  p0: np.ndarray,
+  mu: np.ndarray,
+  sigma: np.ndarray,
+  seed: int = 0,
+  v: np.ndarray | None = None,
 ) -> np.ndarray:
   """u = F(y) of the mixture p0 delta_0 + (1 - p0) N(mu, sigma^2), randomised uniformly
-  between F(y-) and F(y) where y sits on the atom (y == 0)."""
+  between F(y-) and F(y) where y sits on the atom (y == 0): u = F(y-) + v (F(y) - F(y-)),
+  v ~ U(0, 1) drawn from `seed` unless given (same shape as y)."""
   cont = (1.0 - p0) * stats.norm.cdf((y - mu) / np.maximum(sigma, 1e-12))
   below = cont + p0 * (y > 0)
   at = cont + p0 * (y >= 0)
-  v = np.random.default_rng(seed).random(y.shape)
+  if v is None:
+    v = np.random.default_rng(seed).random(np.shape(y))
   return below + v * (at - below)
 
 

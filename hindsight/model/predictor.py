@@ -64,6 +64,21 @@ def checkpoint_dir(workdir: str) -> str:
   raise HindsightError(f"--checkpoint {workdir}: no checkpoints (expected {inner})")
 
 
+def training_run(workdir: str) -> dict:
+  """WORKDIR/splits.json of a training run: the label dataset it trained on ("labels") and
+  the episode ids of each split."""
+  path = os.path.join(workdir, "splits.json")
+  if not os.path.isfile(path):
+    raise HindsightError(
+      f"--checkpoint {workdir}: no splits.json (a run of an older hindsight: retrain it)"
+    )
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError:
+    raise HindsightError(f"{path} is damaged (not JSON)") from None
+
+
 def outputs(model, batch: dict) -> dict:
   """The model's raw outputs as the Predictor's named outputs (module docstring)."""
   out = model(batch)

@@ -1,0 +1,135 @@
+"""The audited steps as a label dataset (the labeler's TFDS format), to fine-tune on.
+
+One example per pool episode that was drawn at least once, with every field of a labeling
+job's dataset. Only the audited steps carry a label (`labeled` true): their credit, stderr,
+tie-bound flag and class from the rollouts (a step drawn several times: the mean of its
+labels, stderr sqrt(sum se^2) / n); every other step has NaN credit and stays out of the
+training loss (`data.batching`). Progress and the phi fields are never rolled by the audit:
+NaN throughout. The dataset is written atomically (TFDS's incomplete-dir + rename, then the
+checksums), so a killed audit leaves no dataset that reads as complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import numpy as np
+
+from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
+from hindsight.credit.fields import STEP_FIELDS
+from hindsight.data import labels as label_io
+from hindsight.labeling.engine import LabelConfig, Labeler
+
+
+def _combined(draws, steps) -> dict[tuple[int, int], dict]:
+  """{(episode, t): label} over the draws, repeated draws of a step averaged."""
+  by_step: dict[tuple[int, int], list[int]] = {}
+  for j, s in enumerate(draws.step):
+    by_step.setdefault((int(steps["episode"][s]), int(steps["t"][s])), []).append(j)
+  lab = draws.label
+  out = {}
+  for key, js in by_step.items():
+    c = lab["credit"][js]
+    se = lab["credit_stderr"][js]
+    out[key] = {
+      "credit": float(np.mean(c)),
+      "credit_stderr": float(np.sqrt(np.sum(np.square(se))) / len(js)),
+      "credit_bounded": bool(np.any(lab["credit_bounded"][js])),
+    }
+  return out
+
+
+def write_audit_labels(
+  out_dir: str,
+  labeler: Labeler,
+  spec: str,
+  pool,
+  steps: dict,
+  draws,
+  label_cfg: LabelConfig,
+  seed: int,
+) -> str:
+  """Writes OUT_DIR (replacing an older one) and returns its dataset directory."""
+  env = labeler.env
+  combined = _combined(draws, steps)
+  episodes = sorted({e for e, _ in combined})
+  z = z_value(label_cfg.confidence)
+  state_ids = None
+  first_state = jax.tree.map(lambda x: x[0, 0], pool.traj.states)
+  with_states = env.state_index(first_state) is not None
+  if with_states:
+    states = jax.tree.map(lambda x: x[:, : env.horizon], pool.traj.states)
+    state_ids = np.asarray(jax.vmap(jax.vmap(env.state_index))(states))
+
+  def examples():
+    for e in episodes:
+      ep = pool.episodes[e]
+      T = len(ep["actions"])
+      nan = np.full(T, np.nan, np.float32)
+      fields = {name: nan.copy() for name in STEP_FIELDS + label_io.AUX_STEP_FIELDS}
+      labeled = np.zeros(T, bool)
+      bounded = np.zeros(T, bool)
+      for t in range(T):
+        got = combined.get((e, t))
+        if got is not None:
+          labeled[t] = True
+          fields["credit"][t] = got["credit"]
+          fields["credit_stderr"][t] = got["credit_stderr"]
+          bounded[t] = got["credit_bounded"]
+      klass = np.asarray(
+        classify(fields["credit"], fields["credit_stderr"], label_cfg.decorative_tolerance, z)
+      )
+      rewards = np.asarray(ep["rewards"], np.float32)
+      fields["return_to_go"] = np.cumsum(rewards[::-1])[::-1].astype(np.float32)
+      ex = {
+        "episode": np.int64(e),
+        "length": np.int32(T),
+        "return": np.float32(rewards.sum()),
+        "success": bool(ep["success"]),
+        "actions": np.asarray(ep["actions"], np.int32),
+        "rewards": rewards,
+        "observations": np.asarray(ep["observations"]),
+        "tags": list(ep["tags"]),
+        "klass": klass.astype(np.int64),
+        "undefined": np.zeros(T, bool),
+        "credit_bounded": bounded,
+        "labeled": labeled,
+        **fields,
+      }
+      if state_ids is not None:
+        ex["states"] = state_ids[e, :T].astype(np.int32)
+      yield ex
+
+  obs = pool.episodes[0]["observations"]
+  features = label_io.build_features(obs.shape[1:], obs.dtype, with_states, partial=True)
+  metadata = dict(
+    env=spec,
+    env_name=env.name,
+    policy=labeler.policy.name,
+    replacement=label_cfg.replacement,
+    rollouts=label_cfg.num_rollouts,
+    exact=False,
+    seed=int(pool.source.get("seed", seed)),
+    gamma=label_cfg.gamma,
+    horizon=env.horizon,
+    num_actions=env.num_actions,
+    null_action=-1 if env.null_action is None else env.null_action,
+    success_threshold=env.success_threshold,
+    decorative_tolerance=label_cfg.decorative_tolerance,
+    confidence=label_cfg.confidence,
+    stratify=label_cfg.stratify,
+    tag_names=list(env.tag_names),
+    agent_names=[],
+    klass_names=list(KLASS_NAMES),
+    partial=True,
+    audited_steps=len(combined),
+  )
+  if os.path.isdir(out_dir):
+    shutil.rmtree(out_dir)  # an older audit's: the new one replaces it whole
+  os.makedirs(out_dir)
+  work = os.path.join(out_dir, "_work")
+  path = label_io.write_dataset(out_dir, features, metadata, examples(), download_dir=work)
+  shutil.rmtree(work, ignore_errors=True)
+  return path

@@ -1,0 +1,319 @@
+"""`hindsight audit`: spot-check a served credit model against rollouts, under a budget.
+
+  1. the pool (`audit.pool`): trajectories of `--env` (fresh) or `--trajectories`;
+  2. the model scores every step of it; the design (`audit.design`) mixes uniform draws with
+     the model's most uncertain steps and those where it disagrees most with the outcome,
+     and gives every draw its importance weight w = 1 / (N p);
+  3. draws are labeled one by one (in blocks of `block` for speed) by rollouts, K keep and
+     K replace branches from the step's saved state (`Labeler.label_steps`), until the next
+     draw could overrun the budget of env steps (a step t of a horizon-H environment costs at
+     most 2 K (H - t));
+  4. the alarm (`audit.sequential`) is evaluated after every draw: the confidence sequences
+     of the mean gap g = prediction - rollout credit (terms w g) and of the model's interval
+     coverage (terms w 1[covered]); it may be read at any time with false-alarm rate <= alpha;
+  5. the gap per slice (tag, position, outcome) with bootstrap CIs over draws;
+  6. OUT/report.json, OUT/report.md, OUT/alarm.png, OUT/draws.npz, and the audited steps as
+     a label dataset OUT/labels (`audit.dataset`) to fine-tune on (`--config.init_from`).
+
+Keys: everything flows from `--seed`: the pool (seed + AUDIT_SEED_OFFSET), and from
+fold_in(key(seed), AUDIT_SALT) the draws (block b: fold_in(k_draw, b)), draw j's rollouts
+(fold_in(k_label, j)) and its PIT tie-break (fold_in(k_pit, j)); none depends on the block
+size or the budget, so a rerun gives the same audit and a larger budget extends it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+
+from hindsight.audit import pool as pool_lib
+from hindsight.audit.design import mixture_design, outcome_signal
+from hindsight.audit.sequential import AlarmConfig, drift_alarm
+from hindsight.data.labels import open_labels
+from hindsight.envs import make
+from hindsight.envs.adapters import is_adapter_spec
+from hindsight.errors import HindsightError, make_dir
+from hindsight.files import atomic_savez
+from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.metrics.drift import pit
+from hindsight.model.predictor import Predictor, training_run
+from hindsight.progress import CompileAwareBar
+
+AUDIT_SALT = 0xA0D17  # folds the audit's keys off the root key of --seed
+PREDICTION_FIELDS = ("credit", "std", "p_zero", "mu", "sigma")
+LABEL_FIELDS = ("credit", "credit_stderr", "credit_bounded", "klass", "rollout_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditConfig:
+  """What `hindsight audit` checks and how hard (the CLI flags map onto these)."""
+
+  checkpoint: str  # a training run's workdir
+  budget: int  # env steps the rollouts may spend
+  out: str
+  env: str | None = None  # audit fresh episodes of this spec ...
+  trajectories: str | None = None  # ... or these (a label dataset dir or a JSON-lines file)
+  step: str = "best"  # checkpoint step: best, last or a number
+  episodes: int = 256  # pool size (--env), or the most trajectories read (0: all)
+  rollouts: int = 32  # K branches per arm of every audited step
+  tolerance: float = 0.0  # |mean gap| allowed (0: a tenth of the model's credit scale)
+  alpha: float = 0.05  # false-alarm probability, however long the audit
+  coverage_level: float = 0.9  # the model's central interval checked
+  coverage_tolerance: float = 0.1  # coverage allowed below the level
+  shares: tuple[float, float, float] = (0.5, 0.25, 0.25)  # uniform, uncertain, disagreeing
+  stop_at_alarm: bool = False  # stop spending rollouts once the alarm fires
+  block: int = 64  # draws labeled per program call (speed only; results do not depend on it)
+  seed: int = 0
+  bootstrap: int = 400  # resamples of the slice CIs
+  progress: bool = True
+
+  def check(self) -> None:
+    if (self.env is None) == (self.trajectories is None):
+      raise HindsightError("give exactly one of --env and --trajectories")
+    if self.budget < 1:
+      raise HindsightError(f"--budget must be >= 1 env step, got {self.budget}")
+    if self.episodes < 0 or (self.env is not None and self.episodes < 1):
+      raise HindsightError(f"--episodes must be >= 1, got {self.episodes}")
+    if self.block < 1:
+      raise HindsightError(f"--block must be >= 1, got {self.block}")
+    if not 0 <= self.seed < 2**31 - AUDIT_SALT:
+      raise HindsightError(f"--seed must be in [0, 2^31), got {self.seed}")
+    if self.bootstrap < 10:
+      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+
+
+@dataclasses.dataclass
+class Draws:
+  """The audited draws in order: pool step index, rollout label fields, cost ([n] each)."""
+
+  step: np.ndarray
+  label: dict[str, np.ndarray]
+
+  @property
+  def size(self) -> int:
+    return int(self.step.size)
+
+
+def _setup(cfg: AuditConfig):
+  """(predictor, label config, env spec, labeler, pool)."""
+  predictor = Predictor.load(cfg.checkpoint, cfg.step)
+  run = training_run(cfg.checkpoint)
+  meta = open_labels(run["labels"]).metadata
+  label_cfg = LabelConfig.from_metadata(meta, num_rollouts=cfg.rollouts)
+  dataset, file_episodes = None, None
+  if cfg.trajectories is not None:
+    found = pool_lib.dataset_env(cfg.trajectories)
+    if found is not None:
+      dataset, spec = found
+    else:
+      spec, file_episodes = pool_lib.read_trajectory_file(cfg.trajectories, cfg.episodes)
+      spec = spec or meta.get("env", "")
+  else:
+    spec = cfg.env
+  if not spec or is_adapter_spec(spec):
+    raise HindsightError(
+      f"cannot audit '{spec}': branching needs a JAX environment (Gymnasium/dm_env adapters "
+      "are labeled by `hindsight label` only)"
+    )
+  env, policy = make(spec)
+  labeler = Labeler(env, policy, label_cfg)
+  if dataset is not None:
+    pool = pool_lib.from_dataset(labeler, dataset, cfg.episodes)
+  elif file_episodes is not None:
+    pool = pool_lib.from_file(labeler, cfg.trajectories, file_episodes)
+  else:
+    pool = pool_lib.from_env(labeler, spec, cfg.episodes, cfg.seed)
+  return predictor, label_cfg, spec, labeler, pool
+
+
+def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> dict:
+  """Every auditable step of the pool (valid, credit defined), flat [N]: episode, t, the
+  model's outputs, the return range of its state, tag, outcome, position."""
+  try:
+    scores = predictor.score(pool.episodes)
+  except HindsightError as e:
+    raise HindsightError(f"the trajectories do not fit the model: {e}") from None
+  undefined, bounds = jax.device_get(labeler.step_info(pool.traj))
+  mask = np.asarray(pool.traj.mask) & ~np.asarray(undefined)
+  episode, t = np.nonzero(mask)
+  lengths = pool.lengths
+  out = {"episode": episode, "t": t, "length": lengths[episode]}
+  for name in PREDICTION_FIELDS:
+    out[f"model_{name}"] = np.array([scores[e][name][s] for e, s in zip(episode, t, strict=True)])
+  out["lo"], out["hi"] = bounds[episode, t, 0], bounds[episode, t, 1]
+  out["tag"] = np.array([pool.episodes[e]["tags"][s] for e, s in zip(episode, t, strict=True)])
+  out["success"] = np.array([pool.episodes[e]["success"] for e in episode])
+  returns = np.array([float(np.sum(e["rewards"])) for e in pool.episodes])
+  outcome = outcome_signal(returns, lengths)  # per valid step, flat over all episodes
+  all_valid = np.nonzero(np.asarray(pool.traj.mask))
+  lookup = np.zeros(np.asarray(pool.traj.mask).shape)
+  lookup[all_valid] = outcome
+  out["outcome"] = lookup[episode, t]
+  return out
+
+
+def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> Draws:
+  """Draws labeled in order until the next one could overrun the budget (or the alarm
+  fires, with stop_at_alarm; `alarm` is then re-evaluated after each block)."""
+  K, H = labeler.config.num_rollouts, labeler.env.horizon
+  cost_bound = 2 * K * (H - steps["t"])  # env steps a draw may cost at most
+  k_draw, k_label = keys
+  label_fn = labeler.label_steps
+  B = cfg.block
+  picked: list[int] = []
+  labels: dict[str, list] = {k: [] for k in LABEL_FIELDS}
+  spent, committed, j = 0, 0, 0
+  block_cache: dict[int, np.ndarray] = {}
+
+  def draw(j):
+    b = j // B
+    if b not in block_cache:
+      block_cache.clear()
+      block_cache[b] = design.draw(k_draw, b, B)
+    return int(block_cache[b][j % B])
+
+  first = draw(0)
+  if cost_bound[first] > cfg.budget:
+    raise HindsightError(
+      f"--budget {cfg.budget} env steps cannot pay for one audited step: the first one drawn "
+      f"may cost {int(cost_bound[first])} (2 x {K} rollouts x {H - steps['t'][first]} steps "
+      "left); raise --budget or lower --rollouts"
+    )
+  bar = CompileAwareBar(total=cfg.budget, desc="audit", unit="env step", disable=not cfg.progress)
+  with bar:
+    exhausted = False
+    while not exhausted:
+      take = []
+      committed = spent
+      while len(take) < B:
+        idx = draw(j + len(take))
+        if committed + cost_bound[idx] > cfg.budget:
+          exhausted = True
+          break
+        committed += int(cost_bound[idx])
+        take.append(idx)
+      if not take:
+        break
+      n = len(take)
+      rows = np.array(take + [take[-1]] * (B - n))  # a fixed shape: one compiled program
+      ep, ts = steps["episode"][rows], steps["t"][rows]
+      draw_ids = np.arange(j, j + B)
+      draw_keys = jax.vmap(lambda i: jax.random.fold_in(k_label, i))(draw_ids)
+      traj = jax.tree.map(lambda x, ep=ep: x[ep], pool.traj)
+      out = jax.device_get(label_fn(traj, ts.astype(np.int32), draw_keys))
+      for k in LABEL_FIELDS:
+        labels[k].append(np.asarray(out[k])[:n])
+      cost = int(np.asarray(out["rollout_steps"])[:n].sum())
+      spent += cost
+      picked.extend(take)
+      j += n
+      bar.update(cost)
+      bar.set_postfix(draws=j)
+      if cfg.stop_at_alarm and _alarm_now(cfg, steps, design, picked, labels, tolerance):
+        break
+  label = {k: np.concatenate(v) for k, v in labels.items()}
+  return Draws(step=np.asarray(picked, np.int64), label=label)
+
+
+def _alarm_now(cfg, steps, design, picked, labels, tolerance: float) -> bool:
+  """Whether the alarm has fired after the draws so far."""
+  draws = Draws(np.asarray(picked), {k: np.concatenate(v) for k, v in labels.items()})
+  terms = _terms(cfg, steps, design, draws, _pit_ties(cfg, draws.size), tolerance)
+  return drift_alarm(*terms).first is not None
+
+
+def _pit_ties(cfg: AuditConfig, n: int) -> np.ndarray:
+  """v_j ~ U(0, 1) of draw j (the PIT's tie-break on the atom at 0), from its own key."""
+  root = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), AUDIT_SALT), 2)
+  return np.asarray(
+    jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(root, i)))(np.arange(n))
+  )
+
+
+def tolerance_of(cfg: AuditConfig, predictor: Predictor) -> float:
+  """--tolerance, or a tenth of the model's credit scale (the std of its training credits)."""
+  return cfg.tolerance or 0.1 * float(predictor.spec.value_scale)
+
+
+def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float):
+  """The arguments of `drift_alarm` for the draws: (gap terms w g [n], coverage terms
+  w 1[covered] [n], the range every gap term of the pool lies in, the coverage terms'
+  range, AlarmConfig)."""
+  s, lab = draws.step, draws.label
+  w = design.weights[s]
+  gap = steps["model_credit"][s] - lab["credit"]
+  sigma = np.sqrt(np.square(steps["model_sigma"][s]) + np.square(lab["credit_stderr"]))
+  u = pit(lab["credit"], steps["model_p_zero"][s], steps["model_mu"][s], sigma, v=ties)
+  covered = np.abs(u - 0.5) <= cfg.coverage_level / 2
+  all_w = design.weights
+  width = steps["hi"] - steps["lo"]
+  pred = steps["model_credit"]
+  gap_range = (float(np.min(all_w * (pred - width))), float(np.max(all_w * (pred + width))))
+  if gap_range[1] <= gap_range[0]:
+    gap_range = (gap_range[0], gap_range[0] + 1e-6)
+  alarm_cfg = AlarmConfig(
+    tolerance=tolerance,
+    alpha=cfg.alpha,
+    level=cfg.coverage_level,
+    coverage_tolerance=cfg.coverage_tolerance,
+  )
+  return w * gap, w * covered, gap_range, (0.0, design.max_weight), alarm_cfg
+
+
+def run_audit(cfg: AuditConfig) -> dict:
+  """The whole audit; returns the report (also written under cfg.out)."""
+  cfg.check()
+  tic = time.perf_counter()
+  predictor, label_cfg, spec, labeler, pool = _setup(cfg)
+  tolerance = tolerance_of(cfg, predictor)
+  AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
+  out = make_dir(cfg.out, "--out")
+  steps = _flat_steps(pool, predictor, labeler)
+  if steps["t"].size == 0:
+    raise HindsightError("the audited trajectories hold no step with a defined credit")
+  dis = np.abs(steps["model_credit"] - steps["outcome"])
+  design = mixture_design(steps["model_std"], dis, cfg.shares)
+  root = jax.random.fold_in(jax.random.key(cfg.seed), AUDIT_SALT)
+  keys = (jax.random.fold_in(root, 0), jax.random.fold_in(root, 1))
+  draws = _label_draws(cfg, labeler, pool, steps, design, keys, tolerance)
+  ties = _pit_ties(cfg, draws.size)
+  terms = _terms(cfg, steps, design, draws, ties, tolerance)
+  trace = drift_alarm(*terms)
+  if cfg.stop_at_alarm and trace.first is not None:
+    keep = trace.first + 1  # what was labeled after the firing draw is not reported
+    draws = Draws(draws.step[:keep], {k: v[:keep] for k, v in draws.label.items()})
+    ties = ties[:keep]
+    terms = _terms(cfg, steps, design, draws, ties, tolerance)
+    trace = drift_alarm(*terms)
+
+  from hindsight.audit import dataset as dataset_lib
+  from hindsight.audit import report as report_lib
+
+  report = report_lib.build_report(
+    cfg, predictor, label_cfg, spec, pool, steps, design, draws, terms, trace, tolerance
+  )
+  labels_dir = os.path.join(out, "labels")
+  report["labels"] = dataset_lib.write_audit_labels(
+    labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg.seed
+  )
+  atomic_savez(
+    os.path.join(out, "draws.npz"),
+    {
+      "episode": steps["episode"][draws.step],
+      "t": steps["t"][draws.step],
+      "weight": design.weights[draws.step],
+      "prediction": steps["model_credit"][draws.step],
+      **{f"label_{k}": v for k, v in draws.label.items()},
+      "gap_lower": trace.gap_lower,
+      "gap_upper": trace.gap_upper,
+      "coverage_upper": trace.coverage_upper,
+    },
+  )
+  report["seconds"] = round(time.perf_counter() - tic, 1)
+  report_lib.write_report(out, report, trace, draws)
+  report["out"] = out
+  return report

@@ -1,0 +1,135 @@
+"""Anytime-valid confidence sequences: the audit's drift alarm may be read after every step.
+
+A confidence sequence (CS) for a mean mu is a sequence of intervals C_1, C_2, ... with
+P(mu in C_t for every t) >= 1 - alpha: unlike a fixed-n interval it stays valid however long
+the audit runs and whenever it is read, so an alarm "C_t has left the tolerance band" fires
+falsely with probability at most alpha over the whole (unbounded) audit.
+
+`eb_confidence_sequence` is the predictable plug-in empirical-Bernstein CS of Waudby-Smith &
+Ramdas (2024, "Estimating means of bounded random variables by betting", JRSS-B, Thm. 2)
+for i.i.d. X_i in a known range [lo, hi]. With y_i = (X_i - lo) / (hi - lo) in [0, 1]:
+
+  mu_t      = (1/2 + sum_{i<=t} y_i) / (t + 1)            sigma2_t = (1/4 + sum_{i<=t}
+                                                                    (y_i - mu_i)^2) / (t + 1)
+  lambda_t  = min(sqrt(2 log(2/alpha) / (sigma2_{t-1} t log(1 + t))), c)     (predictable)
+  v_t       = 4 (y_t - mu_{t-1})^2,   psi(l) = (-log(1 - l) - l) / 4
+  C_t       = sum lambda_i y_i / sum lambda_i  +-  (log(2/alpha) + sum v_i psi(lambda_i))
+                                                   / sum lambda_i
+
+mapped back to [lo, hi] and intersected over time (the running intersection of a CS is a
+CS). Its width adapts to the variance but cannot beat (hi - lo) log(2/alpha) / (c t): a
+bounded-range guarantee has to allow one future draw anywhere in the range, so a tight
+range (the audit takes it from the pool's own predictions and return bounds) buys speed.
+
+`DriftAlarm` watches two CSs at once, alpha/2 each (a union bound keeps the total at alpha):
+  gap       the mean of g = prediction - rollout credit, two-sided: fires when the CS lies
+            entirely outside [-tolerance, +tolerance];
+  coverage  the share of rollout credits inside the model's central `level` interval,
+            one-sided: fires when the CS lies entirely below level - coverage_tolerance
+            (intervals that are too wide are wasteful, not dangerous).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hindsight.errors import HindsightError
+
+
+def eb_confidence_sequence(
+  x: np.ndarray, lo: float, hi: float, alpha: float, c: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+  """(lower [n], upper [n]): the running-intersection CS of the mean after each of x [n].
+
+  x: i.i.d. draws in [lo, hi] (checked); alpha: the CS misses the mean at any time with
+  probability <= alpha (each side alpha/2); c in (0, 1): the cap on the bet lambda_t.
+  """
+  x = np.asarray(x, np.float64)
+  if not hi > lo:
+    raise ValueError(f"the range [{lo}, {hi}] is empty")
+  if x.size and (x.min() < lo - 1e-9 * (hi - lo) or x.max() > hi + 1e-9 * (hi - lo)):
+    raise ValueError(f"a draw lies outside the stated range [{lo}, {hi}]")
+  n = x.size
+  if n == 0:
+    return np.zeros(0), np.zeros(0)
+  y = np.clip((x - lo) / (hi - lo), 0.0, 1.0)
+  t = np.arange(1, n + 1, dtype=np.float64)
+  mu = (0.5 + np.cumsum(y)) / (t + 1)  # mu_t, t = 1..n
+  mu_prev = np.concatenate([[0.5], mu[:-1]])  # mu_{t-1}
+  sigma2 = (0.25 + np.cumsum(np.square(y - mu))) / (t + 1)
+  sigma2_prev = np.concatenate([[0.25], sigma2[:-1]])
+  log_term = np.log(2.0 / alpha)
+  lam = np.minimum(np.sqrt(2.0 * log_term / (sigma2_prev * t * np.log1p(t))), c)
+  v = 4.0 * np.square(y - mu_prev)
+  psi = (-np.log1p(-lam) - lam) / 4.0
+  lam_sum = np.cumsum(lam)
+  centre = np.cumsum(lam * y) / lam_sum
+  margin = (log_term + np.cumsum(v * psi)) / lam_sum
+  lower = np.maximum.accumulate(np.clip(centre - margin, 0.0, 1.0))
+  upper = np.minimum.accumulate(np.clip(centre + margin, 0.0, 1.0))
+  return lo + (hi - lo) * lower, lo + (hi - lo) * upper
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmConfig:
+  """When the audit calls a model drifted (CLI: --tolerance, --alpha, --coverage-*)."""
+
+  tolerance: float  # |mean gap| beyond this is drift (label units)
+  alpha: float = 0.05  # false-alarm probability over the whole audit, however long
+  level: float = 0.9  # the model's central predictive interval that is checked
+  coverage_tolerance: float = 0.1  # coverage below level - this is drift
+
+  def check(self) -> None:
+    if not (np.isfinite(self.tolerance) and self.tolerance > 0):
+      raise HindsightError(f"--tolerance must be > 0, got {self.tolerance}")
+    if not 0 < self.alpha < 1:
+      raise HindsightError(f"--alpha must be in (0, 1), got {self.alpha}")
+    if not 0 < self.level < 1:
+      raise HindsightError(f"--coverage-level must be in (0, 1), got {self.level}")
+    if not 0 < self.coverage_tolerance < self.level:
+      raise HindsightError(
+        f"--coverage-tolerance must be in (0, {self.level}), got {self.coverage_tolerance}"
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmTrace:
+  """The alarm after every audited draw (arrays [n]) and when it first fired."""
+
+  gap_lower: np.ndarray
+  gap_upper: np.ndarray
+  coverage_upper: np.ndarray
+  gap_fired: np.ndarray  # bool
+  coverage_fired: np.ndarray  # bool
+  first: int | None  # index of the first draw after which the alarm is on (None: never)
+  reason: str  # "gap", "coverage", "gap and coverage" or "" (never fired)
+
+
+def drift_alarm(
+  gap_terms: np.ndarray,
+  cover_terms: np.ndarray,
+  gap_range: tuple[float, float],
+  cover_range: tuple[float, float],
+  cfg: AlarmConfig,
+) -> AlarmTrace:
+  """The alarm over draws whose unbiased terms are given (the audit's importance-weighted
+  gaps and coverage indicators; each term's mean is the pool's mean gap / coverage).
+
+  Fires after draw t when the gap CS (alpha/2) is outside [-tol, tol] or the coverage
+  CS's upper end (alpha/2 on that side) is below level - coverage_tolerance.
+  """
+  g_lo, g_hi = eb_confidence_sequence(gap_terms, *gap_range, alpha=cfg.alpha / 2)
+  # A two-sided CS at alpha has alpha/2 on each side: the upper end alone is a one-sided
+  # bound at alpha/2.
+  _, c_hi = eb_confidence_sequence(cover_terms, *cover_range, alpha=cfg.alpha)
+  gap_fired = (g_lo > cfg.tolerance) | (g_hi < -cfg.tolerance)
+  cov_fired = c_hi < cfg.level - cfg.coverage_tolerance
+  either = gap_fired | cov_fired
+  first = int(np.argmax(either)) if either.any() else None
+  reason = ""
+  if first is not None:
+    parts = [n for n, f in (("gap", gap_fired), ("coverage", cov_fired)) if f[first]]
+    reason = " and ".join(parts)
+  return AlarmTrace(g_lo, g_hi, c_hi, gap_fired, cov_fired, first, reason)
