@@ -6,6 +6,9 @@ from ml_collections import ConfigDict
 def base_config() -> ConfigDict:
   c = ConfigDict()
   c.seed = 0  # root of every key: the split, the initialisation, dropout, the batch order
+  # Fine-tune: start from the best checkpoint of this run's workdir (its parameters, model
+  # config and DataSpec; a fresh optimizer and schedule). "" = a fresh initialisation.
+  c.init_from = ""
 
   c.data = ConfigDict()
   c.data.labels_dir = ""  # label dataset (the --out of `hindsight label`); "" = WORKDIR/labels
@@ -15,6 +18,8 @@ def base_config() -> ConfigDict:
   c.data.label.rollouts = 32  # K branches per arm and step
   c.data.label.replacement = "policy"  # q(a'|s, a)
   c.data.label.seed = 0  # the labeling job's seed
+  c.data.mix_labels_dir = ""  # a second label dataset appended to the first ("" = none)
+  c.data.mix_episodes = 0  # ... its first N episodes (0 = all)
   c.data.validation_fraction = 0.1  # share of episodes held out for checkpoint selection
   c.data.test_fraction = 0.1  # share of episodes held out for the report
   c.data.num_buckets = 4  # length buckets (padded shapes, so compiled programs)

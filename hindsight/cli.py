@@ -157,7 +157,12 @@ def _parser() -> argparse.ArgumentParser:
   )
   ev.add_argument("--gradient-episodes", type=int, default=1024, help="episodes of that table")
   ev.add_argument("--bootstrap", type=int, default=400, help="bootstrap resamples per CI")
-  ev.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and baselines")
+  ev.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    help="seed of fresh episode sets (--env, shifts), the bootstrap and baselines",
+  )
   ev.add_argument("--out", default="", help="report directory (default: CHECKPOINT/drift)")
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
 

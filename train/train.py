@@ -11,6 +11,10 @@
      `label_fit` evaluator): WORKDIR/report.json and a scatter plot. `hindsight eval
      --checkpoint WORKDIR` then scores it against the reference credit.
 
+Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose best
+checkpoint the model starts from (its parameters and DataSpec; a fresh optimizer and
+schedule), and `data.mix_labels_dir` appends the old labels to the new ones.
+
 WORKDIR/splits.json names the label dataset and the episodes of each split (the drift
 harness evaluates the test split). Each checkpoint step carries the model config and the
 DataSpec (`hindsight.model.predictor`), so `Predictor.load(WORKDIR)` needs nothing else.
@@ -41,7 +45,7 @@ from hindsight.data.batching import (
   process_rows,
   split_episodes,
 )
-from hindsight.data.labels import is_complete, open_labels
+from hindsight.data.labels import is_complete, open_training_labels
 from hindsight.errors import HindsightError, make_dir
 from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import write_json
@@ -49,7 +53,7 @@ from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
-from hindsight.model.predictor import MODEL_FILE, model_files
+from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
 from hindsight.model.programs import state_digest, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
@@ -122,6 +126,8 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
   """The label dataset to train on, made first by the config's labeling job if needed."""
   out = config.data.labels_dir or os.path.join(workdir, "labels")
   lab = config.data.label
+  if config.data.labels_dir and is_complete(out):
+    return out  # given and finished (e.g. an audit's labels): data.label only makes labels
   if not lab.env:
     if not is_complete(out):
       raise HindsightError(
@@ -138,6 +144,28 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
   )
   run_label_job(job, out, progress=config.train.progress)
   return out
+
+
+def _init_model(config: ConfigDict, spec) -> Predictor:
+  """The model `init_from` names, checked against this run's config and labels."""
+  init = Predictor.load(config.init_from, "best")
+  want = ModelConfig(**config.model.to_dict())
+  have = init.model_config
+  for field in ("width", "depth", "num_heads", "mlp_ratio"):
+    if getattr(want, field) != getattr(have, field):
+      raise HindsightError(
+        f"config model.{field}={getattr(want, field)} differs from {getattr(have, field)} of "
+        f"init_from {config.init_from} (fine-tune with the config it was trained with)"
+      )
+  s = init.spec
+  fits = (s.obs_kind, s.obs_dim, s.num_agents) == (spec.obs_kind, spec.obs_dim, spec.num_agents)
+  if not fits or spec.num_actions > s.num_actions:
+    raise HindsightError(
+      f"the labels ({spec.obs_kind} observations of {spec.obs_dim}, {spec.num_actions} "
+      f"actions) do not fit the model of init_from {config.init_from} ({s.obs_kind}, "
+      f"{s.obs_dim}, {s.num_actions} actions)"
+    )
+  return init
 
 
 class _MetricsLog:
@@ -189,13 +217,18 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   _maybe_initialize_distributed(config)
   _check_workdir(config, workdir)
   labels_dir = _labels_dir(config, workdir)
-  labels = open_labels(labels_dir)
+  mix_dir = config.data.mix_labels_dir
+  labels = open_training_labels(labels_dir, mix_dir, int(config.data.mix_episodes))
   reader = EpisodeReader(labels)
   seed = int(config.seed)
   splits = split_episodes(
     len(labels), (config.data.validation_fraction, config.data.test_fraction), seed
   )
   lengths, spec = reader.scan(splits["train"], labels.metadata.get("horizon"))
+  init = None
+  if config.init_from:
+    init = _init_model(config, spec)
+    spec = init.spec  # the model's normalisation stays the one it was trained with
   pads = bucket_lengths(lengths, config.data.num_buckets)
   batch_size = int(config.data.batch_size)
   devices = jax.devices()
@@ -226,7 +259,13 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   if jax.process_index() == 0:
     write_json(
       os.path.join(workdir, "splits.json"),
-      {"labels": os.path.abspath(labels_dir), **{k: v.tolist() for k, v in splits.items()}},
+      {
+        "labels": os.path.abspath(labels_dir),
+        "mix_labels": os.path.abspath(mix_dir) if mix_dir else "",
+        "mix_episodes": int(config.data.mix_episodes),
+        "init_from": os.path.abspath(config.init_from) if config.init_from else "",
+        **{k: v.tolist() for k, v in splits.items()},
+      },
     )
   validation = evaluators.get("validation_loss")(programs, val_plan, reader, spec, mesh, rows)
 
@@ -240,6 +279,10 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   start, state = ckpt.restore(programs.abstract_state, fallback=config.checkpoint.fallback)
   if state is None:
     start, state = 0, programs.init(jax.random.fold_in(key, 0))
+    if init is not None:
+      state["model"] = jax.tree.map(
+        lambda new, old: jax.device_put(old, new.sharding), state["model"], init.state
+      )
   dropout_root = jax.random.fold_in(key, 1)
 
   writer = None

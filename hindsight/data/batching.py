@@ -102,6 +102,8 @@ class EpisodeReader:
       if "agent" in ex:
         for name in ("agent", "agent_shapley", "agent_shapley_stderr"):
           episode[name] = np.asarray(ex[name])
+      if "labeled" in ex:  # an audit's dataset: only these steps carry labels
+        episode["labeled"] = np.asarray(ex["labeled"], bool)
       self._cache[i] = episode
     return self._cache[i]
 
@@ -289,7 +291,9 @@ def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
   Episodes are dicts of arrays (EpisodeReader items, or `as_episode` outputs); fields a
   scored-only episode lacks (credit, its stderr, progress, klass) stay 0 and out of
   label_mask. mask: valid steps; label_mask: valid steps whose credit label is finite (an
-  `undefined` credit under policy_other is NaN and stays out of the regression loss).
+  `undefined` credit under policy_other is NaN and stays out of the regression loss);
+  class_mask: valid steps whose class is a label (all of them, except the steps an audit's
+  partial dataset left unlabeled: episode["labeled"] false).
   observations: float [B, T, D] or int [B, T]; success: float [B].
   Multi-agent specs add agent [B, T] (who acted), agent_shapley and its stderr [B, n], and
   agent_mask [B] (a real episode with agent labels).
@@ -307,6 +311,7 @@ def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
     "klass": np.full((B, pad), UNDETERMINED, np.int32),
     "mask": np.zeros((B, pad), bool),
     "label_mask": np.zeros((B, pad), bool),
+    "class_mask": np.zeros((B, pad), bool),
     "success": np.zeros(B, np.float32),
   }
   n_agents = spec.num_agents
@@ -334,7 +339,9 @@ def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
       finite = np.isfinite(credit) & np.isfinite(stderr)
       batch["credit"][row, :n] = np.where(finite, credit, 0.0)
       batch["credit_stderr"][row, :n] = np.where(finite, stderr, 0.0)
-      batch["label_mask"][row, :n] = finite
+      labeled = np.asarray(ep.get("labeled", np.ones(n, bool))[:n], bool)
+      batch["label_mask"][row, :n] = finite & labeled
+      batch["class_mask"][row, :n] = labeled
     if n_agents:
       batch["agent"][row, :n] = ep["agent"][:n]
       if "agent_shapley" in ep:

@@ -234,6 +234,57 @@ class Labels:
       yield self.source[i]
 
 
+@dataclasses.dataclass
+class MixedLabels:
+  """A label dataset followed by the first `take` episodes of another, read as one (a
+  fine-tune on audited steps mixed with the old labels). Metadata and path: the first's."""
+
+  first: Labels
+  second: Labels
+  take: int
+
+  @property
+  def path(self) -> str:
+    return self.first.path
+
+  @property
+  def metadata(self) -> dict[str, Any]:
+    return self.first.metadata
+
+  def __len__(self) -> int:
+    return len(self.first) + self.take
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    n = len(self.first)
+    if not 0 <= i < n + self.take:
+      raise IndexError(i)
+    return self.first[i] if i < n else self.second[i - n]
+
+  def __iter__(self):
+    for i in range(len(self)):
+      yield self[i]
+
+
+def open_training_labels(labels_dir: str, mix_dir: str = "", mix_episodes: int = 0):
+  """The labels a run trains on: `labels_dir`, followed (when `mix_dir` is given) by the
+  first `mix_episodes` episodes of `mix_dir` (0: all of them). Both must label the same
+  environment with the same replacement."""
+  labels = open_labels(labels_dir)
+  if not mix_dir:
+    return labels
+  other = open_labels(mix_dir)
+  for key in ("env_name", "replacement"):
+    if labels.metadata.get(key) != other.metadata.get(key):
+      raise HindsightError(
+        f"data.mix_labels_dir {mix_dir}: {key} '{other.metadata.get(key)}' differs from "
+        f"'{labels.metadata.get(key)}' of {labels_dir}"
+      )
+  if mix_episodes < 0:
+    raise HindsightError(f"config data.mix_episodes={mix_episodes} must be >= 0")
+  take = min(mix_episodes, len(other)) if mix_episodes else len(other)
+  return MixedLabels(labels, other, take)
+
+
 def is_complete(out_dir: str) -> bool:
   """TFDS finished the dataset and its checksums are written (see the module docstring)."""
   path = dataset_dir(job_dir(out_dir))

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from hindsight.data.batching import BatchPlan, EpisodeReader, bucket_lengths, make_batch
-from hindsight.data.labels import open_labels
+from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
 from hindsight.drift.gradients import gradient_table
@@ -40,7 +40,9 @@ DEFAULT_SHIFTS = {
   "reasoning": ("reasoning:decorative_rate=0.25", "reasoning:horizon=30"),
   "key_to_door": ("key_to_door:p_key=0.9",),
 }
-SHIFT_SEED_OFFSET = 1_000_003  # seeds of fresh episode sets: the labels' seed + this + j
+# Seeds of fresh episode sets: --seed + this (+ 1 + j for shift j), whatever the run's labels,
+# so every run evaluated with --env SPEC meets the same episodes (a before/after comparison).
+SHIFT_SEED_OFFSET = 1_000_003
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +158,9 @@ def run_drift(cfg: DriftConfig) -> dict:
   tic = time.perf_counter()
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
   run = training_run(cfg.checkpoint)
-  labels = open_labels(run["labels"])
+  labels = open_training_labels(
+    run["labels"], run.get("mix_labels", ""), run.get("mix_episodes", 0)
+  )
   meta = labels.metadata
   env_spec = meta.get("env", "")
   if is_adapter_spec(env_spec) or not env_spec:
@@ -190,13 +194,18 @@ def run_drift(cfg: DriftConfig) -> dict:
     "reference": {"kind": "exact DP" if ctx.tabular else "MC relabel", "rollouts": k_ref},
   }
   if cfg.env is None:
+    if meta.get("partial") or run.get("mix_labels"):
+      raise HindsightError(
+        f"{cfg.checkpoint} trained on an audit's labels, whose test split cannot be "
+        "regenerated from one seed: evaluate it on fresh episodes with --env SPEC"
+      )
     ids = test_ids[: cfg.episodes] if cfg.episodes else test_ids
     main, traj = _test_split_set(ctx, labels, ids)
     check_seed = ctx.seed
   else:
     ids = np.arange(cfg.episodes or 256)
     main, traj = _fresh_set(ctx, main_env, ids)
-    check_seed = ctx.seed + SHIFT_SEED_OFFSET
+    check_seed = cfg.seed + SHIFT_SEED_OFFSET
   report["reference"]["check"] = _check_reference(ctx, main, traj, ids, check_seed, main_env)
   report["reference"].update(_noise_ratio(main.cols))
   shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
@@ -288,7 +297,7 @@ def _test_split_set(ctx: _Context, labels, ids: np.ndarray):
 
 def _fresh_set(ctx: _Context, spec: str, ids: np.ndarray):
   """Fresh episodes of `spec` (--env), sampled and labeled as the reference."""
-  seed = ctx.seed + SHIFT_SEED_OFFSET
+  seed = ctx.cfg.seed + SHIFT_SEED_OFFSET
 
   def compute():
     labeler = ctx.labeler(exact_if_tabular=True)
@@ -331,7 +340,7 @@ def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -
 def _shift_set(ctx: _Context, spec: str, j: int):
   """Fresh episodes of a shifted environment (an OOD slice), labeled as the reference."""
   env, policy = make(spec)
-  seed = ctx.seed + SHIFT_SEED_OFFSET + 1 + j
+  seed = ctx.cfg.seed + SHIFT_SEED_OFFSET + 1 + j
 
   def compute():
     labeler = ctx.labeler(env, policy, exact_if_tabular=True)

@@ -277,13 +277,15 @@ def markdown(report: dict) -> str:
     "",
     "## Headline: every signal against the reference (95% bootstrap CIs over episodes)",
     "",
-    "| signal | Spearman | Pearson | Kendall | MAE | within-episode Spearman | pairwise acc. |",
-    "|---|---|---|---|---|---|---|",
+    "| signal | Spearman | Pearson | Kendall | MAE | mean gap | within-episode Spearman | "
+    "pairwise acc. |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   for name, m in r["headline"].items():
     lines.append(
       f"| {name} | {_fmt(m['spearman'])} | {_fmt(m['pearson'])} | {_fmt(m['kendall'])} | "
-      f"{_fmt(m['mae'], '.4f')} | {_fmt(m['within_spearman'])} | {_fmt(m['pairwise_accuracy'])} |"
+      f"{_fmt(m['mae'], '.4f')} | {_fmt(m['mean_gap'], '+.4f')} | {_fmt(m['within_spearman'])} | "
+      f"{_fmt(m['pairwise_accuracy'])} |"
     )
   if "equivalent_rollouts" in r:
     e = r["equivalent_rollouts"]

@@ -8,6 +8,7 @@ and recomputes the statistic on all their steps; percentile intervals.
 Ranking and error metrics (`point_metrics`), per signal s against the reference c:
   spearman, pearson, kendall    pooled over all steps
   mae, rmse                     mean |s - c|, sqrt(mean (s - c)^2)
+  mean_gap                      mean (s - c): the bias `hindsight audit` watches
   within_spearman               mean over episodes (>= 3 steps, neither side constant) of
                                 the Spearman of s and c inside the episode
   pairwise_accuracy             over ordered pairs of steps of one episode whose reference
@@ -40,6 +41,7 @@ POINT_METRICS = (
   "rmse",
   "within_spearman",
   "pairwise_accuracy",
+  "mean_gap",
 )
 COVERAGE_LEVELS = (0.5, 0.8, 0.95)
 RELIABILITY_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -122,6 +124,7 @@ def point_metrics(
       float(np.sqrt(np.mean(np.square(err)))),
       within,
       pairwise,
+      float(np.mean(err)),
     ]
   )
 

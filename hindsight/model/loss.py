@@ -9,8 +9,9 @@ rate fits credits of any size):
   loss  = sum_t m^y_t w_t nll_t / sum_t m^y_t + w_cls sum_t m_t CE(k_t, logits_t) / sum_t m_t
           + w_0 sum_t m^y_t BCE(z_t, zero_logit_t) / sum_t m^y_t
 
-m_t marks valid steps, m^y_t valid steps with a finite label, z_t labels that are exactly 0
-with stderr 0 (see `credit_model`). Shapes [B, T] (logits [B, T, C]).
+m_t marks steps with a class label (every valid step but the unlabeled steps of an audit's
+partial dataset: `class_mask`), m^y_t valid steps with a finite label, z_t labels that are
+exactly 0 with stderr 0 (see `credit_model`). Shapes [B, T] (logits [B, T, C]).
 
 w_t = stop_gradient(v_t)^beta is the beta-NLL weight (Seitzer et al. 2022, "On the Pitfalls of
 Heteroscedastic Uncertainty Estimation"). With beta = 0 (the plain NLL) a step's pull on the
@@ -65,7 +66,7 @@ def credit_loss(
   )
   ce = optax.softmax_cross_entropy_with_integer_labels(out["logits"], batch["klass"])
   nll_mean = masked_mean(nll, batch["label_mask"])
-  ce_mean = masked_mean(ce, batch["mask"])
+  ce_mean = masked_mean(ce, batch.get("class_mask", batch["mask"]))
   exact_zero = (batch["credit"] == 0.0) & (batch["credit_stderr"] == 0.0)
   zero_bce = masked_mean(
     optax.sigmoid_binary_cross_entropy(out["zero_logit"], exact_zero.astype(jnp.float32)),
@@ -76,7 +77,8 @@ def credit_loss(
     "ce": ce_mean,
     "zero_bce": zero_bce,
     "accuracy": masked_mean(
-      (jnp.argmax(out["logits"], -1) == batch["klass"]).astype(jnp.float32), batch["mask"]
+      (jnp.argmax(out["logits"], -1) == batch["klass"]).astype(jnp.float32),
+      batch.get("class_mask", batch["mask"]),
     ),
     "mae": masked_mean(jnp.abs(out["credit"] - batch["credit"]), batch["label_mask"]),
   }
@@ -103,5 +105,5 @@ def credit_loss(
   metrics["loss"] = loss
   # Step counts, so means over several batches can be weighted correctly.
   metrics["label_steps"] = jnp.sum(batch["label_mask"].astype(jnp.float32))
-  metrics["steps"] = jnp.sum(batch["mask"].astype(jnp.float32))
+  metrics["steps"] = jnp.sum(batch.get("class_mask", batch["mask"]).astype(jnp.float32))
   return loss, metrics
