@@ -264,14 +264,21 @@ def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float)
   return w * gap, w * covered, gap_range, (0.0, design.max_weight), alarm_cfg
 
 
-def run_audit(cfg: AuditConfig) -> dict:
-  """The whole audit; returns the report (also written under cfg.out)."""
-  cfg.check()
-  tic = time.perf_counter()
-  predictor, label_cfg, spec, labeler, pool = _setup(cfg)
-  tolerance = tolerance_of(cfg, predictor)
-  AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
-  out = make_dir(cfg.out, "--out")
+@dataclasses.dataclass
+class AuditResult:
+  """What an audit found: the pool's steps, the design, the labeled draws, the alarm's
+  inputs (`_terms`) and its trace."""
+
+  steps: dict
+  design: object
+  draws: Draws
+  terms: tuple
+  trace: object
+
+
+def audit_pool(cfg: AuditConfig, predictor, labeler: Labeler, pool, tolerance: float):
+  """Design, draws, rollouts and the alarm over one pool (no files written). `predictor`
+  needs only `score(episodes)` (tests audit a known-exact predictor through it)."""
   steps = _flat_steps(pool, predictor, labeler)
   if steps["t"].size == 0:
     raise HindsightError("the audited trajectories hold no step with a defined credit")
@@ -286,15 +293,30 @@ def run_audit(cfg: AuditConfig) -> dict:
   if cfg.stop_at_alarm and trace.first is not None:
     keep = trace.first + 1  # what was labeled after the firing draw is not reported
     draws = Draws(draws.step[:keep], {k: v[:keep] for k, v in draws.label.items()})
-    ties = ties[:keep]
-    terms = _terms(cfg, steps, design, draws, ties, tolerance)
+    terms = _terms(cfg, steps, design, draws, ties[:keep], tolerance)
     trace = drift_alarm(*terms)
+  return AuditResult(steps, design, draws, terms, trace)
+
+
+def run_audit(cfg: AuditConfig) -> dict:
+  """The whole audit; returns the report (also written under cfg.out)."""
+  cfg.check()
+  tic = time.perf_counter()
+  predictor, label_cfg, spec, labeler, pool = _setup(cfg)
+  tolerance = tolerance_of(cfg, predictor)
+  AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
+  out = make_dir(cfg.out, "--out")
+  for name in ("report.json", "report.md"):  # an older audit's verdict must not outlive it
+    if os.path.exists(os.path.join(out, name)):
+      os.remove(os.path.join(out, name))
+  res = audit_pool(cfg, predictor, labeler, pool, tolerance)
+  steps, design, draws, trace = res.steps, res.design, res.draws, res.trace
 
   from hindsight.audit import dataset as dataset_lib
   from hindsight.audit import report as report_lib
 
   report = report_lib.build_report(
-    cfg, predictor, label_cfg, spec, pool, steps, design, draws, terms, trace, tolerance
+    cfg, predictor, label_cfg, spec, pool, steps, design, draws, res.terms, trace, tolerance
   )
   labels_dir = os.path.join(out, "labels")
   report["labels"] = dataset_lib.write_audit_labels(

@@ -124,6 +124,7 @@ def drift_alarm(
   # A two-sided CS at alpha has alpha/2 on each side: the upper end alone is a one-sided
   # bound at alpha/2.
   _, c_hi = eb_confidence_sequence(cover_terms, *cover_range, alpha=cfg.alpha)
+  c_hi = np.minimum(c_hi, 1.0)  # a coverage (the terms' range reaches past 1 by the weights)
   gap_fired = (g_lo > cfg.tolerance) | (g_hi < -cfg.tolerance)
   cov_fired = c_hi < cfg.level - cfg.coverage_tolerance
   either = gap_fired | cov_fired

@@ -1,0 +1,351 @@
+"""`hindsight audit`: the step labeler against the DP, the confidence sequences' false-alarm
+rate, the alarm on a damaged model, the repair loop (audit -> fine-tune -> drift harness),
+and one-line errors.
+
+The statistical tests hold the machinery against known truths: the exact DP of a tabular MDP
+(a predictor that *is* the DP shifted by exactly the tolerance sits on the boundary of the
+null hypothesis, the hardest case for the false-alarm rate), and simulated streams.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, assert_one_line_error, run_cli, trained_run
+from scipy import stats
+
+from hindsight.audit import AlarmConfig, AuditConfig, drift_alarm, eb_confidence_sequence
+from hindsight.audit import pool as pool_lib
+from hindsight.audit.runner import audit_pool
+from hindsight.data import open_labels
+from hindsight.data.batching import EpisodeReader
+from hindsight.drift import DriftConfig, run_drift
+from hindsight.envs import make
+from hindsight.labeling.engine import LabelConfig, Labeler, episode_key
+from hindsight.model.predictor import Predictor
+
+pytestmark = pytest.mark.xdist_group("audit")
+
+MDP = os.path.join(ROOT, "data", "key_corridor.npz")
+
+
+def _upper_binomial(k: int, n: int, confidence: float = 0.99) -> float:
+  """One-sided Clopper-Pearson upper bound of a rate from k of n."""
+  return 1.0 if k >= n else float(stats.beta.ppf(confidence, k + 1, n - k))
+
+
+# -- the step labeler ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replacement", ["policy", "policy_other", "uniform"])
+def test_label_steps_is_unbiased_against_the_dp(replacement):
+  env, policy = make(f"tabular:{MDP}")
+  mc = Labeler(env, policy, LabelConfig(num_rollouts=64, replacement=replacement))
+  exact = Labeler(env, policy, LabelConfig(num_rollouts=2, replacement=replacement, exact=True))
+  keys = jax.vmap(episode_key, (None, 0))(0, np.arange(96))
+  traj = mc.sample(keys)
+  truth = np.asarray(exact.label(traj, keys)["credit"])
+  lengths = np.asarray(traj.mask).sum(1)
+  t = np.arange(96) % lengths  # a valid step of every episode
+  t[-1] = int(lengths[-1])  # ... but past the end in the last one (if shorter than H)
+  step_keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(np.arange(96))
+  out = jax.device_get(mc.label_steps(traj, t.astype(np.int32), step_keys))
+  c, se, bounded = out["credit"], out["credit_stderr"], out["credit_bounded"]
+  if lengths[-1] < env.horizon:
+    assert np.isnan(c[-1]) and out["rollout_steps"][-1] == 0
+  ref = truth[np.arange(96), np.minimum(t, env.horizon - 1)]
+  ok = np.isfinite(c) & np.isfinite(ref) & (se > 0) & ~bounded
+  z = (c - ref)[ok] / se[ok]
+  assert ok.sum() >= 20
+  assert 0.6 < np.sqrt(np.mean(z**2)) < 1.5, np.sqrt(np.mean(z**2))
+  # A tie-bounded stderr is conservative: the DP lies inside its interval.
+  tied = np.isfinite(c) & bounded
+  assert np.all(np.abs(c - ref)[tied] <= 1.96 * se[tied] + 1e-6)
+  assert np.all(out["rollout_steps"][np.isfinite(c)] > 0)
+
+
+# -- confidence sequences -----------------------------------------------------------------
+
+
+def test_confidence_sequence_misses_at_most_alpha_over_the_whole_stream():
+  rng = np.random.default_rng(0)
+  alpha, streams, n = 0.1, 400, 1500
+  mean = 0.02 * 3.0 + 0.98 * -0.05  # a skewed bounded law: rare large values
+  misses = 0
+  for _ in range(streams):
+    x = np.where(rng.random(n) < 0.02, 3.0, np.clip(rng.normal(-0.05, 0.05, n), -4, 4))
+    lo, hi = eb_confidence_sequence(x, -4.0, 4.0, alpha)
+    assert np.all(np.diff(lo) >= 0) and np.all(np.diff(hi) <= 0)  # running intersection
+    misses += bool(np.any((lo > mean) | (hi < mean)))
+  assert misses / streams <= alpha
+  # ... and it narrows: after 1500 draws of spread ~0.4 it is far inside the range.
+  assert hi[-1] - lo[-1] < 0.5
+  with pytest.raises(ValueError, match="outside the stated range"):
+    eb_confidence_sequence(np.array([5.0]), -4.0, 4.0, alpha)
+
+
+def test_drift_alarm_at_the_tolerance_boundary_and_beyond():
+  """Streams whose mean gap sits exactly on +tolerance (the null's edge): the alarm fires in
+  at most alpha of them however long they run; at three times the tolerance it fires."""
+  rng = np.random.default_rng(1)
+  cfg = AlarmConfig(tolerance=0.1, alpha=0.1, level=0.9, coverage_tolerance=0.1)
+  streams, n = 300, 1000
+  fired = 0
+  for _ in range(streams):
+    gap = np.clip(rng.normal(0.1, 0.3, n), -2, 2)
+    covered = (rng.random(n) < 0.8).astype(float)  # coverage exactly at its floor
+    fired += drift_alarm(gap, covered, (-2.0, 2.0), (0.0, 1.0), cfg).first is not None
+  assert fired / streams <= cfg.alpha
+  drifted = np.clip(rng.normal(0.3, 0.3, 4000), -2, 2)
+  trace = drift_alarm(drifted, np.ones(4000), (-2.0, 2.0), (0.0, 1.0), cfg)
+  assert trace.first is not None and trace.reason == "gap"
+  assert trace.gap_lower[trace.first] > cfg.tolerance
+  undercovered = drift_alarm(np.zeros(4000), (rng.random(4000) < 0.5) * 1.0, (-2.0, 2.0),
+                             (0.0, 1.0), cfg)  # fmt: skip
+  assert undercovered.reason == "coverage"
+
+
+# -- the audit on a tabular MDP, against the DP -------------------------------------------
+
+
+class _ExactPredictor:
+  """A 'model' whose credit is the DP's plus a constant offset: its true mean gap is the
+  offset exactly. Scores the pool it was built for, in order."""
+
+  def __init__(self, traj, exact: Labeler, offset: float):
+    keys = jax.vmap(episode_key, (None, 0))(0, np.arange(traj.actions.shape[0]))
+    credit = np.asarray(exact.label(traj, keys)["credit"])
+    self._credit = credit + offset
+    self._lengths = np.asarray(traj.mask).sum(1)
+
+  def score(self, episodes):
+    out = []
+    for i, _ in enumerate(episodes):
+      c = self._credit[i, : self._lengths[i]]
+      zeros = np.zeros_like(c)
+      out.append({"credit": c, "mean": c, "std": zeros + 0.01, "p_zero": zeros, "mu": c,
+                  "sigma": zeros + 0.01, "klass": zeros.astype(int)})  # fmt: skip
+    return out
+
+
+def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
+  env, policy = make(f"tabular:{MDP}")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
+  exact = Labeler(env, policy, LabelConfig(num_rollouts=2, exact=True))
+  pool = pool_lib.from_env(labeler, f"tabular:{MDP}", 64, seed=0)
+  tolerance = 0.05
+  predictor = _ExactPredictor(pool.traj, exact, offset=tolerance)
+  base = AuditConfig(checkpoint="", budget=60_000, out="", env="x", alpha=0.2,
+                     coverage_tolerance=0.85, progress=False)  # fmt: skip
+  audits = 60
+  fired, draws = 0, []
+  for seed in range(audits):
+    res = audit_pool(dataclasses.replace(base, seed=seed), predictor, labeler, pool, tolerance)
+    fired += res.trace.first is not None
+    draws.append(res.draws.size)
+    spent = int(res.draws.label["rollout_steps"].sum())
+    assert spent <= base.budget
+  # The false-alarm rate is at most alpha (its 99% upper bound may not fall below... it is
+  # the rate that must be small: the bound is checked against alpha with room for chance).
+  assert fired / audits <= base.alpha, (fired, audits)
+  assert min(draws) > 50
+  # The same audit with a predictor 6 tolerances off fires, and says when.
+  far = _ExactPredictor(pool.traj, exact, offset=6 * tolerance)
+  res = audit_pool(dataclasses.replace(base, seed=0), far, labeler, pool, tolerance)
+  assert res.trace.first is not None and "gap" in res.trace.reason
+  assert res.trace.gap_lower[res.trace.first] > tolerance
+
+
+# -- end to end: a trained model, its shift, the repair -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def tabular_run(tmp_path_factory):
+  overrides = ["train.steps=200", "train.eval_every=50"]
+  return trained_run(tmp_path_factory, "audit_run", "configs/tabular.py:smoke", overrides)
+
+
+@pytest.fixture(scope="module")
+def shifted_mdp(tmp_path_factory):
+  """key_corridor with a uniform behaviour policy (the original prefers `right` 0.55):
+  credit under the `policy` replacement moves at nearly every step (the DP of the original
+  policy is off by 0.04 on average, by -0.0085 in the mean)."""
+  with np.load(MDP) as z:
+    arrays = {k: z[k] for k in z.files}
+  arrays["pi"] = np.full_like(arrays["pi"], 0.25)
+  path = str(tmp_path_factory.mktemp("shift") / "uniform.npz")
+  np.savez(path, **arrays)
+  return path
+
+
+def test_a_model_exact_for_the_old_policy_fires_under_the_new_one(shifted_mdp):
+  old_env, old_policy = make(f"tabular:{MDP}")
+  env, policy = make(f"tabular:{shifted_mdp}")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
+  pool = pool_lib.from_env(labeler, f"tabular:{shifted_mdp}", 256, seed=0)
+  # The old policy's exact credit of the new policy's trajectories: a perfect model of the
+  # old behaviour, served after the policy moved on.
+  old_exact = Labeler(old_env, old_policy, LabelConfig(num_rollouts=2, exact=True))
+  stale = _ExactPredictor(pool.traj, old_exact, offset=0.0)
+  cfg = AuditConfig(checkpoint="", budget=4_000_000, out="", env="x", progress=False)
+  res = audit_pool(cfg, stale, labeler, pool, tolerance=0.003)
+  assert res.trace.first is not None and "gap" in res.trace.reason
+  assert res.trace.gap_upper[res.trace.first] < -0.003
+  # The same model on its own policy's trajectories stays quiet.
+  own = Labeler(old_env, old_policy, LabelConfig(num_rollouts=16))
+  own_pool = pool_lib.from_env(own, f"tabular:{MDP}", 256, seed=0)
+  fresh = _ExactPredictor(own_pool.traj, old_exact, offset=0.0)
+  assert audit_pool(cfg, fresh, own, own_pool, tolerance=0.003).trace.first is None
+
+
+def test_damaged_model_fires_and_the_report_says_what_it_cost(tabular_run, tmp_path):
+  predictor = Predictor.load(tabular_run)
+  noise = jax.tree.map(
+    lambda x: x + 0.5 * jax.random.normal(jax.random.key(3), x.shape, x.dtype)
+    if np.issubdtype(x.dtype, np.floating) else x,
+    predictor.state,
+  )  # fmt: skip
+  damaged = Predictor(predictor.graphdef, noise, predictor.spec, predictor.model_config, 0)
+  env, policy = make(f"tabular:{MDP}")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
+  pool = pool_lib.from_env(labeler, f"tabular:{MDP}", 64, seed=0)
+  cfg = AuditConfig(checkpoint=tabular_run, budget=200_000, out="", env="x", progress=False)
+  res = audit_pool(cfg, damaged, labeler, pool, tolerance=0.02)
+  assert res.trace.first is not None
+  cost = int(np.cumsum(res.draws.label["rollout_steps"])[res.trace.first])
+  assert 0 < cost <= cfg.budget
+
+
+def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_path):
+  """Audit under the shifted policy (CLI), fine-tune on the audited steps, and the drift
+  harness (exact DP reference, bootstrap CIs) shows the gap shrinking."""
+  spec = f"tabular:{shifted_mdp}"
+  out = tmp_path / "audit"
+  proc = run_cli("audit", "--checkpoint", tabular_run, "--env", spec, "--episodes", 256,
+                 "--budget", 3_000_000, "--rollouts", 16, "--tolerance", 0.002, "--out", out,
+                 "--no-progress")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  report = json.loads((out / "report.json").read_text())
+  assert 0 < report["spent_env_steps"] <= 3_000_000
+  assert (out / "report.md").is_file() and (out / "alarm.png").is_file()
+  assert "audit of" in proc.stdout
+
+  # The audited steps as a (partial) label dataset: only they carry labels.
+  labels = open_labels(str(out / "labels"))
+  reader = EpisodeReader(labels)
+  labeled = np.concatenate([reader[i]["labeled"] for i in range(len(labels))])
+  credit = np.concatenate([reader[i]["credit"] for i in range(len(labels))])
+  assert labeled.sum() == labels.metadata["audited_steps"] > 1000
+  assert np.all(np.isfinite(credit[labeled])) and np.all(np.isnan(credit[~labeled]))
+
+  from hindsight.config_io import load_config
+  from train.train import train_and_evaluate
+
+  tuned = str(tmp_path / "tuned")
+  train_and_evaluate(
+    load_config(
+      "configs/tabular.py:smoke",
+      [f"init_from={tabular_run}", f"data.labels_dir={out / 'labels'}", "train.steps=150",
+       "train.eval_every=50", "optim.learning_rate=0.003"],
+    ),
+    tuned,
+  )  # fmt: skip
+
+  def harness(run, name):
+    cfg = DriftConfig(checkpoint=run, env=spec, episodes=128, shifts=(), baseline_steps=0,
+                      gradient_env="", bootstrap=200, out=str(tmp_path / name),
+                      progress=False)  # fmt: skip
+    return run_drift(cfg)["headline"]["model (point)"]
+
+  before, after = harness(tabular_run, "before"), harness(tuned, "after")
+  gap_before = min(abs(before["mean_gap"]["lo"]), abs(before["mean_gap"]["hi"]))
+  gap_after = max(abs(after["mean_gap"]["lo"]), abs(after["mean_gap"]["hi"]))
+  assert np.sign(before["mean_gap"]["lo"]) == np.sign(before["mean_gap"]["hi"])
+  assert gap_after < gap_before, (before["mean_gap"], after["mean_gap"])
+  assert after["spearman"]["lo"] > before["spearman"]["hi"], (before["spearman"], after["spearman"])
+
+  # A server of the old model hot-reloads the repaired one.
+  from starlette.testclient import TestClient
+
+  from hindsight.serving.app import ServeConfig, create_app
+
+  with TestClient(create_app(ServeConfig(checkpoint=tabular_run))) as client:
+    reply = client.post("/v1/reload", json={"checkpoint": tuned})
+    assert reply.status_code == 200, reply.text
+    assert (
+      reply.json()["model"]["digest"]
+      == Predictor.load(tuned).digest
+      != Predictor.load(tabular_run).digest
+    )
+
+
+def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
+  from hindsight.config_io import load_config
+  from train.train import train_and_evaluate
+
+  tuned = str(tmp_path / "same")
+  train_and_evaluate(
+    load_config("configs/tabular.py:smoke", [f"init_from={tabular_run}", "train.steps=10",
+                "train.eval_every=10", "optim.learning_rate=0.0"]),
+    tuned,
+  )  # fmt: skip
+  assert Predictor.load(tuned).digest == Predictor.load(tabular_run).digest
+  bad = load_config("configs/tabular.py:smoke", [f"init_from={tabular_run}", "model.width=32"])
+  with pytest.raises(Exception, match=r"model\.width=32 differs"):
+    train_and_evaluate(bad, str(tmp_path / "bad"))
+
+
+def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
+  env_arg = f"tabular:{MDP}"
+  small = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--budget", 10,
+                  "--out", tmp_path / "a")  # fmt: skip
+  assert_one_line_error(small, "--budget 10", "cannot pay for one audited step")
+  other = run_cli("audit", "--checkpoint", tabular_run, "--env", "reasoning", "--budget",
+                  100000, "--out", tmp_path / "b")  # fmt: skip
+  assert_one_line_error(other, "do not fit the model")
+  lines = tmp_path / "t.jsonl"
+  lines.write_text(json.dumps({"actions": [0, 1], "rewards": [0, 0]}) + "\n")
+  missing = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", lines, "--budget",
+                    100000, "--out", tmp_path / "c")  # fmt: skip
+  assert_one_line_error(missing, "t.jsonl:1", "'seed'")
+  lines.write_text(json.dumps({"actions": [0, 1], "rewards": [0, 0], "seed": 0, "episode": 3})
+                   + "\n")  # fmt: skip
+  wrong = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", lines, "--budget",
+                  100000, "--out", tmp_path / "d")  # fmt: skip
+  assert_one_line_error(wrong, "does not regenerate")
+  both = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--trajectories",
+                 lines, "--budget", 1000, "--out", tmp_path / "e")  # fmt: skip
+  assert_one_line_error(both, "not allowed with")  # argparse's words, on one line
+  alpha = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--budget", 100000,
+                  "--alpha", 1.5, "--out", tmp_path / "f")  # fmt: skip
+  assert_one_line_error(alpha, "--alpha")
+  for d in "abcdf":
+    assert not (tmp_path / d / "report.json").exists()
+
+
+def test_audit_of_logged_trajectories_regenerates_them(tabular_run, tmp_path):
+  """An RL loop's log (JSONL with the keys it sampled from) is audited like --env."""
+  env, policy = make(f"tabular:{MDP}")
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
+  from hindsight.drift import reference as ref_lib
+
+  traj = ref_lib.sample_trajectories(labeler, 5, np.arange(20))
+  eps = ref_lib.episodes_from_arrays(env, ref_lib.trajectory_arrays(env, traj))
+  path = tmp_path / "log.jsonl"
+  with open(path, "w") as f:
+    for i, e in enumerate(eps):
+      f.write(json.dumps({"observations": e["observations"].tolist(),
+                          "actions": e["actions"].tolist(), "rewards": e["rewards"].tolist(),
+                          "seed": 5, "episode": i, "env": f"tabular:{MDP}"}) + "\n")  # fmt: skip
+  out = tmp_path / "audit"
+  proc = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", path, "--budget",
+                 50_000, "--rollouts", 8, "--out", out, "--no-progress")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  report = json.loads((out / "report.json").read_text())
+  assert report["pool"]["kind"] == "file" and report["pool"]["episodes"] == 20
+  assert 0 < report["spent_env_steps"] <= 50_000 and report["draws"] > 0
+  slices = {s["slice"] for s in report["slices"]}
+  assert {"outcome: success", "position: first third"} & slices
