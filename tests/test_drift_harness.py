@@ -19,7 +19,7 @@ from hindsight.drift import DriftConfig, run_drift
 from hindsight.drift import reference as ref_lib
 from hindsight.envs import make
 from hindsight.errors import HindsightError
-from hindsight.labeling.engine import Labeler, episode_key, to_numpy
+from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.model.predictor import MODEL_FILE, Predictor
 
 pytestmark = pytest.mark.xdist_group("drift")
@@ -114,9 +114,7 @@ def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run)
   labels, ids = _test_episodes(tabular_run, 16)
   meta = labels.metadata
   env, policy = make(meta["env"])
-  from hindsight.drift.harness import _label_config
-
-  base = _label_config(meta)
+  base = LabelConfig.from_metadata(meta)
   labeler = Labeler(env, policy, base)
   eps = [labels[int(i)] for i in ids]
   traj = ref_lib.regenerate(

@@ -98,8 +98,8 @@ class Draws:
     return int(self.step.size)
 
 
-def _setup(cfg: AuditConfig):
-  """(predictor, label config, env spec, labeler, pool)."""
+def prepare_audit(cfg: AuditConfig):
+  """(predictor, label config, env spec, labeler, pool) of an audit (nothing written)."""
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
   run = training_run(cfg.checkpoint)
   meta = open_labels(run["labels"]).metadata
@@ -302,7 +302,7 @@ def run_audit(cfg: AuditConfig) -> dict:
   """The whole audit; returns the report (also written under cfg.out)."""
   cfg.check()
   tic = time.perf_counter()
-  predictor, label_cfg, spec, labeler, pool = _setup(cfg)
+  predictor, label_cfg, spec, labeler, pool = prepare_audit(cfg)
   tolerance = tolerance_of(cfg, predictor)
   AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
   out = make_dir(cfg.out, "--out")
