@@ -3,10 +3,11 @@
 One flat public API (rlax style). Environments and policies are functional (gymnax style);
 the labeler branches trajectories at every step and measures interventional credit, and the
 credit model (`hindsight.model`) learns to predict it in one forward pass; `Predictor` loads
-a trained one, and `hindsight.drift` measures it against the reference credit.
+a trained one, `hindsight.drift` measures it against the reference credit, and
+`hindsight.audit` spot-checks a served one against rollouts (drift alarm, repair labels).
 """
 
-from hindsight import credit, drift, model
+from hindsight import audit, credit, drift, model
 from hindsight.credit import KLASS_NAMES, REPLACEMENTS, tabular_values
 from hindsight.data import Labels, open_labels
 from hindsight.data.batching import DataSpec
@@ -24,6 +25,7 @@ from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
 from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, Trajectory
+from hindsight.labeling.engine import episode_key
 from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.metrics import prediction_metrics, summarize, tag_table
 from hindsight.model import CreditModel, ModelConfig, Predictor
@@ -51,8 +53,10 @@ __all__ = [
   "TabularMDP",
   "TabularPolicy",
   "Trajectory",
+  "audit",
   "credit",
   "drift",
+  "episode_key",
   "key_corridor_mdp",
   "load_tabular",
   "make",

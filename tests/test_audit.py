@@ -157,6 +157,14 @@ def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
   res = audit_pool(dataclasses.replace(base, seed=0), far, labeler, pool, tolerance)
   assert res.trace.first is not None and "gap" in res.trace.reason
   assert res.trace.gap_lower[res.trace.first] > tolerance
+  # --stop-at-alarm spends no rollouts past the firing draw, and fires at the same draw.
+  stopped = audit_pool(dataclasses.replace(base, seed=0, stop_at_alarm=True), far, labeler,
+                       pool, tolerance)  # fmt: skip
+  assert stopped.draws.size == stopped.trace.first + 1 == res.trace.first + 1
+  # Draws, labels and where the budget ends do not depend on the block size (the seed only).
+  small = audit_pool(dataclasses.replace(base, seed=0, block=8), far, labeler, pool, tolerance)
+  np.testing.assert_array_equal(small.draws.step, res.draws.step)
+  np.testing.assert_allclose(small.draws.label["credit"], res.draws.label["credit"], atol=1e-6)
 
 
 # -- end to end: a trained model, its shift, the repair -----------------------------------

@@ -4,10 +4,10 @@
   2. the model scores every step of it; the design (`audit.design`) mixes uniform draws with
      the model's most uncertain steps and those where it disagrees most with the outcome,
      and gives every draw its importance weight w = 1 / (N p);
-  3. draws are labeled one by one (in blocks of `block` for speed) by rollouts, K keep and
-     K replace branches from the step's saved state (`Labeler.label_steps`), until the next
-     draw could overrun the budget of env steps (a step t of a horizon-H environment costs at
-     most 2 K (H - t));
+  3. draws are labeled in order by rollouts, K keep and K replace branches from the step's
+     saved state (`Labeler.label_steps`; `block` draws per call while even their worst
+     case fits the budget, then one at a time), until the next draw could overrun the budget
+     of env steps (a step t of a horizon-H environment costs at most 2 K (H - t));
   4. the alarm (`audit.sequential`) is evaluated after every draw: the confidence sequences
      of the mean gap g = prediction - rollout credit (terms w g) and of the model's interval
      coverage (terms w 1[covered]); it may be read at any time with false-alarm rate <= alpha;
@@ -16,9 +16,11 @@
      a label dataset OUT/labels (`audit.dataset`) to fine-tune on (`--config.init_from`).
 
 Keys: everything flows from `--seed`: the pool (seed + AUDIT_SEED_OFFSET), and from
-fold_in(key(seed), AUDIT_SALT) the draws (block b: fold_in(k_draw, b)), draw j's rollouts
-(fold_in(k_label, j)) and its PIT tie-break (fold_in(k_pit, j)); none depends on the block
-size or the budget, so a rerun gives the same audit and a larger budget extends it.
+fold_in(key(seed), AUDIT_SALT) the draws (draws 1024 b .. 1024 b + 1023 from fold_in(k_draw,
+b)), draw j's rollouts (fold_in(k_label, j)) and its PIT tie-break (fold_in(k_pit, j)); none
+depends on the block size or the budget, so a rerun gives the same audit and a larger budget
+extends it (the first draw that could overrun the budget ends it: a stopping time, which
+the confidence sequences allow).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from hindsight.model.predictor import Predictor, training_run
 from hindsight.progress import CompileAwareBar
 
 AUDIT_SALT = 0xA0D17  # folds the audit's keys off the root key of --seed
+DRAW_BLOCK = 1024  # draws generated per key (fixed: the sequence must not depend on --block)
 PREDICTION_FIELDS = ("credit", "std", "p_zero", "mu", "sigma")
 LABEL_FIELDS = ("credit", "credit_stderr", "credit_bounded", "klass", "rollout_steps")
 
@@ -166,15 +169,15 @@ def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> D
   B = cfg.block
   picked: list[int] = []
   labels: dict[str, list] = {k: [] for k in LABEL_FIELDS}
-  spent, committed, j = 0, 0, 0
+  spent, j = 0, 0
   block_cache: dict[int, np.ndarray] = {}
 
   def draw(j):
-    b = j // B
+    b = j // DRAW_BLOCK
     if b not in block_cache:
       block_cache.clear()
-      block_cache[b] = design.draw(k_draw, b, B)
-    return int(block_cache[b][j % B])
+      block_cache[b] = design.draw(k_draw, b, DRAW_BLOCK)
+    return int(block_cache[b][j % DRAW_BLOCK])
 
   first = draw(0)
   if cost_bound[first] > cfg.budget:
@@ -185,32 +188,25 @@ def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> D
     )
   bar = CompileAwareBar(total=cfg.budget, desc="audit", unit="env step", disable=not cfg.progress)
   with bar:
-    exhausted = False
-    while not exhausted:
-      take = []
-      committed = spent
-      while len(take) < B:
-        idx = draw(j + len(take))
-        if committed + cost_bound[idx] > cfg.budget:
-          exhausted = True
+    while True:
+      # A whole block when even its worst case fits the budget, else draws one at a time: so
+      # draw j is taken iff (spent before j) + (its cost bound) fits, whatever --block is.
+      take = [draw(j + i) for i in range(B)]
+      size = B
+      if spent + int(cost_bound[take].sum()) > cfg.budget:
+        if spent + cost_bound[take[0]] > cfg.budget:
           break
-        committed += int(cost_bound[idx])
-        take.append(idx)
-      if not take:
-        break
-      n = len(take)
-      rows = np.array(take + [take[-1]] * (B - n))  # a fixed shape: one compiled program
-      ep, ts = steps["episode"][rows], steps["t"][rows]
-      draw_ids = np.arange(j, j + B)
-      draw_keys = jax.vmap(lambda i: jax.random.fold_in(k_label, i))(draw_ids)
+        take, size = take[:1], 1
+      ep, ts = steps["episode"][take], steps["t"][take]
+      draw_keys = jax.vmap(lambda i: jax.random.fold_in(k_label, i))(np.arange(j, j + size))
       traj = jax.tree.map(lambda x, ep=ep: x[ep], pool.traj)
       out = jax.device_get(label_fn(traj, ts.astype(np.int32), draw_keys))
       for k in LABEL_FIELDS:
-        labels[k].append(np.asarray(out[k])[:n])
-      cost = int(np.asarray(out["rollout_steps"])[:n].sum())
+        labels[k].append(np.asarray(out[k]))
+      cost = int(np.asarray(out["rollout_steps"]).sum())
       spent += cost
       picked.extend(take)
-      j += n
+      j += size
       bar.update(cost)
       bar.set_postfix(draws=j)
       if cfg.stop_at_alarm and _alarm_now(cfg, steps, design, picked, labels, tolerance):
