@@ -5,9 +5,14 @@ Uses the model and optimizer of a config (the same jitted programs as `train/tra
 of a finished run's best checkpoint when `--workdir` is given, else a reasoning-shaped spec
 (float obs [7], 10 actions, 20 steps).
 Programs are compiled and warmed up first; the best of `--repeats` timings is reported.
+Achieved FLOP/s = XLA's FLOP count of the compiled program (`cost_analysis`, one device's
+program under SPMD, times the devices) x calls per second; with `--peak-tflops` (the
+device's peak for the dtype in use, all devices together) also the model FLOP utilisation
+(MFU), so an accelerator run has a number to report.
 
   make bench
   python eval/bench_model.py --config configs/reasoning.py --workdir runs/demo
+  python eval/bench_model.py --peak-tflops 989 --score-batch 4096   # e.g. one H100, bf16
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from hindsight.config_io import load_config
 from hindsight.data.batching import DataSpec
 from hindsight.model.predictor import Predictor
-from hindsight.model.programs import train_programs
+from hindsight.model.programs import program_flops, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 
 
@@ -73,6 +78,9 @@ def main() -> None:
   p.add_argument("--score-batch", type=int, default=512, help="episodes per forward pass")
   p.add_argument("--steps", type=int, default=50, help="train steps per timing")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument(
+    "--peak-tflops", type=float, default=0.0, help="the devices' peak TFLOP/s: report MFU"
+  )
   args = p.parse_args()
 
   config = load_config(args.config)
@@ -111,6 +119,8 @@ def main() -> None:
   score_rate = _best_rate(
     lambda: jax.block_until_ready(score(state, big)), real_steps, args.repeats
   )
+  train_flops = program_flops(programs.train_step, state, batch, key)
+  score_flops = program_flops(score, state, big)
   model = nnx.merge(graphdef, state)["model"]
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   result = {
@@ -122,6 +132,15 @@ def main() -> None:
     "train_env_steps_per_s": round(train_rate * int(np.asarray(batch["mask"]).sum()), 0),
     "scored_env_steps_per_s": round(score_rate, 0),
   }
+  rates = {"train": (train_flops, train_rate), "score": (score_flops, score_rate / real_steps)}
+  for name, (flops, calls_per_s) in rates.items():
+    if flops is None:
+      continue
+    achieved = flops * count * calls_per_s
+    result[f"{name}_gflops_per_call"] = round(flops * count / 1e9, 4)
+    result[f"{name}_achieved_tflops"] = round(achieved / 1e12, 4)
+    if args.peak_tflops > 0:
+      result[f"{name}_mfu"] = round(achieved / (args.peak_tflops * 1e12), 5)
   print(json.dumps(result, indent=1))
 
 

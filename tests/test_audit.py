@@ -17,13 +17,20 @@ import pytest
 from conftest import ROOT, assert_one_line_error, run_cli, trained_run
 from scipy import stats
 
-from hindsight.audit import AlarmConfig, AuditConfig, drift_alarm, eb_confidence_sequence
+from hindsight.audit import (
+  AlarmConfig,
+  AuditConfig,
+  drift_alarm,
+  eb_confidence_sequence,
+  run_audit,
+)
 from hindsight.audit import pool as pool_lib
 from hindsight.audit.runner import audit_pool
 from hindsight.data import open_labels
 from hindsight.data.batching import EpisodeReader
 from hindsight.drift import DriftConfig, run_drift
 from hindsight.envs import make
+from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key
 from hindsight.model.predictor import Predictor
 
@@ -308,29 +315,37 @@ def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
 
 def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
   env_arg = f"tabular:{MDP}"
+  # Through the CLI: exit 2 and one line on stderr.
   small = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--budget", 10,
                   "--out", tmp_path / "a")  # fmt: skip
   assert_one_line_error(small, "--budget 10", "cannot pay for one audited step")
   other = run_cli("audit", "--checkpoint", tabular_run, "--env", "reasoning", "--budget",
                   100000, "--out", tmp_path / "b")  # fmt: skip
   assert_one_line_error(other, "do not fit the model")
+  # In process (the CLI prints these HindsightErrors the same way): one line each.
   lines = tmp_path / "t.jsonl"
-  lines.write_text(json.dumps({"actions": [0, 1], "rewards": [0, 0]}) + "\n")
-  missing = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", lines, "--budget",
-                    100000, "--out", tmp_path / "c")  # fmt: skip
-  assert_one_line_error(missing, "t.jsonl:1", "'seed'")
-  lines.write_text(json.dumps({"actions": [0, 1], "rewards": [0, 0], "seed": 0, "episode": 3})
-                   + "\n")  # fmt: skip
-  wrong = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", lines, "--budget",
-                  100000, "--out", tmp_path / "d")  # fmt: skip
-  assert_one_line_error(wrong, "does not regenerate")
-  both = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--trajectories",
-                 lines, "--budget", 1000, "--out", tmp_path / "e")  # fmt: skip
-  assert_one_line_error(both, "not allowed with")  # argparse's words, on one line
-  alpha = run_cli("audit", "--checkpoint", tabular_run, "--env", env_arg, "--budget", 100000,
-                  "--alpha", 1.5, "--out", tmp_path / "f")  # fmt: skip
-  assert_one_line_error(alpha, "--alpha")
-  for d in "abcdf":
+  base = AuditConfig(checkpoint=tabular_run, budget=100_000, out=str(tmp_path / "c"),
+                     trajectories=str(lines), progress=False)  # fmt: skip
+  cases = [
+    (json.dumps({"actions": [0, 1], "rewards": [0, 0]}), "t.jsonl:1: missing field 'seed'"),
+    (json.dumps({"actions": [0, 1], "rewards": [0, 0], "seed": 0, "episode": 3}),
+     "does not regenerate"),
+    ("{not json", "t.jsonl:1: not a JSON object"),
+    ("", "no trajectories"),
+  ]  # fmt: skip
+  for text, fragment in cases:
+    lines.write_text(text + "\n")
+    with pytest.raises(HindsightError) as err:
+      run_audit(base)
+    assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)
+  for bad, fragment in [
+    (dict(alpha=1.5), "--alpha"),
+    (dict(env=env_arg), "exactly one of --env and --trajectories"),
+    (dict(shares=(0.0, 0.5, 0.5)), "--shares"),
+  ]:
+    with pytest.raises(HindsightError, match=fragment):
+      run_audit(dataclasses.replace(base, **bad))
+  for d in "abc":
     assert not (tmp_path / d / "report.json").exists()
 
 

@@ -49,13 +49,22 @@ class Design:
     return np.asarray(jax.random.choice(k, self.probs.size, (size,), p=self.probs))
 
 
+def check_shares(shares) -> tuple[float, float, float]:
+  """(u, s, d) as floats, or a one-line error: three shares >= 0 summing to 1, u > 0 (the
+  uniform part bounds every weight by 1 / u)."""
+  u, s, d = (float(x) for x in shares)
+  if min(u, s, d) < 0 or not np.isclose(u + s + d, 1.0) or u <= 0:
+    raise HindsightError(
+      f"--shares must be three numbers >= 0 summing to 1 with uniform > 0, got {shares}"
+    )
+  return u, s, d
+
+
 def mixture_design(
   uncertainty: np.ndarray, disagreement: np.ndarray, shares=(0.5, 0.25, 0.25)
 ) -> Design:
   """The design of the module docstring for scores [N] (>= 0)."""
-  u, s, d = (float(x) for x in shares)
-  if min(u, s, d) < 0 or not np.isclose(u + s + d, 1.0) or u <= 0:
-    raise HindsightError(f"--shares must be three numbers >= 0 summing to 1, uniform > 0: {shares}")
+  u, s, d = check_shares(shares)
   n = uncertainty.size
   if n == 0:
     raise HindsightError("the audited trajectories hold no step to check")

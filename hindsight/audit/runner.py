@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from hindsight.audit import pool as pool_lib
-from hindsight.audit.design import mixture_design, outcome_signal
+from hindsight.audit.design import check_shares, mixture_design, outcome_signal
 from hindsight.audit.sequential import AlarmConfig, drift_alarm
 from hindsight.data.labels import open_labels
 from hindsight.envs import make
@@ -87,6 +87,13 @@ class AuditConfig:
       raise HindsightError(f"--seed must be in [0, 2^31), got {self.seed}")
     if self.bootstrap < 10:
       raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+    if not (np.isfinite(self.tolerance) and self.tolerance >= 0):
+      raise HindsightError(f"--tolerance must be >= 0 (0: the default), got {self.tolerance}")
+    # The alarm's other settings, checked before any work (the tolerance may still be 0).
+    alarm = AlarmConfig(self.tolerance or 1.0, self.alpha, self.coverage_level,
+                        self.coverage_tolerance)  # fmt: skip
+    alarm.check()
+    check_shares(self.shares)
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from scipy import stats
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.files import write_json
 from hindsight.metrics import drift as dm
+from hindsight.model.programs import program_flops
 
 # The contrast the background essay asks about: decorative steps that look like work vs the
 # facts that are the work (reasoning tags; other environments skip it).
@@ -128,13 +129,8 @@ def _as_dicts(table: dict) -> dict:
 def _flops_per_step(predictor, main) -> float | None:
   """XLA's FLOP count of one forward pass over a batch of the set / its valid steps."""
   batch = predictor.batch(main.episodes[:64])
-  try:
-    compiled = jax.jit(predictor.credit_fn()).lower(predictor.state, batch).compile()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
-    return float(cost["flops"]) / max(int(batch["mask"].sum()), 1)
-  except (KeyError, TypeError, IndexError):
-    return None  # a backend that does not count FLOPs
+  flops = program_flops(jax.jit(predictor.credit_fn()), predictor.state, batch)
+  return None if flops is None else flops / max(int(batch["mask"].sum()), 1)
 
 
 def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:

@@ -64,6 +64,17 @@ def state_digest(state) -> str:
   return h.hexdigest()
 
 
+def program_flops(fn, *args) -> float | None:
+  """XLA's FLOP count of one call of the jitted `fn` on `args` (compiled, not run), or None
+  on a backend that does not count them. Under SPMD it is one device's program."""
+  try:
+    cost = fn.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return float(cost["flops"])
+  except (KeyError, TypeError, IndexError):
+    return None
+
+
 def model_graph(model_cfg: ModelConfig, spec: DataSpec) -> tuple[nnx.GraphDef, nnx.State]:
   """The model's static half and the ShapeDtypeStructs of its state (no arrays allocated)."""
   return nnx.split(
