@@ -159,27 +159,44 @@ def _free_port():
 
 
 @pytest.mark.xdist_group("train")
-def test_two_processes_under_jax_distributed_match_one(tmp_path, synthetic_labels, reference):
+def test_two_processes_preempted_together_resume_and_match_one(
+  tmp_path, synthetic_labels, reference
+):
   """Two processes of one CPU device each (gloo collectives) against the reference run of
-  one process on two devices: each process reads only its half of every batch."""
+  one process on two devices: each process reads only its half of every batch. A SIGTERM to
+  one process stops both at the same step with the same checkpoint; restarted, they finish
+  bitwise equal to the uninterrupted reference."""
   _, ref, ref_curve = reference
   workdir = tmp_path / "two"
-  coord = f"distributed.coordinator=localhost:{_free_port()}"
-  procs = [
-    _start(
-      workdir,
-      synthetic_labels,
-      coord,
-      "distributed.num_processes=2",
-      f"distributed.process_id={i}",
-      devices=1,
-    )
-    for i in range(2)
-  ]
+
+  def start_both():
+    coord = f"distributed.coordinator=localhost:{_free_port()}"
+    return [
+      _start(
+        workdir,
+        synthetic_labels,
+        coord,
+        "distributed.num_processes=2",
+        f"distributed.process_id={i}",
+        devices=1,
+      )
+      for i in range(2)
+    ]
+
+  procs = start_both()
+  _wait_for_checkpoint_after(procs[0], workdir, 0)
+  procs[1].send_signal(signal.SIGTERM)  # the other process never sees a signal
+  steps = []
   for p in procs:
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err
+    steps.append(int(err.split("saved at step")[1].split()[0]))
+  assert steps[0] == steps[1] < STEPS and steps[0] in _saved_steps(workdir)
+  for p in start_both():
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
   report = _report(workdir)
+  assert report["train"]["resumed_from"] == steps[0]
   # Bitwise: the same global batches meet the same compiled all-reduce over two devices.
   assert report["train"]["params_sha256"] == ref["train"]["params_sha256"]
   np.testing.assert_array_equal(
@@ -287,3 +304,25 @@ def test_bad_config_input_is_one_line(capsys, tmp_path):
   assert "no label dataset" in err[0], err
   assert "holds a run of a different config (train.steps differ)" in err[1], err
   assert "--workdir" in err[2] and "cannot create it" in err[2], err
+
+
+def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
+  """A run made before a config field existed resumes while the field is off; the
+  coordinator address and process id change with every launch and are not the run's."""
+  from train.train import _check_workdir
+
+  config = load_config("configs/generic.py:smoke")
+  _check_workdir(config, str(tmp_path))
+  path = tmp_path / "config.json"
+  saved = json.loads(path.read_text())
+  assert "distributed.coordinator" not in saved
+  saved.pop("init_from")  # as written by a hindsight without fine-tuning
+  path.write_text(json.dumps(saved))
+  relaunch = load_config(
+    "configs/generic.py:smoke",
+    ["distributed.coordinator=localhost:1234", "distributed.process_id=1"],
+  )
+  _check_workdir(relaunch, str(tmp_path))  # accepted
+  tuned = load_config("configs/generic.py:smoke", ["init_from=/some/run"])
+  with pytest.raises(Exception, match="init_from differ"):
+    _check_workdir(tuned, str(tmp_path))

@@ -21,7 +21,9 @@ DataSpec (`hindsight.model.predictor`), so `Predictor.load(WORKDIR)` needs nothi
 
 Restarted after a kill it resumes from the last good checkpoint and ends with the same
 parameters as an uninterrupted run (every batch and key is a function of the step number).
-SIGTERM saves a checkpoint and returns early with `report["preempted"] = True`.
+SIGTERM saves a checkpoint and returns early with `report["preempted"] = True`; in a
+multi-process run every process stops at the same step (they agree on it each step), even
+when the signal reaches only one of them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import threading
 import time
 
 import jax
+import numpy as np
 from ml_collections import ConfigDict
 
 from hindsight import evaluators
@@ -60,7 +63,14 @@ from hindsight.progress import CompileAwareBar
 
 log = logging.getLogger("hindsight.train")
 # Config fields that may change between a run and its restart without changing its result.
-RESTART_FREE = ("checkpoint.fallback", "train.progress")
+# (Where the coordinator listens and which process this is change with every launch of a
+# multi-process run: they are not part of the run.)
+RESTART_FREE = (
+  "checkpoint.fallback",
+  "train.progress",
+  "distributed.coordinator",
+  "distributed.process_id",
+)
 
 
 def _flatten(cfg: dict, prefix: str = "") -> dict:
@@ -80,9 +90,14 @@ def _check_workdir(config: ConfigDict, workdir: str) -> None:
   path = os.path.join(workdir, "config.json")
   if os.path.isfile(path):
     with open(path) as f:
-      saved = json.load(f)
+      saved = {k: v for k, v in json.load(f).items() if k not in RESTART_FREE}
     current_json = json.loads(json.dumps(current))
-    diff = sorted(k for k in set(saved) | set(current_json) if saved.get(k) != current_json.get(k))
+    # A field added to the configs after the run was made (absent from its config.json)
+    # changes nothing while it holds its off value ("", 0, False: every new field's default).
+    added_off = {k for k, v in current_json.items() if k not in saved and v in ("", 0, False)}
+    diff = sorted(
+      k for k in (set(saved) | set(current_json)) - added_off if saved.get(k) != current_json.get(k)
+    )
     if diff:
       raise HindsightError(
         f"--workdir {workdir} holds a run of a different config ({', '.join(diff[:3])} differ)"
@@ -201,6 +216,16 @@ def read_metrics(workdir: str, split: str = "train") -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f if line.strip()]
   return [r for r in records if r["split"] == split]
+
+
+def _any_process(flag: bool) -> bool:
+  """Whether `flag` is set in any process (the flag itself in a single-process run)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils
+
+  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
+  return bool(np.max(flags))
 
 
 def _maybe_initialize_distributed(config: ConfigDict) -> None:
@@ -329,14 +354,18 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
           for k, v in last.items():
             writer.add_scalar(f"train/{k}", v, done)
       train_seconds += time.perf_counter() - tic
-      if done % config.train.eval_every == 0 or done == total or stop["requested"]:
+      # Every process must stop at the same step (a checkpoint is a collective save): the
+      # SIGTERM may reach one process, or each at another step. One tiny all-gather per step
+      # agrees on it.
+      stopping = _any_process(stop["requested"])
+      if done % config.train.eval_every == 0 or done == total or stopping:
         val_losses = validation.run(state)
         curve.write({"step": done, "split": "validation", **val_losses})
         if writer:
           for k, v in val_losses.items():
             writer.add_scalar(f"validation/{k}", v, done)
         ckpt.save(done, state, val_losses["loss"], files=step_files)
-      if stop["requested"]:
+      if stopping:
         preempted = True
         log.warning("SIGTERM: saved the checkpoint of step %d; exiting", done)
         break
