@@ -31,6 +31,7 @@ def base_config() -> ConfigDict:
   c.model.num_heads = 4  # attention heads
   c.model.mlp_ratio = 4  # block MLP hidden size / width
   c.model.dropout = 0.0  # dropout on attention and MLP outputs (training only)
+  c.model.compute_dtype = ""  # "bfloat16": blocks compute in bf16, parameters float32
 
   c.optim = ConfigDict()
   c.optim.learning_rate = 1e-3  # peak AdamW learning rate

@@ -84,6 +84,27 @@ def test_in_memory_batch_equals_the_dataset_batch(tabular_run):
   np.testing.assert_array_equal(bare_batch["success"], from_disk["success"])
 
 
+def test_bfloat16_compute_scores_like_float32(tabular_run):
+  """The same parameters with the blocks computing in bfloat16 (ModelConfig.compute_dtype):
+  within 5% of the credit scale at every step, the ranking all but unchanged. (On the demo
+  model: max 1.9% of the scale, Spearman 0.99998; README.)"""
+  from scipy import stats
+
+  from hindsight.model.programs import model_graph
+
+  predictor = Predictor.load(tabular_run)
+  cfg = dataclasses.replace(predictor.model_config, compute_dtype="bfloat16")
+  graphdef, _ = model_graph(cfg, predictor.spec)
+  bf16 = Predictor(graphdef, predictor.state, predictor.spec, cfg, predictor.step)
+  labels, ids = _test_episodes(tabular_run, 32)
+  episodes = [episode_to_json(labels[int(i)]) for i in ids]
+  a = np.concatenate([s["mean"] for s in predictor.score(episodes)])
+  b = np.concatenate([s["mean"] for s in bf16.score(episodes)])
+  assert np.max(np.abs(a - b)) <= 0.05 * predictor.spec.value_scale
+  assert stats.spearmanr(a, b)[0] > 0.99
+  assert not np.array_equal(a, b)  # it did compute in another precision
+
+
 def test_predictor_bad_input_is_one_line(tabular_run, tmp_path):
   predictor = Predictor.load(tabular_run)
   labels, ids = _test_episodes(tabular_run, 1)

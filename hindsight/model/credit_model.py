@@ -42,6 +42,17 @@ class ModelConfig:
   num_heads: int = 4
   mlp_ratio: int = 4  # block MLP hidden = mlp_ratio * W
   dropout: float = 0.0  # on attention outputs and MLPs, training only
+  # "bfloat16": the blocks' matmuls and attention in bfloat16 (parameters, layer norms, the
+  # residual stream and the heads stay float32); "" = float32 throughout.
+  compute_dtype: str = ""
+
+  def __post_init__(self):
+    if self.compute_dtype not in ("", "float32", "bfloat16"):
+      raise ValueError(f"compute_dtype {self.compute_dtype!r}: expected '', float32 or bfloat16")
+
+  @property
+  def dtype(self):
+    return jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
 
 
 class Constant(nnx.Variable):
@@ -52,14 +63,14 @@ class Block(nnx.Module):
   """Pre-LayerNorm transformer block: x + MHA(LN x), then x + MLP(LN x)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    w = cfg.width
+    w, dt = cfg.width, cfg.dtype
     self.norm1 = nnx.LayerNorm(w, rngs=rngs)
     self.attn = nnx.MultiHeadAttention(
-      num_heads=cfg.num_heads, in_features=w, decode=False, rngs=rngs
+      num_heads=cfg.num_heads, in_features=w, decode=False, dtype=dt, rngs=rngs
     )
     self.norm2 = nnx.LayerNorm(w, rngs=rngs)
-    self.fc1 = nnx.Linear(w, cfg.mlp_ratio * w, rngs=rngs)
-    self.fc2 = nnx.Linear(cfg.mlp_ratio * w, w, rngs=rngs)
+    self.fc1 = nnx.Linear(w, cfg.mlp_ratio * w, dtype=dt, rngs=rngs)
+    self.fc2 = nnx.Linear(cfg.mlp_ratio * w, w, dtype=dt, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
   def __call__(self, x, key_mask, *, rngs: nnx.Rngs | None):
@@ -67,9 +78,10 @@ class Block(nnx.Module):
     mask [B, 1, T, T] (queries x keys; a causal model's)."""
     deterministic = rngs is None
     mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask
-    h = self.attn(self.norm1(x), mask=mask, deterministic=True)
+    # The residual stream stays float32: bfloat16 branch outputs are added to it in float32.
+    h = self.attn(self.norm1(x), mask=mask, deterministic=True).astype(x.dtype)
     x = x + self.dropout(h, deterministic=deterministic, rngs=rngs)
-    h = self.fc2(jax.nn.gelu(self.fc1(self.norm2(x))))
+    h = self.fc2(jax.nn.gelu(self.fc1(self.norm2(x)))).astype(x.dtype)
     return x + self.dropout(h, deterministic=deterministic, rngs=rngs)
 
 
