@@ -105,6 +105,20 @@ def test_bfloat16_compute_scores_like_float32(tabular_run):
   assert not np.array_equal(a, b)  # it did compute in another precision
 
 
+def test_predictor_applies_the_runs_fitted_sigma_scale(tabular_run):
+  with open(os.path.join(tabular_run, "calibration.json")) as f:
+    fitted = json.load(f)
+  calibrated, raw = Predictor.load(tabular_run), Predictor.load(tabular_run, calibrated=False)
+  assert fitted["step"] == calibrated.step and raw.sigma_scale == 1.0
+  assert calibrated.sigma_scale == pytest.approx(fitted["sigma_scale"]) != 1.0
+  labels, ids = _test_episodes(tabular_run, 8)
+  episodes = [episode_to_json(labels[int(i)]) for i in ids]
+  a, b = calibrated.score(episodes)[0], raw.score(episodes)[0]
+  np.testing.assert_allclose(a["sigma"], b["sigma"] * fitted["sigma_scale"], rtol=1e-5)
+  np.testing.assert_array_equal(a["credit"], b["credit"])  # the point prediction is untouched
+  assert calibrated.describe()["sigma_scale"] == calibrated.sigma_scale
+
+
 def test_predictor_bad_input_is_one_line(tabular_run, tmp_path):
   predictor = Predictor.load(tabular_run)
   labels, ids = _test_episodes(tabular_run, 1)

@@ -7,9 +7,11 @@
   3. AdamW (warmup + cosine decay, global-norm clipping) on the Gaussian NLL + class CE;
   4. every `train.eval_every` steps: validation loss, a checkpoint (last N kept + the best by
      validation loss), metrics to TensorBoard (WORKDIR/tensorboard);
-  5. the test split scored by the best checkpoint against its training labels (the
-     `label_fit` evaluator): WORKDIR/report.json and a scatter plot. `hindsight eval
-     --checkpoint WORKDIR` then scores it against the reference credit.
+  5. the spread of the best checkpoint's predictions calibrated on the validation split
+     (WORKDIR/calibration.json, `hindsight.model.calibration`), then the test split scored
+     by it against its training labels (the `label_fit` evaluator): WORKDIR/report.json
+     and a scatter plot. `hindsight eval --checkpoint WORKDIR` then scores it against the
+     reference credit.
 
 Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose best
 checkpoint the model starts from (its parameters and DataSpec; a fresh optimizer and
@@ -54,6 +56,7 @@ from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import write_json
 from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.model.calibration import write_calibration
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
@@ -383,14 +386,22 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   eval_step = ckpt.best_step() if config.checkpoint.evaluate == "best" else ckpt.steps()[-1]
   eval_step, state = ckpt.restore(programs.abstract_state, step=eval_step, fallback=False)
   ckpt.close()
+  # The predicted spread's post-hoc scale, fitted on the validation split (the Predictor
+  # applies it to this step; `hindsight.model.calibration`).
+  sigma_scale, calibration_steps = evaluators.get("sigma_scale")(
+    programs, val_plan, reader, spec, mesh, rows
+  ).run(state)
+  if jax.process_index() == 0:
+    write_calibration(workdir, eval_step, sigma_scale, calibration_steps)
   fit = evaluators.get("label_fit")(programs, test_plan, reader, spec, mesh, rows)
-  report, steps = fit.run(state)
+  report, steps = fit.run(state, sigma_scale)
   report.update(
     labels=os.path.abspath(labels_dir),
     env=labels.metadata.get("env"),
     replacement=labels.metadata.get("replacement"),
     episodes={k: int(v.size) for k, v in splits.items()},
     evaluated_checkpoint=eval_step,
+    sigma_scale=sigma_scale,  # fitted on the validation split, applied in this report
     evaluated_by=config.checkpoint.evaluate,  # "best" (validation loss) or "last"
     data_spec=json.loads(spec.to_json()),
   )

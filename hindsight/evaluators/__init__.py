@@ -5,6 +5,8 @@ on a model state.
   result = evaluator.run(state)
 
   validation_loss  weighted mean losses over a split (checkpoint selection)
+  sigma_scale      the post-hoc scale of the predicted spread, fitted on a split
+                   (`model.calibration`; the validation split)
   label_fit        the split's per-step predictions scored against its training labels
                    (report.json of a training run; against the *reference* credit is the
                    drift harness's job, `hindsight eval`)
@@ -13,10 +15,14 @@ on a model state.
 from __future__ import annotations
 
 from hindsight.errors import HindsightError
-from hindsight.evaluators.label_fit import LabelFitEvaluator, write_label_fit
+from hindsight.evaluators.label_fit import LabelFitEvaluator, SigmaScaleEvaluator, write_label_fit
 from hindsight.evaluators.split_pass import LossEvaluator, predict_split
 
-REGISTRY = {"validation_loss": LossEvaluator, "label_fit": LabelFitEvaluator}
+REGISTRY = {
+  "validation_loss": LossEvaluator,
+  "label_fit": LabelFitEvaluator,
+  "sigma_scale": SigmaScaleEvaluator,
+}
 
 
 def get(name: str):
@@ -30,6 +36,7 @@ __all__ = [
   "REGISTRY",
   "LabelFitEvaluator",
   "LossEvaluator",
+  "SigmaScaleEvaluator",
   "get",
   "predict_split",
   "write_label_fit",

@@ -16,6 +16,23 @@ from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.evaluators.split_pass import predict_split
 from hindsight.files import write_json
 from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
+from hindsight.model.calibration import fit_sigma_scale
+
+
+class SigmaScaleEvaluator:
+  """run(state) -> (sigma scale, steps it was fitted on): `model.calibration` on one split
+  (the validation split: the test split stays untouched for the report)."""
+
+  def __init__(self, programs, plan, reader, spec, mesh, rows):
+    self.programs = programs
+    self.args = (plan, reader, spec, mesh, rows)
+
+  def run(self, state) -> tuple[float, int]:
+    _, steps = predict_split(self.programs, state, *self.args)
+    scale = fit_sigma_scale(
+      steps["pred_mean"], np.sqrt(steps["pred_var"]), steps["label"], steps["stderr"]
+    )
+    return scale, int(steps["label"].size)
 
 
 class LabelFitEvaluator:
@@ -25,8 +42,11 @@ class LabelFitEvaluator:
     self.programs = programs
     self.args = (plan, reader, spec, mesh, rows)
 
-  def run(self, state) -> tuple[dict, dict]:
+  def run(self, state, sigma_scale: float = 1.0) -> tuple[dict, dict]:
+    """sigma_scale: the fitted calibration of the predicted spread (`model.calibration`),
+    applied as the Predictor applies it."""
     losses, steps = predict_split(self.programs, state, *self.args)
+    steps["pred_var"] = steps["pred_var"] * sigma_scale**2
     out = prediction_metrics(
       steps["pred"],
       steps["pred_mean"],

@@ -14,7 +14,9 @@ else N(mu_t, s_t^2). The outputs, in label units, float [T] per episode (or [B, 
   mu, sigma  the continuous part (calibration uses the whole mixture)
   klass    int, the argmax class over KLASS_NAMES
 A checkpoint step directory carries `hindsight_model.json` (model config + DataSpec), so
-loading needs neither the training config nor its optimizer.
+loading needs neither the training config nor its optimizer. The run's WORKDIR/calibration.json
+(a scale on sigma fitted on the validation split, `model.calibration`) is applied to the step
+it was fitted for.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from flax import nnx
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.batching import DataSpec, as_episode, episodes_batch
 from hindsight.errors import HindsightError
+from hindsight.model.calibration import read_sigma_scale
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.programs import model_graph, state_digest
@@ -79,11 +82,12 @@ def training_run(workdir: str) -> dict:
     raise HindsightError(f"{path} is damaged (not JSON)") from None
 
 
-def outputs(model, batch: dict) -> dict:
-  """The model's raw outputs as the Predictor's named outputs (module docstring)."""
+def outputs(model, batch: dict, sigma_scale: float = 1.0) -> dict:
+  """The model's raw outputs as the Predictor's named outputs (module docstring), the
+  continuous part's spread scaled by `sigma_scale` (`model.calibration`)."""
   out = model(batch)
   p0 = jax.nn.sigmoid(out["zero_logit"])
-  mu, var = out["mean"], jnp.exp(out["log_var"])
+  mu, var = out["mean"], jnp.exp(out["log_var"]) * sigma_scale**2
   mean = (1.0 - p0) * mu
   second = (1.0 - p0) * (var + jnp.square(mu))
   return {
@@ -100,17 +104,29 @@ def outputs(model, batch: dict) -> dict:
 class Predictor:
   """A restored credit model: `score` episodes, or `credit_fn` inside your own program."""
 
-  def __init__(self, graphdef, state, spec: DataSpec, model_config: ModelConfig, step: int):
+  def __init__(
+    self,
+    graphdef,
+    state,
+    spec: DataSpec,
+    model_config: ModelConfig,
+    step: int,
+    sigma_scale: float = 1.0,
+  ):
     self.graphdef, self.state = graphdef, state
     self.spec, self.model_config, self.step = spec, model_config, step
+    self.sigma_scale = float(sigma_scale)  # post-hoc calibration of sigma (1: none)
     self.digest = state_digest(state)[:16]  # equal digests = the same parameters
     self._score = jax.jit(self.credit_fn())
 
   @classmethod
-  def load(cls, workdir: str, step: int | str = "best") -> Predictor:
+  def load(cls, workdir: str, step: int | str = "best", calibrated: bool = True) -> Predictor:
     """The model of `step` ("best": lowest validation loss, "last", or a step number) of
-    the run in `workdir` (or its checkpoint directory), after verifying its manifest."""
-    ckpt = Checkpoints(checkpoint_dir(workdir), read_only=True)
+    the run in `workdir` (or its checkpoint directory), after verifying its manifest; with
+    the run's fitted sigma scale for that step (`model.calibration`) unless `calibrated` is
+    False."""
+    directory = checkpoint_dir(workdir)
+    ckpt = Checkpoints(directory, read_only=True)
     try:
       steps = ckpt.steps()
       if not steps:
@@ -149,15 +165,16 @@ class Predictor:
         raise HindsightError(f"checkpoint step {chosen} could not be restored")
     finally:
       ckpt.close()
-    return cls(graphdef, restored["model"], spec, model_cfg, chosen)
+    scale = read_sigma_scale(os.path.dirname(directory), chosen) if calibrated else 1.0
+    return cls(graphdef, restored["model"], spec, model_cfg, chosen, scale)
 
   def credit_fn(self) -> Callable[[nnx.State, dict], dict]:
     """A pure fn(state, batch) -> outputs (module docstring), [B, T] each; `batch` as made
     by `batch`/`hindsight.data.batching.episodes_batch`. Jit, vmap or scan it freely."""
-    graphdef = self.graphdef
+    graphdef, sigma_scale = self.graphdef, self.sigma_scale
 
     def fn(state, batch):
-      return outputs(nnx.merge(graphdef, state), batch)
+      return outputs(nnx.merge(graphdef, state), batch, sigma_scale)
 
     return fn
 
@@ -212,7 +229,12 @@ class Predictor:
     return results
 
   def describe(self) -> dict:
-    return {"step": self.step, "digest": self.digest, "klass_names": list(KLASS_NAMES)}
+    return {
+      "step": self.step,
+      "digest": self.digest,
+      "sigma_scale": self.sigma_scale,
+      "klass_names": list(KLASS_NAMES),
+    }
 
 
 def pad_length(n: int) -> int:
