@@ -34,7 +34,9 @@ from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key
 from hindsight.model.predictor import Predictor
 
-pytestmark = pytest.mark.xdist_group("audit")
+# Only the tests that share the module's trained run need one worker (xdist loadgroup);
+# the others spread freely.
+shares_the_run = pytest.mark.xdist_group("audit")
 
 MDP = os.path.join(ROOT, "data", "key_corridor.npz")
 
@@ -216,6 +218,7 @@ def test_a_model_exact_for_the_old_policy_fires_under_the_new_one(shifted_mdp):
   assert audit_pool(cfg, fresh, own, own_pool, tolerance=0.003).trace.first is None
 
 
+@shares_the_run
 def test_damaged_model_fires_and_the_report_says_what_it_cost(tabular_run, tmp_path):
   predictor = Predictor.load(tabular_run)
   noise = jax.tree.map(
@@ -234,19 +237,18 @@ def test_damaged_model_fires_and_the_report_says_what_it_cost(tabular_run, tmp_p
   assert 0 < cost <= cfg.budget
 
 
+@shares_the_run
 def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_path):
-  """Audit under the shifted policy (CLI), fine-tune on the audited steps, and the drift
+  """Audit under the shifted policy, fine-tune on the audited steps, and the drift
   harness (exact DP reference, bootstrap CIs) shows the gap shrinking."""
   spec = f"tabular:{shifted_mdp}"
   out = tmp_path / "audit"
-  proc = run_cli("audit", "--checkpoint", tabular_run, "--env", spec, "--episodes", 256,
-                 "--budget", 3_000_000, "--rollouts", 16, "--tolerance", 0.002, "--out", out,
-                 "--no-progress")  # fmt: skip
-  assert proc.returncode == 0, proc.stderr
+  budget = 2_000_000
+  run_audit(AuditConfig(checkpoint=tabular_run, env=spec, episodes=256, budget=budget,
+                        rollouts=16, tolerance=0.002, out=str(out), progress=False))  # fmt: skip
   report = json.loads((out / "report.json").read_text())
-  assert 0 < report["spent_env_steps"] <= 3_000_000
+  assert 0 < report["spent_env_steps"] <= budget
   assert (out / "report.md").is_file() and (out / "alarm.png").is_file()
-  assert "audit of" in proc.stdout
 
   # The audited steps as a (partial) label dataset: only they carry labels.
   labels = open_labels(str(out / "labels"))
@@ -263,16 +265,17 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   train_and_evaluate(
     load_config(
       "configs/tabular.py:smoke",
-      [f"init_from={tabular_run}", f"data.labels_dir={out / 'labels'}", "train.steps=150",
+      [f"init_from={tabular_run}", f"data.labels_dir={out / 'labels'}", "train.steps=100",
        "train.eval_every=50", "optim.learning_rate=0.003"],
     ),
     tuned,
   )  # fmt: skip
 
   def harness(run, name):
+    # The reference is the DP (tabular); its MC check pass is kept small.
     cfg = DriftConfig(checkpoint=run, env=spec, episodes=128, shifts=(), baseline_steps=0,
-                      gradient_env="", bootstrap=200, out=str(tmp_path / name),
-                      progress=False)  # fmt: skip
+                      gradient_env="", bootstrap=100, out=str(tmp_path / name),
+                      reference_rollouts=32, check_episodes=8, progress=False)  # fmt: skip
     return run_drift(cfg)["headline"]["model (point)"]
 
   before, after = harness(tabular_run, "before"), harness(tuned, "after")
@@ -297,6 +300,7 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
     )
 
 
+@shares_the_run
 def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
   from hindsight.config_io import load_config
   from train.train import train_and_evaluate
@@ -313,6 +317,7 @@ def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
     train_and_evaluate(bad, str(tmp_path / "bad"))
 
 
+@shares_the_run
 def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
   env_arg = f"tabular:{MDP}"
   # Through the CLI: exit 2 and one line on stderr.
@@ -349,6 +354,7 @@ def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
     assert not (tmp_path / d / "report.json").exists()
 
 
+@shares_the_run
 def test_audit_of_logged_trajectories_regenerates_them(tabular_run, tmp_path):
   """An RL loop's log (JSONL with the keys it sampled from) is audited like --env."""
   env, policy = make(f"tabular:{MDP}")
@@ -367,6 +373,7 @@ def test_audit_of_logged_trajectories_regenerates_them(tabular_run, tmp_path):
   proc = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", path, "--budget",
                  50_000, "--rollouts", 8, "--out", out, "--no-progress")  # fmt: skip
   assert proc.returncode == 0, proc.stderr
+  assert "audit of" in proc.stdout and "report:" in proc.stdout
   report = json.loads((out / "report.json").read_text())
   assert report["pool"]["kind"] == "file" and report["pool"]["episodes"] == 20
   assert 0 < report["spent_env_steps"] <= 50_000 and report["draws"] > 0
