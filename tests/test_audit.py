@@ -49,7 +49,7 @@ def _upper_binomial(k: int, n: int, confidence: float = 0.99) -> float:
 # -- the step labeler ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("replacement", ["policy", "policy_other", "uniform"])
+@pytest.mark.parametrize("replacement", ["policy", "policy_other"])
 def test_label_steps_is_unbiased_against_the_dp(replacement):
   env, policy = make(f"tabular:{MDP}")
   mc = Labeler(env, policy, LabelConfig(num_rollouts=64, replacement=replacement))
@@ -149,7 +149,7 @@ def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
   predictor = _ExactPredictor(pool.traj, exact, offset=tolerance)
   base = AuditConfig(checkpoint="", budget=60_000, out="", env="x", alpha=0.2,
                      coverage_tolerance=0.85, progress=False)  # fmt: skip
-  audits = 60
+  audits = 40
   fired, draws = 0, []
   for seed in range(audits):
     res = audit_pool(dataclasses.replace(base, seed=seed), predictor, labeler, pool, tolerance)
