@@ -83,6 +83,5 @@ def mixture_design(
 
 
 def outcome_signal(returns: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-  """Per step (flat over episodes): (R_e - mean R) / T_e, the outcome spread evenly."""
-  per_episode = (returns - returns.mean()) / np.maximum(lengths, 1)
-  return np.repeat(per_episode, lengths)
+  """Per episode [E]: (R_e - mean R) / T_e, the outcome spread evenly over its steps."""
+  return (returns - returns.mean()) / np.maximum(lengths, 1)

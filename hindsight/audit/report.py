@@ -50,10 +50,10 @@ def _slices(steps: dict, s: np.ndarray) -> dict[str, np.ndarray]:
   return out
 
 
-def build_report(
-  cfg, predictor, label_cfg, spec, pool, steps, design, draws, terms, trace, tolerance
-) -> dict:
-  gap_terms, cover_terms, gap_range, cover_range, _ = terms
+def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
+  """The report of one audit (`runner.AuditResult` res) as plain JSON types."""
+  steps, design, draws, trace = res.steps, res.design, res.draws, res.trace
+  gap_terms, cover_terms, gap_range, cover_range, _ = res.terms
   s = draws.step
   w = design.weights[s]
   gap = steps["model_credit"][s] - draws.label["credit"]

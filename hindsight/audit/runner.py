@@ -158,11 +158,7 @@ def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> 
   out["tag"] = np.array([pool.episodes[e]["tags"][s] for e, s in zip(episode, t, strict=True)])
   out["success"] = np.array([pool.episodes[e]["success"] for e in episode])
   returns = np.array([float(np.sum(e["rewards"])) for e in pool.episodes])
-  outcome = outcome_signal(returns, lengths)  # per valid step, flat over all episodes
-  all_valid = np.nonzero(np.asarray(pool.traj.mask))
-  lookup = np.zeros(np.asarray(pool.traj.mask).shape)
-  lookup[all_valid] = outcome
-  out["outcome"] = lookup[episode, t]
+  out["outcome"] = outcome_signal(returns, lengths)[episode]
   return out
 
 
@@ -318,9 +314,7 @@ def run_audit(cfg: AuditConfig) -> dict:
   from hindsight.audit import dataset as dataset_lib
   from hindsight.audit import report as report_lib
 
-  report = report_lib.build_report(
-    cfg, predictor, label_cfg, spec, pool, steps, design, draws, res.terms, trace, tolerance
-  )
+  report = report_lib.build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance)
   labels_dir = os.path.join(out, "labels")
   report["labels"] = dataset_lib.write_audit_labels(
     labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg.seed
