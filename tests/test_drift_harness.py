@@ -86,8 +86,8 @@ def test_in_memory_batch_equals_the_dataset_batch(tabular_run):
 
 def test_bfloat16_compute_scores_like_float32(tabular_run):
   """The same parameters with the blocks computing in bfloat16 (ModelConfig.compute_dtype):
-  within 5% of the credit scale at every step, the ranking all but unchanged. (On the demo
-  model: max 1.9% of the scale, Spearman 0.99998; README.)"""
+  within 5% of the credit scale at every step, the ranking all but unchanged. (The demo
+  model, scored so by hand once: max 1.9% of the scale, Spearman 0.99998.)"""
   from scipy import stats
 
   from hindsight.model.programs import model_graph
