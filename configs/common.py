@@ -6,6 +6,9 @@ from ml_collections import ConfigDict
 def base_config() -> ConfigDict:
   c = ConfigDict()
   c.seed = 0  # root of every key: the split, the initialisation, dropout, the batch order
+  # Ensemble member m > 0: the same split, its own initialisation, dropout and batch order
+  # (`hindsight eval --checkpoint A,B,C` scores the members as one ensemble).
+  c.member = 0
   # Fine-tune: start from the best checkpoint of this run's workdir (its parameters, model
   # config and DataSpec; a fresh optimizer and schedule). "" = a fresh initialisation.
   c.init_from = ""
@@ -47,6 +50,10 @@ def base_config() -> ConfigDict:
   c.loss.beta = 0.5  # beta-NLL exponent: 0 = plain NLL, 0.5 keeps rare large credits fitted
   c.loss.zero_weight = 0.1  # weight of the P(credit exactly 0) cross-entropy
   c.loss.agent_weight = 1.0  # weight of the agent-level Shapley NLL (multi-agent datasets)
+  c.loss.no_label_noise = False  # True: labels treated as exact (no e_t^2 in the NLL; ablation)
+  # True: P(credit exactly 0) learns only labels that cannot differ (stderr 0), not steps
+  # whose K branch pairs all tied (the ablation of the exact-zero mixture on ties).
+  c.loss.zero_exact_only = False
 
   c.train = ConfigDict()
   c.train.steps = 2000  # optimizer steps

@@ -164,6 +164,12 @@ def _parser() -> argparse.ArgumentParser:
     help="seed of fresh episode sets (--env, shifts), the bootstrap and baselines",
   )
   ev.add_argument("--out", default="", help="report directory (default: CHECKPOINT/drift)")
+  ev.add_argument(
+    "--cache",
+    default="",
+    help="directory of cached episodes and references (default: OUT/cache); share one "
+    "between models evaluated on the same episodes",
+  )
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
 
   sc = sub.add_parser("score", help="batch-score a JSONL file or a label dataset")
@@ -332,6 +338,7 @@ def _eval(args) -> int:
       bootstrap=args.bootstrap,
       seed=args.seed,
       out=args.out,
+      cache=args.cache,
       progress=not args.no_progress,
       **kw,
     )

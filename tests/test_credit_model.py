@@ -97,6 +97,33 @@ def test_loss_masks_padding_and_undefined_labels(data):
   assert nan_batch["credit"][0, 0] == 0.0 and nan_batch["label_mask"][0, 1]
 
 
+def test_exact_zero_target_counts_tied_labels_unless_told_otherwise():
+  """z_t = 1 for a label exactly 0: a step whose branches all tied (0 with a tie bound as
+  stderr) counts, unless zero_ties=False; a nonzero label never counts. The label-noise
+  switch drops e_t^2 from the NLL's variance."""
+  credit = jnp.array([[0.0, 0.0, 0.3]])
+  stderr = jnp.array([[0.05, 0.0, 0.05]])  # a tie bound, a degenerate step, a noisy label
+  mask = jnp.ones((1, 3), bool)
+  batch = {"credit": credit, "credit_stderr": stderr, "klass": jnp.zeros((1, 3), jnp.int32),
+           "mask": mask, "label_mask": mask}  # fmt: skip
+  out = {"mean": jnp.full((1, 3), 0.1), "log_var": jnp.full((1, 3), -4.0),
+         "zero_logit": jnp.array([[2.0, 2.0, -2.0]]), "logits": jnp.zeros((1, 3, 4)),
+         "credit": jnp.zeros((1, 3))}  # fmt: skip
+
+  def bce(z, x):  # -log sigmoid(x) for z = 1, -log(1 - sigmoid(x)) for z = 0
+    return np.log1p(np.exp(-x)) if z else np.log1p(np.exp(x))
+
+  scale = jnp.float32(1.0)
+  _, ties = credit_loss(out, batch, scale, class_weight=0.0)
+  _, exact = credit_loss(out, batch, scale, class_weight=0.0, zero_ties=False)
+  np.testing.assert_allclose(ties["zero_bce"], (bce(1, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
+  np.testing.assert_allclose(exact["zero_bce"], (bce(0, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
+  _, exact_labels = credit_loss(out, batch, scale, class_weight=0.0, label_noise=False)
+  want = gaussian_nll(out["mean"], out["log_var"], credit, jnp.zeros_like(stderr), scale).mean()
+  np.testing.assert_allclose(exact_labels["nll"], want, rtol=1e-6)
+  assert float(exact_labels["nll"]) != float(ties["nll"])
+
+
 def test_splits_are_disjoint_seeded_and_cover_every_episode(data):
   reader, splits, _, _ = data
   all_ids = np.concatenate([splits[k] for k in ("train", "validation", "test")])

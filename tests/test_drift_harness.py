@@ -9,6 +9,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli, trained_run
@@ -20,7 +21,7 @@ from hindsight.drift import reference as ref_lib
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
-from hindsight.model.predictor import MODEL_FILE, Predictor
+from hindsight.model.predictor import MODEL_FILE, Predictor, load_predictor
 
 pytestmark = pytest.mark.xdist_group("drift")
 
@@ -117,6 +118,37 @@ def test_predictor_applies_the_runs_fitted_sigma_scale(tabular_run):
   np.testing.assert_allclose(a["sigma"], b["sigma"] * fitted["sigma_scale"], rtol=1e-5)
   np.testing.assert_array_equal(a["credit"], b["credit"])  # the point prediction is untouched
   assert calibrated.describe()["sigma_scale"] == calibrated.sigma_scale
+
+
+def test_ensemble_is_the_mixture_of_its_members(tabular_run):
+  """An ensemble of a model with itself scores like the model; with another member (the same
+  parameters x 0.9) it is the equal-weight mixture of the two members' mixtures."""
+  single = Predictor.load(tabular_run)
+  labels, ids = _test_episodes(tabular_run, 6)
+  episodes = [episode_to_json(labels[int(i)]) for i in ids]
+  twice = load_predictor(f"{tabular_run},{tabular_run}")
+  assert twice.members == 2 and twice.describe()["members"] == 2
+  a, b = single.score(episodes), twice.score(episodes)
+  for x, y in zip(a, b, strict=True):
+    for k in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
+      np.testing.assert_allclose(y[k], x[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  other = Predictor(
+    single.graphdef, jax.tree.map(lambda p: p * 0.9, single.state), single.spec,
+    single.model_config, single.step, single.sigma_scale,
+  )  # fmt: skip
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), single.state, other.state)
+  pair = Predictor(single.graphdef, stacked, single.spec, single.model_config, [0, 0],
+                   [single.sigma_scale] * 2)  # fmt: skip
+  got = pair.score(episodes)
+  for s1, s2, e in zip(a, other.score(episodes), got, strict=True):
+    p0 = (s1["p_zero"] + s2["p_zero"]) / 2
+    mean = (s1["mean"] + s2["mean"]) / 2
+    second = sum((1 - s["p_zero"]) * (s["sigma"] ** 2 + s["mu"] ** 2) for s in (s1, s2)) / 2
+    np.testing.assert_allclose(e["p_zero"], p0, rtol=1e-5)
+    np.testing.assert_allclose(e["mean"], mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(e["std"], np.sqrt(second - mean**2), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(e["credit"], np.where(p0 > 0.5, 0, mean / (1 - p0)), rtol=1e-4,
+                               atol=1e-6)  # fmt: skip
 
 
 def test_predictor_bad_input_is_one_line(tabular_run, tmp_path):
@@ -273,6 +305,25 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   assert json.dumps(again["headline"]) == json.dumps(report["headline"])  # NaN == NaN here
   cached = os.listdir(tmp_path / "drift" / "cache")
   assert len(cached) == 4, cached  # reference, check pass, two shifted sets: none recomputed
+  # Per tag in credit units: each signal's gap is its mean minus the reference's (same steps).
+  for tag, row in report["tag_means"].items():
+    for name in ("model (point)", "training labels (MC, K=8)"):
+      gap, mean, ref = row[name]["gap"]["value"], row[name]["mean"]["value"], row["reference"]
+      assert gap == pytest.approx(mean - ref["value"], abs=1e-6), (tag, name)
+      relative = abs(gap) / abs(ref["value"]) if ref["value"] else None
+      assert row[name]["relative"] == pytest.approx(relative, rel=1e-6)
+  # An ensemble of the run with itself, scored from the same cache: the model's numbers.
+  ensemble = run_drift(
+    dataclasses.replace(
+      cfg, checkpoint=f"{reasoning_run},{reasoning_run}", shifts=(), baseline_steps=0,
+      out=str(tmp_path / "ensemble"), cache=str(tmp_path / "drift" / "cache"),
+    )
+  )  # fmt: skip
+  assert ensemble["model"]["members"] == 2
+  for m in ("spearman", "mae"):
+    got, want = ensemble["headline"]["model (point)"][m], report["headline"]["model (point)"][m]
+    assert got["value"] == pytest.approx(want["value"], abs=1e-5), m
+  assert sorted(os.listdir(tmp_path / "drift" / "cache")) == sorted(cached)
   # --env: fresh episodes of another spec, no training labels to score beside the model.
   fresh = run_drift(
     dataclasses.replace(cfg, env="reasoning:decorative_rate=0", shifts=(), baseline_steps=0)

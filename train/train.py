@@ -68,6 +68,7 @@ log = logging.getLogger("hindsight.train")
 # Config fields that may change between a run and its restart without changing its result.
 # (Where the coordinator listens and which process this is change with every launch of a
 # multi-process run: they are not part of the run.)
+MEMBER_FOLD = 1_000_000  # key(seed) folded with this + m seeds ensemble member m's training
 RESTART_FREE = (
   "checkpoint.fallback",
   "train.progress",
@@ -273,9 +274,15 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     )
   rows = process_rows(batch_size, jax.process_index(), jax.process_count())
 
+  # An ensemble member (config.member = m > 0) shares the split (a function of seed alone)
+  # and varies the initialisation, dropout and batch order: keys folded from m.
+  member = int(config.get("member", 0))
+  member_key = jax.random.fold_in(jax.random.key(seed), MEMBER_FOLD + member)
+  train_seed = seed if member == 0 else int(jax.random.randint(member_key, (), 0, 2**31 - 1))
+
   def plan(split, shuffle):
     ids = splits[split]
-    return BatchPlan(ids, lengths[ids], batch_size, pads, seed, shuffle)
+    return BatchPlan(ids, lengths[ids], batch_size, pads, train_seed, shuffle)
 
   train_plan, val_plan, test_plan = (
     plan("train", True),
@@ -298,7 +305,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   validation = evaluators.get("validation_loss")(programs, val_plan, reader, spec, mesh, rows)
 
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-  key = jax.random.key(seed)
+  key = jax.random.key(train_seed)
   if ckpt.steps() and not os.path.isfile(os.path.join(ckpt.step_dir(ckpt.steps()[-1]), MODEL_FILE)):
     raise HindsightError(
       f"{ckpt.directory} holds checkpoints of an older hindsight (no {MODEL_FILE}): retrain "

@@ -33,7 +33,7 @@ from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, sha256_file
 from hindsight.labeling.engine import LabelConfig, Labeler
-from hindsight.model.predictor import Predictor, training_run
+from hindsight.model.predictor import load_predictor, training_run
 
 REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
 DEFAULT_SHIFTS = {
@@ -49,7 +49,7 @@ SHIFT_SEED_OFFSET = 1_000_003
 class DriftConfig:
   """What `hindsight eval` evaluates and how hard (CLI flags map onto these)."""
 
-  checkpoint: str  # a training run's workdir (or its checkpoint directory)
+  checkpoint: str  # a training run's workdir (or its checkpoint directory); A,B,C an ensemble
   step: str = "best"  # checkpoint step: best, last or a number
   env: str | None = None  # evaluate fresh episodes of this spec instead of the test split
   episodes: int = 0  # evaluated episodes (0: the whole test split, or 256 with --env)
@@ -65,6 +65,9 @@ class DriftConfig:
   bootstrap: int = 400  # bootstrap resamples per CI
   seed: int = 0
   out: str = ""  # default: CHECKPOINT/drift
+  # Cached episodes and references ("" = OUT/cache); one directory shared by several models
+  # evaluated on the same episodes computes the reference once (keys name what it depends on).
+  cache: str = ""
   progress: bool = True
 
   def check(self) -> None:
@@ -156,8 +159,13 @@ def run_drift(cfg: DriftConfig) -> dict:
   """The whole harness; returns the report (also written under cfg.out)."""
   cfg.check()
   tic = time.perf_counter()
-  predictor = Predictor.load(cfg.checkpoint, cfg.step)
-  run = training_run(cfg.checkpoint)
+  predictor = load_predictor(cfg.checkpoint, cfg.step)
+  workdirs = [w for w in cfg.checkpoint.split(",") if w]
+  run = training_run(workdirs[0])
+  for w in workdirs[1:]:  # an ensemble is scored on its members' one test split
+    other = training_run(w)
+    if other["labels"] != run["labels"] or other["test"] != run["test"]:
+      raise HindsightError(f"--checkpoint {w}: trained on other labels or another split")
   labels = open_training_labels(
     run["labels"], run.get("mix_labels", ""), run.get("mix_episodes", 0)
   )
@@ -168,7 +176,8 @@ def run_drift(cfg: DriftConfig) -> dict:
       f"labels of '{env_spec}' cannot be relabeled from their seed (a Gymnasium/dm_env "
       "adapter): the drift harness needs a JAX environment"
     )
-  out = make_dir(cfg.out or os.path.join(cfg.checkpoint, "drift"), "--out")
+  default_out = "drift" if len(workdirs) == 1 else f"drift_ensemble{len(workdirs)}"
+  out = make_dir(cfg.out or os.path.join(workdirs[0], default_out), "--out")
   base = LabelConfig.from_metadata(meta)
   test_ids = np.asarray(run["test"], np.int64)
   k_ref = cfg.reference_rollouts or _auto_rollouts(labels, test_ids[:256], base, cfg)
@@ -182,10 +191,10 @@ def run_drift(cfg: DriftConfig) -> dict:
     ref_cfg=ref_lib.reference_config(base, k_ref),
     seed=int(meta.get("seed", 0)),
     digest=sha256_file(os.path.join(labels.path, "hindsight_checksums.json")),
-    cache=make_dir(os.path.join(out, "cache"), "--out"),
+    cache=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
   )
   report: dict = {
-    "checkpoint": os.path.abspath(cfg.checkpoint),
+    "checkpoint": ",".join(os.path.abspath(w) for w in workdirs),
     "model": predictor.describe(),
     "labels": os.path.abspath(run["labels"]),
     "env": main_env,

@@ -119,6 +119,7 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
 
   out["slices"] = _slices(main, shift_sets, ok, n_boot, seed)
   out["per_tag"] = _per_tag(cols, rows, ok, steps, n_boot, seed)
+  out["tag_means"] = _tag_means(cols, rows, ok, steps, n_boot, seed)
   return out
 
 
@@ -248,6 +249,52 @@ def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
   return out
 
 
+def _tag_means(cols, rows, ok, steps, n_boot, seed) -> dict:
+  """Per tag, in credit units: the reference's mean credit, and for the model (point) and the
+  training labels their mean and their gap to the reference's (paired, same steps), with
+  bootstrap CIs. relative = |gap| / |reference mean|: the issue's "within 3%" reading.
+  {tag: {"steps", "reference": Estimate, SIGNAL: {"mean", "gap": Estimate, "relative"}}}."""
+  tags = cols["tag"][ok]
+  names = sorted(set(tags.tolist()))
+  tag_id = np.searchsorted(np.asarray(names, dtype=object), tags)
+  ref = cols["ref_credit"][ok]
+  series = {"model (point)": cols["model_credit"][ok]}
+  if "label_credit" in cols:
+    series[next(n for n in rows if n.startswith("training labels"))] = cols["label_credit"][ok]
+  counts = np.bincount(tag_id, minlength=len(names))
+
+  def means(x, sel):
+    with np.errstate(invalid="ignore", divide="ignore"):  # a tag absent from a resample: NaN
+      return np.bincount(tag_id[sel], weights=x[sel], minlength=len(names)) / np.bincount(
+        tag_id[sel], minlength=len(names)
+      )
+
+  def stat(idx):
+    sel = steps.gather(idx)
+    parts = [means(ref, sel)]
+    for x in series.values():
+      parts += [means(x, sel), means(x - ref, sel)]
+    return np.concatenate(parts)
+
+  v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+  n = len(names)
+  est = lambda j, i: dm.Estimate(*map(float, (v[j * n + i], lo[j * n + i], hi[j * n + i])))  # noqa: E731
+  out = {}
+  for i, tag in enumerate(names):
+    ref_mean = est(0, i)
+    row = {"steps": int(counts[i]), "reference": ref_mean.as_dict()}
+    for k, name in enumerate(series):
+      gap = est(2 + 2 * k, i)
+      row[name] = {
+        "mean": est(1 + 2 * k, i).as_dict(),
+        "gap": gap.as_dict(),
+        # None where the reference's mean is 0 (no relative reading)
+        "relative": abs(gap.value) / abs(ref_mean.value) if ref_mean.value else None,
+      }
+    out[tag] = row
+  return out
+
+
 # -- writing ---------------------------------------------------------------------------------
 
 
@@ -341,6 +388,24 @@ def markdown(report: dict) -> str:
     if pt["contrast"]:
       cells.append(_fmt(pt["contrast"][name], ".2f"))
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  if r.get("tag_means"):
+    tm = r["tag_means"]
+    names = [k for k in next(iter(tm.values())) if k not in ("steps", "reference")]
+    lines += [
+      "",
+      "## Per tag: mean credit, and each signal's gap to the reference (credit units)",
+      "",
+      "| tag | steps | reference | "
+      + " | ".join(f"{n}: mean | gap (relative)" for n in names)
+      + " |",
+      "|---" * (3 + 2 * len(names)) + "|",
+    ]
+    for tag, row in tm.items():
+      cells = [f"{row[n]['mean']['value']:+.4f} | {_fmt(row[n]['gap'], '+.4f')} "
+               f"({_percent(row[n]['relative'])})" for n in names]  # fmt: skip
+      lines.append(
+        f"| {tag} | {row['steps']} | {_fmt(row['reference'], '+.4f')} | " + " | ".join(cells) + " |"
+      )
   if "gradient" in r:
     g = r["gradient"]
     lines += [
@@ -365,6 +430,10 @@ def markdown(report: dict) -> str:
     "",
   ]
   return "\n".join(lines)
+
+
+def _percent(x) -> str:
+  return "n/a" if x is None else f"{x:.1%}"
 
 
 def _check_line(check: dict) -> str:

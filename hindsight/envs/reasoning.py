@@ -106,8 +106,18 @@ class Reasoning(Environment):
   has_action_classes = True
   success_threshold = 0.5
 
-  def __init__(self, horizon: int = 20, forget: float = 0.05, competence=(0.0, 1.0)):
+  def __init__(
+    self,
+    horizon: int = 20,
+    forget: float = 0.05,
+    competence=(0.0, 1.0),
+    show_competence: bool = False,
+  ):
     self.horizon = horizon
+    # An oracle for experiments only: the latent c appended to every observation, so a model
+    # trained on such labels shows how much of its error is not knowing c (README, "Why the
+    # model misses").
+    self.show_competence = show_competence
     self._forget = forget
     # c ~ U(lo, hi): a narrower range shifts the competence mix of the agents (the audit's
     # shifted-policy example: `reasoning:competence_max=0.3` is a weaker agent).
@@ -177,21 +187,18 @@ class Reasoning(Environment):
     return jnp.array([0.0, 1.0], jnp.float32)
 
   def observation(self, state: ReasoningState, params) -> jax.Array:
-    """float32 [7]: facts held, draft written, wrong hypothesis, decorative share, time."""
+    """float32 [7]: facts held, draft written, wrong hypothesis, decorative share, time
+    (and, with `show_competence`, [8]: the latent c last)."""
     del params
-    return jnp.concatenate(
-      [
-        state.facts.astype(jnp.float32),
-        jnp.stack(
-          [
-            state.drafted.astype(jnp.float32),
-            state.wrong.astype(jnp.float32),
-            state.decorative / self.horizon,
-            state.time / self.horizon,
-          ]
-        ),
-      ]
-    )
+    scalars = [
+      state.drafted.astype(jnp.float32),
+      state.wrong.astype(jnp.float32),
+      state.decorative / self.horizon,
+      state.time / self.horizon,
+    ]
+    if self.show_competence:
+      scalars.append(state.competence)
+    return jnp.concatenate([state.facts.astype(jnp.float32), jnp.stack(scalars)])
 
   def tag(self, state, action, params) -> jax.Array:
     del state, params

@@ -14,7 +14,7 @@ from hindsight.policies.tabular import TabularPolicy
 KNOWN_SPECS = (
   "tabular:PATH.npz",
   "key_to_door[:p_key=P]",
-  "reasoning[:decorative_rate=D,horizon=H,competence_max=C]",
+  "reasoning[:decorative_rate=D,horizon=H,competence_min=C,competence_max=C,show_competence=1]",
   "team[:agents=N,rounds=R,p_error=E]",
 )
 
@@ -55,7 +55,13 @@ def make(spec: str) -> tuple[Environment, Policy]:
     opts = _options(
       spec,
       arg,
-      {"decorative_rate": 1.0, "horizon": 20, "competence_min": 0.0, "competence_max": 1.0},
+      {
+        "decorative_rate": 1.0,
+        "horizon": 20,
+        "competence_min": 0.0,
+        "competence_max": 1.0,
+        "show_competence": 0.0,
+      },
     )
     if opts["decorative_rate"] < 0:
       raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
@@ -65,9 +71,12 @@ def make(spec: str) -> tuple[Environment, Policy]:
     competence = (opts["competence_min"], opts["competence_max"])
     if not 0.0 <= competence[0] <= competence[1] <= 1.0:
       raise HindsightError(f"--env {spec}: need 0 <= competence_min <= competence_max <= 1")
-    return Reasoning(horizon=horizon, competence=competence), ReasoningPolicy(
-      opts["decorative_rate"]
+    if opts["show_competence"] not in (0.0, 1.0):
+      raise HindsightError(f"--env {spec}: show_competence must be 0 or 1")
+    env = Reasoning(
+      horizon=horizon, competence=competence, show_competence=bool(opts["show_competence"])
     )
+    return env, ReasoningPolicy(opts["decorative_rate"])
   if kind == "team":
     from hindsight.envs.team import Team, TeamPolicy
 

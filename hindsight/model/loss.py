@@ -56,18 +56,25 @@ def credit_loss(
   beta: float = 0.5,
   zero_weight: float = 0.1,
   agent_weight: float = 1.0,
+  label_noise: bool = True,
+  zero_ties: bool = True,
 ):
   """Scalar loss and its parts {loss, nll, ce, zero_bce, accuracy, mae} as masked means over
   the batch (mae of the point prediction), plus the counts they are means over
-  {label_steps, steps}."""
-  nll = gaussian_nll(out["mean"], out["log_var"], batch["credit"], batch["credit_stderr"], scale)
-  weight = jax.lax.stop_gradient(
-    total_variance(out["log_var"], batch["credit_stderr"], scale) ** beta
-  )
+  {label_steps, steps}.
+
+  label_noise=False drops e_t^2 from v_t (the labels treated as exact: an ablation).
+  zero_ties: z_t = 1 for every label exactly 0 (all K branch pairs tied, or a step whose
+  replacement cannot differ); False: only labels 0 with stderr 0 (the latter alone)."""
+  stderr = batch["credit_stderr"] if label_noise else jnp.zeros_like(batch["credit_stderr"])
+  nll = gaussian_nll(out["mean"], out["log_var"], batch["credit"], stderr, scale)
+  weight = jax.lax.stop_gradient(total_variance(out["log_var"], stderr, scale) ** beta)
   ce = optax.softmax_cross_entropy_with_integer_labels(out["logits"], batch["klass"])
   nll_mean = masked_mean(nll, batch["label_mask"])
   ce_mean = masked_mean(ce, batch.get("class_mask", batch["mask"]))
-  exact_zero = (batch["credit"] == 0.0) & (batch["credit_stderr"] == 0.0)
+  exact_zero = batch["credit"] == 0.0
+  if not zero_ties:
+    exact_zero &= batch["credit_stderr"] == 0.0
   zero_bce = masked_mean(
     optax.sigmoid_binary_cross_entropy(out["zero_logit"], exact_zero.astype(jnp.float32)),
     batch["label_mask"],

@@ -101,8 +101,41 @@ def outputs(model, batch: dict, sigma_scale: float = 1.0) -> dict:
   }
 
 
+def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array) -> dict:
+  """The named outputs of an ensemble of E models (states stacked on a leading axis E,
+  sigma_scales float [E]): the equal-weight mixture of the members' mixtures.
+
+  p0 = mean_e p0_e; mean = mean_e (1 - p0_e) mu_e; the continuous part's mean mu and variance
+  sigma^2 are the moments of the members' continuous parts (weights 1 - p0_e), so sigma
+  includes the members' disagreement; credit = 0 where p0 > 1/2, else mu; klass the argmax
+  of the mean class probabilities."""
+
+  def member(state, scale):
+    out = nnx.merge(graphdef, state)(batch)
+    var = jnp.exp(out["log_var"]) * jnp.square(scale)
+    return jax.nn.sigmoid(out["zero_logit"]), out["mean"], var, jax.nn.softmax(out["logits"])
+
+  p0s, mus, vars_, probs = jax.vmap(member)(states, sigma_scales)  # [E, B, T] (probs [E,B,T,C])
+  p0 = p0s.mean(0)
+  mean = ((1.0 - p0s) * mus).mean(0)
+  second = ((1.0 - p0s) * (vars_ + jnp.square(mus))).mean(0)
+  cont = jnp.maximum(1.0 - p0, 1e-6)
+  mu = mean / cont
+  var = jnp.maximum(second / cont - jnp.square(mu), 0.0)
+  return {
+    "credit": jnp.where(p0 > 0.5, 0.0, mu),
+    "mean": mean,
+    "std": jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0)),
+    "p_zero": p0,
+    "mu": mu,
+    "sigma": jnp.sqrt(var),
+    "klass": jnp.argmax(probs.mean(0), -1).astype(jnp.int32),
+  }
+
+
 class Predictor:
-  """A restored credit model: `score` episodes, or `credit_fn` inside your own program."""
+  """A restored credit model (or an ensemble of them, `load_ensemble`): `score` episodes, or
+  `credit_fn` inside your own program."""
 
   def __init__(
     self,
@@ -110,12 +143,14 @@ class Predictor:
     state,
     spec: DataSpec,
     model_config: ModelConfig,
-    step: int,
-    sigma_scale: float = 1.0,
+    step: int | list[int],
+    sigma_scale: float | list[float] = 1.0,
   ):
     self.graphdef, self.state = graphdef, state
     self.spec, self.model_config, self.step = spec, model_config, step
-    self.sigma_scale = float(sigma_scale)  # post-hoc calibration of sigma (1: none)
+    # post-hoc calibration of sigma (1: none); a list for an ensemble (one per member)
+    self.members = len(sigma_scale) if isinstance(sigma_scale, list | tuple) else 0
+    self.sigma_scale = [float(x) for x in sigma_scale] if self.members else float(sigma_scale)
     self.digest = state_digest(state)[:16]  # equal digests = the same parameters
     self._score = jax.jit(self.credit_fn())
 
@@ -168,10 +203,37 @@ class Predictor:
     scale = read_sigma_scale(os.path.dirname(directory), chosen) if calibrated else 1.0
     return cls(graphdef, restored["model"], spec, model_cfg, chosen, scale)
 
+  @classmethod
+  def load_ensemble(
+    cls, workdirs: Sequence[str], step: int | str = "best", calibrated: bool = True
+  ) -> Predictor:
+    """The models of several runs as one predictor (`ensemble_outputs`): members must share
+    the model config and the DataSpec (runs of one config and labels, `member` = 0, 1, ...)."""
+    members = [cls.load(w, step, calibrated) for w in workdirs]
+    first = members[0]
+    for w, m in zip(workdirs[1:], members[1:], strict=True):
+      if m.model_config != first.model_config or m.spec != first.spec:
+        raise HindsightError(
+          f"--checkpoint {w}: not an ensemble member of {workdirs[0]} (a different model "
+          "config or data spec)"
+        )
+    state = jax.tree.map(lambda *xs: jnp.stack(xs), *[m.state for m in members])
+    return cls(
+      first.graphdef,
+      state,
+      first.spec,
+      first.model_config,
+      [m.step for m in members],
+      [m.sigma_scale for m in members],
+    )
+
   def credit_fn(self) -> Callable[[nnx.State, dict], dict]:
     """A pure fn(state, batch) -> outputs (module docstring), [B, T] each; `batch` as made
     by `batch`/`hindsight.data.batching.episodes_batch`. Jit, vmap or scan it freely."""
     graphdef, sigma_scale = self.graphdef, self.sigma_scale
+    if self.members:
+      scales = jnp.asarray(sigma_scale, jnp.float32)
+      return lambda state, batch: ensemble_outputs(graphdef, state, batch, scales)
 
     def fn(state, batch):
       return outputs(nnx.merge(graphdef, state), batch, sigma_scale)
@@ -231,10 +293,20 @@ class Predictor:
   def describe(self) -> dict:
     return {
       "step": self.step,
+      "members": self.members,
       "digest": self.digest,
       "sigma_scale": self.sigma_scale,
       "klass_names": list(KLASS_NAMES),
     }
+
+
+def load_predictor(checkpoint: str, step: int | str = "best", calibrated: bool = True):
+  """`--checkpoint` as the programs take it: one run's workdir, or several separated by
+  commas (an ensemble, `Predictor.load_ensemble`)."""
+  workdirs = [w for w in checkpoint.split(",") if w]
+  if len(workdirs) > 1:
+    return Predictor.load_ensemble(workdirs, step, calibrated)
+  return Predictor.load(checkpoint, step, calibrated)
 
 
 def pad_length(n: int) -> int:

@@ -1,0 +1,166 @@
+"""Why the credit model misses the reference: one change at a time, each scored by the harness.
+
+  python eval/ablations.py --config configs/reasoning.py --labels runs/demo/labels \
+      --reuse baseline=runs/demo [--only beta0,beta1] [--out runs/ablate]
+
+Every variant trains the config with one change (a hypothesis about what limits the model:
+capacity, the loss's beta-NLL weight, its label-noise term and exact-zero mixture, the
+training length, the checkpoint selection) on the same labels, the same split and the same
+seed, and is scored by the drift harness on the same held-out test episodes against one
+reference (K_ref, independent keys; one cache for all: computed once). Variants with their
+own labels (`labels=`, e.g. the oracle that sees the latent competence) are scored on their
+own test split. WORKDIRs are OUT/CONFIG/NAME, resumable; `--reuse NAME=WORKDIR` takes a
+finished run as is. Prints one row per variant (Spearman, MAE, RMSE, mean gap, equivalent
+rollouts K*, 95% coverage, the worst per-tag gap) and writes OUT/CONFIG.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from hindsight.cli import use_all_cpu_cores
+
+use_all_cpu_cores()
+
+from hindsight.config_io import load_config  # noqa: E402
+from hindsight.drift import DriftConfig, run_drift  # noqa: E402
+from hindsight.files import write_json  # noqa: E402
+from train.train import train_and_evaluate  # noqa: E402
+
+# name: (hypothesis, config overrides; "step=" picks the scored checkpoint, "labels=" a label
+# job of its own: an env spec labeled like the config's).
+VARIANTS = {
+  "reasoning": {
+    "baseline": ("the config as is", []),
+    "last": ("checkpoint selection: the last checkpoint, not the best", ["step=last"]),
+    "beta0": ("loss: plain NLL (beta 0)", ["loss.beta=0.0"]),
+    "beta1": ("loss: beta 1 (mean fitted like an MSE)", ["loss.beta=1.0"]),
+    "no_noise": ("loss: no label-noise term", ["loss.no_label_noise=True"]),
+    "no_zero": ("loss: no exact-zero head", ["loss.zero_weight=0.0"]),
+    "wide": ("capacity: width 128, depth 4", ["model.width=128", "model.depth=4"]),
+    "long": ("training length: 3x the steps", ["train.steps=9000"]),
+    "short": ("training length: 1/3 of the steps", ["train.steps=1000"]),
+    "lr3e-4": ("optimizer: learning rate 3e-4", ["optim.learning_rate=3e-4"]),
+    "dropout": ("regularisation: dropout 0.1", ["model.dropout=0.1"]),
+    "oracle_c": (
+      "inputs: the latent competence shown (an oracle; its own labels)",
+      ["labels=reasoning:show_competence=1"],
+    ),
+  },
+  "key_to_door": {
+    "baseline": ("the config as is", []),
+    "zero_exact_only": (
+      "loss: exact-zero head only on stderr-0 labels (not on tied branches)",
+      ["loss.zero_exact_only=True"],
+    ),
+    "beta0": ("loss: plain NLL (beta 0)", ["loss.beta=0.0"]),
+    "beta1": ("loss: beta 1", ["loss.beta=1.0"]),
+    "last": ("checkpoint selection: the last checkpoint", ["step=last"]),
+  },
+}
+METRICS = ("spearman", "mae", "rmse", "mean_gap")
+
+
+def summarize(report: dict) -> dict:
+  """The numbers one row prints, from a drift report."""
+  h = report["headline"]["model (point)"]
+  row = {m: h[m] for m in METRICS}
+  row["k_star"] = report.get("equivalent_rollouts", {}).get("k")
+  row["coverage_95"] = report["calibration"]["coverage"]["95%"]
+  tags = report.get("tag_means", {})
+  rel = lambda kv: kv[1]["model (point)"]["relative"] or 0.0  # noqa: E731
+  worst = max(tags.items(), key=rel, default=None)
+  if worst:
+    row["worst_tag"] = {"tag": worst[0], **worst[1]["model (point)"]}
+  return row
+
+
+def row_text(name: str, row: dict) -> str:
+  f = lambda e, s=".4f": f"{e['value']:{s}} [{e['lo']:{s}}, {e['hi']:{s}}]"  # noqa: E731
+  k = row["k_star"]
+  worst = row.get("worst_tag")
+  w = f"{worst['tag']} {worst['gap']['value']:+.4f} ({worst['relative'] or 0:.0%})" if worst else ""
+  return (
+    f"{name:<16} Spearman {f(row['spearman'], '.3f')}  MAE {row['mae']['value']:.4f}  "
+    f"RMSE {row['rmse']['value']:.4f}  gap {row['mean_gap']['value']:+.4f}  "
+    f"K* {k['value']:.0f} [{k['lo']:.0f}, {k['hi']:.0f}]  cov95 "
+    f"{row['coverage_95']['value']:.3f}  worst tag {w}  ({row['seconds']:.0f} s)"
+  )
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--config", default="configs/reasoning.py")
+  p.add_argument("--labels", required=True, help="the label dataset every variant trains on")
+  p.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+  p.add_argument("--reuse", action="append", default=[], help="NAME=WORKDIR of a finished run")
+  p.add_argument("--reference-rollouts", type=int, default=1024)
+  p.add_argument("--out", default="runs/ablate")
+  args = p.parse_args(argv)
+
+  name = os.path.splitext(os.path.basename(args.config))[0]
+  variants = VARIANTS.get(name)
+  if variants is None:
+    p.error(f"no variants for config {name!r} (known: {', '.join(VARIANTS)})")
+  only = [v for v in args.only.split(",") if v]
+  unknown = [v for v in only if v not in variants]
+  if unknown:
+    p.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(variants)})")
+  reuse = dict(r.split("=", 1) for r in args.reuse)
+  root = os.path.join(args.out, name)
+  cache = os.path.join(root, "reference_cache")
+  rows = {}
+  for vname in only or list(variants):
+    hypothesis, overrides = variants[vname]
+    step = next((o.split("=", 1)[1] for o in overrides if o.startswith("step=")), "best")
+    labels = next((o.split("=", 1)[1] for o in overrides if o.startswith("labels=")), "")
+    config_overrides = [o for o in overrides if not o.startswith(("step=", "labels="))]
+    # A variant that only changes the scored step shares the baseline's run.
+    workdir = reuse.get(vname) or (
+      reuse.get("baseline", os.path.join(root, "baseline")) if step != "best" and
+      not config_overrides else os.path.join(root, vname)
+    )  # fmt: skip
+    tic = time.perf_counter()
+    if vname not in reuse and not (step != "best" and not config_overrides):
+      data = [f"data.label.env={labels}", "data.labels_dir="] if labels else []
+      data = data or [f"data.labels_dir={args.labels}"]
+      config = load_config(args.config, [*data, *config_overrides, "train.progress=False"])
+      train_and_evaluate(config, workdir)
+    seconds = time.perf_counter() - tic
+    report = run_drift(
+      DriftConfig(
+        checkpoint=workdir,
+        step=step,
+        reference_rollouts=args.reference_rollouts,
+        shifts=(),
+        baseline_steps=0,
+        gradient_env="",
+        out=os.path.join(root, f"{vname}_drift"),
+        # Variants on their own labels have their own test split and reference.
+        cache=os.path.join(root, f"{vname}_cache") if labels else cache,
+        progress=False,
+      )
+    )
+    row = {"hypothesis": hypothesis, "overrides": overrides, "workdir": workdir}
+    row.update(summarize(report))
+    row["seconds"] = round(seconds, 1)
+    rows[vname] = row
+    print(row_text(vname, row), flush=True)
+  # Rows of earlier invocations (other --only sets) are kept beside this one's.
+  path = os.path.join(args.out, f"{name}.json")
+  kept = {}
+  if os.path.isfile(path):
+    with open(path) as f:
+      kept = json.load(f).get("variants", {})
+  write_json(path, {"labels": args.labels, "variants": {**kept, **rows}})
+  return rows
+
+
+if __name__ == "__main__":
+  main()
