@@ -48,6 +48,8 @@ VARIANTS = {
     "short": ("training length: 1/3 of the steps", ["train.steps=1000"]),
     "lr3e-4": ("optimizer: learning rate 3e-4", ["optim.learning_rate=3e-4"]),
     "dropout": ("regularisation: dropout 0.1", ["model.dropout=0.1"]),
+    "ensemble2": ("ensembles: the baseline and one more member", ["members=2"]),
+    "ensemble4": ("ensembles: the baseline and three more members", ["members=4"]),
     "oracle_c": (
       "inputs: the latent competence shown (an oracle; its own labels)",
       ["labels=reasoning:show_competence=1"],
@@ -102,6 +104,14 @@ def main(argv=None) -> dict:
   p.add_argument("--reuse", action="append", default=[], help="NAME=WORKDIR of a finished run")
   p.add_argument("--reference-rollouts", type=int, default=1024)
   p.add_argument("--out", default="runs/ablate")
+  p.add_argument("--name", default="", help="the study's name (default: the config's)")
+  p.add_argument(
+    "--env",
+    default="",
+    help="score on fresh episodes of this spec, not the "
+    "test split (variants on other labels are then comparable)",
+  )
+  p.add_argument("--episodes", type=int, default=0, help="with --env: how many (default 256)")
   args = p.parse_args(argv)
 
   name = os.path.splitext(os.path.basename(args.config))[0]
@@ -113,47 +123,60 @@ def main(argv=None) -> dict:
   if unknown:
     p.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(variants)})")
   reuse = dict(r.split("=", 1) for r in args.reuse)
-  root = os.path.join(args.out, name)
+  root = os.path.join(args.out, args.name or name)
   cache = os.path.join(root, "reference_cache")
+  baseline = reuse.get("baseline", os.path.join(root, "baseline"))
+
+  def train(workdir, labels, overrides):
+    data = [f"data.label.env={labels}", "data.labels_dir="] if labels else []
+    data = data or [f"data.labels_dir={args.labels}"]
+    config = load_config(args.config, [*data, *overrides, "train.progress=False"])
+    train_and_evaluate(config, workdir)
+
   rows = {}
   for vname in only or list(variants):
     hypothesis, overrides = variants[vname]
-    step = next((o.split("=", 1)[1] for o in overrides if o.startswith("step=")), "best")
-    labels = next((o.split("=", 1)[1] for o in overrides if o.startswith("labels=")), "")
-    config_overrides = [o for o in overrides if not o.startswith(("step=", "labels="))]
-    # A variant that only changes the scored step shares the baseline's run.
-    workdir = reuse.get(vname) or (
-      reuse.get("baseline", os.path.join(root, "baseline")) if step != "best" and
-      not config_overrides else os.path.join(root, vname)
-    )  # fmt: skip
+    directive = lambda k, default, ov=overrides: next(  # noqa: E731
+      (o.split("=", 1)[1] for o in ov if o.startswith(k + "=")), default
+    )
+    step, labels = directive("step", "best"), directive("labels", "")
+    members = int(directive("members", "1"))
+    config_overrides = [o for o in overrides if not o.startswith(("step=", "labels=", "members="))]
     tic = time.perf_counter()
-    if vname not in reuse and not (step != "best" and not config_overrides):
-      data = [f"data.label.env={labels}", "data.labels_dir="] if labels else []
-      data = data or [f"data.labels_dir={args.labels}"]
-      config = load_config(args.config, [*data, *config_overrides, "train.progress=False"])
-      train_and_evaluate(config, workdir)
+    if vname in reuse:
+      workdirs = [reuse[vname]]
+    elif config_overrides or labels or vname == "baseline":
+      workdirs = [os.path.join(root, vname)]
+      train(workdirs[0], labels, config_overrides)
+    else:  # the scored step or the ensemble: around the baseline's run
+      workdirs = [baseline]
+    for m in range(1, members):  # ensemble members 1..N-1 beside the run (member 0)
+      workdirs.append(os.path.join(root, f"member{m}"))
+      train(workdirs[-1], labels, [*config_overrides, f"member={m}"])
     seconds = time.perf_counter() - tic
     report = run_drift(
       DriftConfig(
-        checkpoint=workdir,
+        checkpoint=",".join(workdirs),
         step=step,
+        env=args.env or None,
+        episodes=args.episodes,
         reference_rollouts=args.reference_rollouts,
         shifts=(),
         baseline_steps=0,
         gradient_env="",
         out=os.path.join(root, f"{vname}_drift"),
         # Variants on their own labels have their own test split and reference.
-        cache=os.path.join(root, f"{vname}_cache") if labels else cache,
+        cache=os.path.join(root, f"{vname}_cache") if labels and not args.env else cache,
         progress=False,
       )
     )
-    row = {"hypothesis": hypothesis, "overrides": overrides, "workdir": workdir}
+    row = {"hypothesis": hypothesis, "overrides": overrides, "workdirs": workdirs}
     row.update(summarize(report))
     row["seconds"] = round(seconds, 1)
     rows[vname] = row
     print(row_text(vname, row), flush=True)
   # Rows of earlier invocations (other --only sets) are kept beside this one's.
-  path = os.path.join(args.out, f"{name}.json")
+  path = os.path.join(args.out, f"{args.name or name}.json")
   kept = {}
   if os.path.isfile(path):
     with open(path) as f:

@@ -15,9 +15,7 @@ runs/budget/NAME.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-import shutil
 import sys
 import time
 
@@ -62,29 +60,25 @@ def main(argv=None) -> dict:
          "train.progress=False"],
       )  # fmt: skip
       train_and_evaluate(config, workdir)
-    out = os.path.join(args.out, f"{name}_{point}_drift")
-    # One reference for every point: the cached fresh set and its check pass are shared.
-    os.makedirs(os.path.join(out, "cache"), exist_ok=True)
-    for f in os.listdir(cache):
-      shutil.copy(os.path.join(cache, f), os.path.join(out, "cache", f))
-    cfg = DriftConfig(
-      checkpoint=workdir,
-      env=args.env,
-      episodes=args.episodes,
-      reference_rollouts=args.reference_rollouts,
-      shifts=(),
-      baseline_steps=0,
-      gradient_env="",
-      out=out,
-      progress=False,
+    report = run_drift(
+      DriftConfig(
+        checkpoint=workdir,
+        env=args.env,
+        episodes=args.episodes,
+        reference_rollouts=args.reference_rollouts,
+        shifts=(),
+        baseline_steps=0,
+        gradient_env="",
+        out=os.path.join(args.out, f"{name}_{point}_drift"),
+        cache=cache,  # one reference for every point: the same fresh episodes
+        progress=False,
+      )
     )
-    report = run_drift(dataclasses.replace(cfg))
-    for f in os.listdir(os.path.join(out, "cache")):
-      shutil.copy(os.path.join(out, "cache", f), os.path.join(cache, f))
     h = report["headline"]["model (point)"]
     row = {"episodes": episodes, "rollouts": rollouts, "workdir": workdir,
            "seconds": round(time.perf_counter() - tic, 1),
            **{m: h[m] for m in METRICS},
+           "k_star": report.get("equivalent_rollouts", {}).get("k"),
            "coverage_95": report["calibration"]["coverage"]["95%"]}  # fmt: skip
     rows.append(row)
     f = lambda e: f"{e['value']:.4f} [{e['lo']:.4f}, {e['hi']:.4f}]"  # noqa: E731

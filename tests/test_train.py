@@ -343,3 +343,20 @@ def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
   tuned = load_config("configs/generic.py:smoke", ["init_from=/some/run"])
   with pytest.raises(Exception, match="init_from differ"):
     _check_workdir(tuned, str(tmp_path))
+
+
+@pytest.mark.xdist_group("train_inprocess")
+def test_ensemble_members_share_the_split_not_the_parameters(tmp_path, synthetic_labels):
+  """config.member = m > 0: the same split (from seed alone), another initialisation and
+  batch order; member 0 is the plain run."""
+  overrides = [f"data.labels_dir={synthetic_labels}", "train.steps=10", "train.eval_every=10"]
+  runs = {}
+  for m in (0, 1):
+    workdir = str(tmp_path / f"member{m}")
+    train_and_evaluate(
+      load_config("configs/generic.py:smoke", [*overrides, f"member={m}"]), workdir
+    )
+    with open(os.path.join(workdir, "splits.json")) as f:
+      runs[m] = (json.load(f), Predictor.load(workdir).digest)
+  assert runs[0][0] == runs[1][0]  # the same labels and the same three splits
+  assert runs[0][1] != runs[1][1]
