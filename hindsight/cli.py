@@ -355,6 +355,9 @@ def headline_text(report: dict) -> str:
     e = m["spearman"]
     v = "n/a" if e["value"] is None else f"{e['value']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
     lines.append(f"  {name:<36} {v}")
+  ceiling = report["reference"]["check"].get("spearman_ceiling")
+  if ceiling is not None:
+    lines.append(f"  the reference's noise ceiling for Spearman: {ceiling:.3f}")
   if "equivalent_rollouts" in report:
     k = report["equivalent_rollouts"]["k"]
     lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")

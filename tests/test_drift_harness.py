@@ -226,6 +226,23 @@ def test_mc_reference_is_honest_against_the_dp_on_a_tabular_mdp():
   assert 0.75 <= passes["variance_ratio"] <= 1.3, passes
 
 
+def test_noise_ceiling_is_what_the_true_credit_scores_against_one_pass():
+  """Continuous credits c and two passes c + noise: sqrt(Spearman(a, b)) is the Spearman of
+  c itself against one pass (what `check_passes` reports as the reference's ceiling)."""
+  from scipy import stats
+
+  rng = np.random.default_rng(0)
+  c = rng.standard_t(4, size=(400, 20)) * 0.05
+  se = np.full(c.shape, 0.03)
+  passes = [{"credit": c + rng.normal(size=c.shape) * se, "credit_stderr": se,
+             "credit_bounded": np.zeros(c.shape, bool)} for _ in range(2)]  # fmt: skip
+  check = ref_lib.check_passes(*passes, np.ones(c.shape, bool))
+  truth = stats.spearmanr(c.ravel(), passes[0]["credit"].ravel())[0]
+  assert 0.6 < truth < 0.95  # noisy enough for the ceiling to matter
+  assert check["spearman_ceiling"] == pytest.approx(truth, abs=0.01), (check, truth)
+  assert 0.8 <= check["variance_ratio"] <= 1.2
+
+
 def _base():
   from hindsight.labeling.engine import LabelConfig
 

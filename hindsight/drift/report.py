@@ -438,10 +438,18 @@ def _percent(x) -> str:
 
 def _check_line(check: dict) -> str:
   if "variance_ratio" in check:
-    return (
+    line = (
       f"Check ({check['kind']}, {check['steps']} steps): between-pass variance / reported "
       f"stderr^2 = {check['variance_ratio']:.3f} (1 = honest)."
     )
+    if "spearman_ceiling" in check:
+      line += (
+        f" The two passes rank the steps alike at Spearman "
+        f"{check['spearman_between_passes']:.3f}: no predictor, the true credit included, "
+        f"scores much above **{check['spearman_ceiling']:.3f}** against this reference (its "
+        "noise ceiling)."
+      )
+    return line
   return (
     f"Check ({check['kind']}, {check['steps']} steps): z RMS {check['z_rms']:.3f} (1 = honest)."
   )
