@@ -96,6 +96,25 @@ def row_text(name: str, row: dict) -> str:
   )
 
 
+def markdown_table(rows: dict) -> str:
+  """The README's table of a study: one line per variant, 95% CIs where the harness gives
+  them."""
+  f = lambda e, s=".3f": f"{e['value']:{s}} [{e['lo']:{s}}, {e['hi']:{s}}]"  # noqa: E731
+  lines = [
+    "| variant | hypothesis | Spearman | MAE | K* | 95% cov. | worst tag gap | train s |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for name, r in rows.items():
+    k, w = r["k_star"], r.get("worst_tag")
+    worst = f"{w['tag']} {w['gap']['value']:+.4f}" if w else "n/a"
+    kstar = f"{k['value']:.0f} [{k['lo']:.0f}, {k['hi']:.0f}]" if k else "n/a"
+    lines.append(
+      f"| {name} | {r['hypothesis']} | {f(r['spearman'])} | {r['mae']['value']:.4f} | {kstar} "
+      f"| {r['coverage_95']['value']:.3f} | {worst} | {r['seconds']:.0f} |"
+    )
+  return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--config", default="configs/reasoning.py")
@@ -111,7 +130,17 @@ def main(argv=None) -> dict:
     help="score on fresh episodes of this spec, not the "
     "test split (variants on other labels are then comparable)",
   )
-  p.add_argument("--episodes", type=int, default=0, help="with --env: how many (default 256)")
+  p.add_argument(
+    "--episodes",
+    type=int,
+    default=0,
+    help="scored episodes (0: the whole test split; 256 with --env)",
+  )
+  p.add_argument(
+    "--table",
+    action="store_true",
+    help="print the study's markdown table from OUT/NAME.json and exit",
+  )
   args = p.parse_args(argv)
 
   name = os.path.splitext(os.path.basename(args.config))[0]
@@ -122,6 +151,14 @@ def main(argv=None) -> dict:
   unknown = [v for v in only if v not in variants]
   if unknown:
     p.error(f"unknown variant(s) {', '.join(unknown)} (known: {', '.join(variants)})")
+  path = os.path.join(args.out, f"{args.name or name}.json")
+  kept = {}
+  if os.path.isfile(path):
+    with open(path) as f:
+      kept = json.load(f).get("variants", {})
+  if args.table:
+    print(markdown_table({k: kept[k] for k in variants if k in kept}))
+    return kept
   reuse = dict(r.split("=", 1) for r in args.reuse)
   root = os.path.join(args.out, args.name or name)
   cache = os.path.join(root, "reference_cache")
@@ -176,11 +213,6 @@ def main(argv=None) -> dict:
     rows[vname] = row
     print(row_text(vname, row), flush=True)
   # Rows of earlier invocations (other --only sets) are kept beside this one's.
-  path = os.path.join(args.out, f"{args.name or name}.json")
-  kept = {}
-  if os.path.isfile(path):
-    with open(path) as f:
-      kept = json.load(f).get("variants", {})
   write_json(path, {"labels": args.labels, "variants": {**kept, **rows}})
   return rows
 

@@ -111,3 +111,12 @@ def test_env_spec_options():
     make("key_to_door:speed=2")
   with pytest.raises(HindsightError, match="must be a number"):
     make("reasoning:decorative_rate=lots")
+  # The competence oracle: the latent appended to the observation, nothing else changed.
+  shown, plain = make("reasoning:show_competence=1")[0], make("reasoning")[0]
+  key = jax.random.key(3)
+  s_shown, s_plain = shown.reset(key, shown.default_params()), plain.reset(key, None)
+  o_shown = shown.observation(s_shown, None)
+  assert o_shown.shape == (8,) and float(o_shown[-1]) == float(s_shown.competence)
+  np.testing.assert_array_equal(o_shown[:-1], plain.observation(s_plain, None))
+  with pytest.raises(HindsightError, match="show_competence must be 0 or 1"):
+    make("reasoning:show_competence=0.5")

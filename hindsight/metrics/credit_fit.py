@@ -7,7 +7,8 @@ them it reports what bounds them:
   label_reliability = 1 - mean(e_t^2) / var(y_t): the share of the labels' variance that is
     signal rather than Monte Carlo noise; a perfect predictor's Pearson is about its root.
   z_rms = sqrt(mean((y - mu)^2 / (s^2 + e^2))): 1 when the predicted spread is honest.
-  exact_zero_share: labels exactly 0 with stderr 0 (ties no continuous prediction can match).
+  exact_zero_share: labels exactly 0 (every branch pair tied, or a step that cannot differ:
+    ties no continuous prediction can match; the exact-zero head learns them).
   progress_spearman: the same ranking test for P(success | history) ("looks good"), the
     process-reward baseline the model should beat.
   constant_mae: the MAE of the best constant prediction (the labels' median), the floor any
@@ -48,7 +49,7 @@ def prediction_metrics(
     "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
     "rmse": float(np.sqrt(np.mean(np.square(pred - label)))),
     "spearman_mean": correlation(stats.spearmanr, pred_mean, label),
-    "exact_zero_share": float(np.mean((label == 0) & (stderr == 0))),
+    "exact_zero_share": float(np.mean(label == 0)),
     "z_rms": float(np.sqrt(np.mean(np.square(z)))),
     "coverage_95": float(np.mean(np.abs(z) < stats.norm.ppf(0.975))),
     "label_reliability": float(1.0 - np.mean(np.square(stderr)) / var_y) if var_y > 0 else 0.0,
