@@ -14,11 +14,11 @@ $(STAMP): pyproject.toml
 
 # Label the reasoning environment, train the credit model (runs/demo/report.json: the test
 # split against its own training labels), then the drift report against the reference
-# credit, every baseline and the policy-gradient table: runs/demo/drift/report.md (+ plots).
-# Rerunning resumes or reuses (the reference is cached).
+# credit on 512 of the test episodes, every baseline and the policy-gradient table:
+# runs/demo/drift/report.md (+ plots). Rerunning resumes or reuses (the reference is cached).
 demo: $(STAMP)
 	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
-	$(BIN)/python -m hindsight.cli eval --checkpoint runs/demo
+	$(BIN)/python -m hindsight.cli eval --checkpoint runs/demo --episodes 512
 
 test: $(STAMP)
 	$(BIN)/ruff check .

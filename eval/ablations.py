@@ -1,7 +1,7 @@
 """Why the credit model misses the reference: one change at a time, each scored by the harness.
 
   python eval/ablations.py --config configs/reasoning.py --labels runs/demo/labels \
-      --reuse baseline=runs/demo [--only beta0,beta1] [--out runs/ablate]
+      --reuse baseline=runs/demo [--only beta0,beta1] [--set train.steps=3000] [--out runs/ablate]
 
 Every variant trains the config with one change (a hypothesis about what limits the model:
 capacity, the loss's beta-NLL weight, its label-noise term and exact-zero mixture, the
@@ -45,6 +45,7 @@ VARIANTS = {
     "no_zero": ("loss: no exact-zero head", ["loss.zero_weight=0.0"]),
     "wide": ("capacity: width 128, depth 4", ["model.width=128", "model.depth=4"]),
     "long": ("training length: 3x the steps", ["train.steps=9000"]),
+    "longer": ("training length: 6x the steps", ["train.steps=18000"]),
     "short": ("training length: 1/3 of the steps", ["train.steps=1000"]),
     "lr3e-4": ("optimizer: learning rate 3e-4", ["optim.learning_rate=3e-4"]),
     "dropout": ("regularisation: dropout 0.1", ["model.dropout=0.1"]),
@@ -120,6 +121,13 @@ def main(argv=None) -> dict:
   p.add_argument("--config", default="configs/reasoning.py")
   p.add_argument("--labels", required=True, help="the label dataset every variant trains on")
   p.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    help="a.b=value applied to every "
+    "variant before its own change (e.g. the study's training length)",
+  )
   p.add_argument("--reuse", action="append", default=[], help="NAME=WORKDIR of a finished run")
   p.add_argument("--reference-rollouts", type=int, default=1024)
   p.add_argument("--out", default="runs/ablate")
@@ -167,7 +175,7 @@ def main(argv=None) -> dict:
   def train(workdir, labels, overrides):
     data = [f"data.label.env={labels}", "data.labels_dir="] if labels else []
     data = data or [f"data.labels_dir={args.labels}"]
-    config = load_config(args.config, [*data, *overrides, "train.progress=False"])
+    config = load_config(args.config, [*data, *args.set, *overrides, "train.progress=False"])
     train_and_evaluate(config, workdir)
 
   rows = {}
