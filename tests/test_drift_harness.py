@@ -130,7 +130,7 @@ def test_ensemble_is_the_mixture_of_its_members(tabular_run):
   assert twice.members == 2 and twice.describe()["members"] == 2
   a, b = single.score(episodes), twice.score(episodes)
   for x, y in zip(a, b, strict=True):
-    for k in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
+    for k in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass", "klass_head"):
       np.testing.assert_allclose(y[k], x[k], rtol=1e-5, atol=1e-6, err_msg=k)
   other = Predictor(
     single.graphdef, jax.tree.map(lambda p: p * 0.9, single.state), single.spec,

@@ -47,6 +47,10 @@ class DataSpec:
   obs_std: tuple[float, ...]
   value_scale: float
   num_agents: int = 0  # > 0: a multi-agent dataset with agent-level labels (`team`)
+  # The labels' class rule (`credit.estimators.classify`): the Predictor classifies its own
+  # predictive interval by the same tolerance and confidence.
+  decorative_tolerance: float = 0.05
+  confidence: float = 0.95
   # An episode succeeds when its return exceeds this (episodes given without `success`).
   success_threshold: float = 0.0
 
@@ -148,6 +152,8 @@ class EpisodeReader:
       obs_mean=mean,
       obs_std=std,
       value_scale=scale,
+      decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
+      confidence=float(meta.get("confidence", 0.95)),
     )
     return lengths, spec
 

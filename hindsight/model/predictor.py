@@ -12,7 +12,12 @@ else N(mu_t, s_t^2). The outputs, in label units, float [T] per episode (or [B, 
   std      the mixture's standard deviation sqrt((1 - p0)(s^2 + mu^2) - mean^2)
   p_zero   p0_t = P(credit exactly 0)
   mu, sigma  the continuous part (calibration uses the whole mixture)
-  klass    int, the argmax class over KLASS_NAMES
+  klass    int over KLASS_NAMES: the model's belief about the true credit, by the labels'
+           rule (`credit.estimators.classify`) applied to mean +- z std at the dataset's
+           tolerance and confidence: decorative only where the model is that sure |credit|
+           is below the tolerance
+  klass_head  int, the class head's argmax: what a K-rollout label would be called (its
+           classes depend on the labels' K: at K=64 most decorative steps are undetermined)
 A checkpoint step directory carries `hindsight_model.json` (model config + DataSpec), so
 loading needs neither the training config nor its optimizer. The run's WORKDIR/calibration.json
 (a scale on sigma fitted on the validation split, `model.calibration`) is applied to the step
@@ -32,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
 from hindsight.data.batching import DataSpec, as_episode, episodes_batch
 from hindsight.errors import HindsightError
 from hindsight.model.calibration import read_sigma_scale
@@ -82,6 +87,10 @@ def training_run(workdir: str) -> dict:
     raise HindsightError(f"{path} is damaged (not JSON)") from None
 
 
+def _interval_class(mean, std, spec: DataSpec):
+  return classify(mean, std, spec.decorative_tolerance, z_value(spec.confidence))
+
+
 def outputs(model, batch: dict, sigma_scale: float = 1.0) -> dict:
   """The model's raw outputs as the Predictor's named outputs (module docstring), the
   continuous part's spread scaled by `sigma_scale` (`model.calibration`)."""
@@ -90,25 +99,28 @@ def outputs(model, batch: dict, sigma_scale: float = 1.0) -> dict:
   mu, var = out["mean"], jnp.exp(out["log_var"]) * sigma_scale**2
   mean = (1.0 - p0) * mu
   second = (1.0 - p0) * (var + jnp.square(mu))
+  std = jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0))
   return {
     "credit": out["credit"],
     "mean": mean,
-    "std": jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0)),
+    "std": std,
     "p_zero": p0,
     "mu": mu,
     "sigma": jnp.sqrt(var),
-    "klass": jnp.argmax(out["logits"], -1).astype(jnp.int32),
+    "klass": _interval_class(mean, std, model.spec),
+    "klass_head": jnp.argmax(out["logits"], -1).astype(jnp.int32),
   }
 
 
-def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array) -> dict:
+def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array, spec) -> dict:
   """The named outputs of an ensemble of E models (states stacked on a leading axis E,
   sigma_scales float [E]): the equal-weight mixture of the members' mixtures.
 
   p0 = mean_e p0_e; mean = mean_e (1 - p0_e) mu_e; the continuous part's mean mu and variance
   sigma^2 are the moments of the members' continuous parts (weights 1 - p0_e), so sigma
-  includes the members' disagreement; credit = 0 where p0 > 1/2, else mu; klass the argmax
-  of the mean class probabilities."""
+  includes the members' disagreement; credit = 0 where p0 > 1/2, else mu; klass the class of
+  mean +- z std (DataSpec `spec`'s rule), klass_head the argmax of the mean class
+  probabilities."""
 
   def member(state, scale):
     out = nnx.merge(graphdef, state)(batch)
@@ -122,14 +134,16 @@ def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array) -> 
   cont = jnp.maximum(1.0 - p0, 1e-6)
   mu = mean / cont
   var = jnp.maximum(second / cont - jnp.square(mu), 0.0)
+  std = jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0))
   return {
     "credit": jnp.where(p0 > 0.5, 0.0, mu),
     "mean": mean,
-    "std": jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0)),
+    "std": std,
     "p_zero": p0,
     "mu": mu,
     "sigma": jnp.sqrt(var),
-    "klass": jnp.argmax(probs.mean(0), -1).astype(jnp.int32),
+    "klass": _interval_class(mean, std, spec),
+    "klass_head": jnp.argmax(probs.mean(0), -1).astype(jnp.int32),
   }
 
 
@@ -233,7 +247,8 @@ class Predictor:
     graphdef, sigma_scale = self.graphdef, self.sigma_scale
     if self.members:
       scales = jnp.asarray(sigma_scale, jnp.float32)
-      return lambda state, batch: ensemble_outputs(graphdef, state, batch, scales)
+      spec = self.spec
+      return lambda state, batch: ensemble_outputs(graphdef, state, batch, scales, spec)
 
     def fn(state, batch):
       return outputs(nnx.merge(graphdef, state), batch, sigma_scale)
