@@ -51,9 +51,11 @@ def base_config() -> ConfigDict:
   c.loss.zero_weight = 0.1  # weight of the P(credit exactly 0) cross-entropy
   c.loss.agent_weight = 1.0  # weight of the agent-level Shapley NLL (multi-agent datasets)
   c.loss.no_label_noise = False  # True: labels treated as exact (no e_t^2 in the NLL; ablation)
-  # True: P(credit exactly 0) learns only labels that cannot differ (stderr 0), not steps
-  # whose K branch pairs all tied (the ablation of the exact-zero mixture on ties).
-  c.loss.zero_exact_only = False
+  # True: P(credit exactly 0) also learns labels whose K branch pairs all tied, not only the
+  # steps that cannot differ (stderr 0). Right where the truth ties too (key_to_door: the
+  # K=1024 reference ties on the same steps); where credits are continuous a tie is an
+  # artifact of K (at K=8 most steps tie, and the median would be 0 everywhere).
+  c.loss.zero_ties = False
 
   c.train = ConfigDict()
   c.train.steps = 2000  # optimizer steps

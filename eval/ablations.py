@@ -43,6 +43,7 @@ VARIANTS = {
     "beta1": ("loss: beta 1 (mean fitted like an MSE)", ["loss.beta=1.0"]),
     "no_noise": ("loss: no label-noise term", ["loss.no_label_noise=True"]),
     "no_zero": ("loss: no exact-zero head", ["loss.zero_weight=0.0"]),
+    "zero_ties": ("loss: exact-zero head also on tied labels", ["loss.zero_ties=True"]),
     "wide": ("capacity: width 128, depth 4", ["model.width=128", "model.depth=4"]),
     "long": ("training length: 3x the steps", ["train.steps=9000"]),
     "longer": ("training length: 6x the steps", ["train.steps=18000"]),
@@ -60,7 +61,7 @@ VARIANTS = {
     "baseline": ("the config as is", []),
     "zero_exact_only": (
       "loss: exact-zero head only on stderr-0 labels (not on tied branches)",
-      ["loss.zero_exact_only=True"],
+      ["loss.zero_ties=False"],
     ),
     "beta0": ("loss: plain NLL (beta 0)", ["loss.beta=0.0"]),
     "beta1": ("loss: beta 1", ["loss.beta=1.0"]),

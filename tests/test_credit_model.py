@@ -98,9 +98,9 @@ def test_loss_masks_padding_and_undefined_labels(data):
 
 
 def test_exact_zero_target_counts_tied_labels_unless_told_otherwise():
-  """z_t = 1 for a label exactly 0: a step whose branches all tied (0 with a tie bound as
-  stderr) counts, unless zero_ties=False; a nonzero label never counts. The label-noise
-  switch drops e_t^2 from the NLL's variance."""
+  """z_t = 1 for a label exactly 0 with stderr 0; with zero_ties also for a step whose
+  branches all tied (0 with a tie bound as stderr); a nonzero label never counts. The
+  label-noise switch drops e_t^2 from the NLL's variance."""
   credit = jnp.array([[0.0, 0.0, 0.3]])
   stderr = jnp.array([[0.05, 0.0, 0.05]])  # a tie bound, a degenerate step, a noisy label
   mask = jnp.ones((1, 3), bool)
@@ -114,8 +114,8 @@ def test_exact_zero_target_counts_tied_labels_unless_told_otherwise():
     return np.log1p(np.exp(-x)) if z else np.log1p(np.exp(x))
 
   scale = jnp.float32(1.0)
-  _, ties = credit_loss(out, batch, scale, class_weight=0.0)
-  _, exact = credit_loss(out, batch, scale, class_weight=0.0, zero_ties=False)
+  _, ties = credit_loss(out, batch, scale, class_weight=0.0, zero_ties=True)
+  _, exact = credit_loss(out, batch, scale, class_weight=0.0)
   np.testing.assert_allclose(ties["zero_bce"], (bce(1, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
   np.testing.assert_allclose(exact["zero_bce"], (bce(0, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
   _, exact_labels = credit_loss(out, batch, scale, class_weight=0.0, label_noise=False)

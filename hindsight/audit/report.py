@@ -56,7 +56,7 @@ def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
   gap_terms, cover_terms, gap_range, cover_range, _ = res.terms
   s = draws.step
   w = design.weights[s]
-  gap = steps["model_credit"][s] - draws.label["credit"]
+  gap = steps["model_mean"][s] - draws.label["credit"]
   covered = cover_terms > 0  # terms are w 1[covered], w > 0
   cost = np.cumsum(draws.label["rollout_steps"])
   n = draws.size

@@ -9,7 +9,7 @@
      case fits the budget, then one at a time), until the next draw could overrun the budget
      of env steps (a step t of a horizon-H environment costs at most 2 K (H - t));
   4. the alarm (`audit.sequential`) is evaluated after every draw: the confidence sequences
-     of the mean gap g = prediction - rollout credit (terms w g) and of the model's interval
+     of the mean gap g = predicted mean - rollout credit (terms w g) and of the model's interval
      coverage (terms w 1[covered]); it may be read at any time with false-alarm rate <= alpha;
   5. the gap per slice (tag, position, outcome) with bootstrap CIs over draws;
   6. OUT/report.json, OUT/report.md, OUT/alarm.png, OUT/draws.npz, and the audited steps as
@@ -47,7 +47,7 @@ from hindsight.progress import CompileAwareBar
 
 AUDIT_SALT = 0xA0D17  # folds the audit's keys off the root key of --seed
 DRAW_BLOCK = 1024  # draws generated per key (fixed: the sequence must not depend on --block)
-PREDICTION_FIELDS = ("credit", "std", "p_zero", "mu", "sigma")
+PREDICTION_FIELDS = ("credit", "mean", "std", "p_zero", "mu", "sigma")
 LABEL_FIELDS = ("credit", "credit_stderr", "credit_bounded", "klass", "rollout_steps")
 
 
@@ -244,13 +244,15 @@ def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float)
   range, AlarmConfig)."""
   s, lab = draws.step, draws.label
   w = design.weights[s]
-  gap = steps["model_credit"][s] - lab["credit"]
+  # The predicted mixture's mean, E[credit]: the median ("credit") is 0 wherever a tie is
+  # likelier than not, which is no estimate of the mean a rollout label estimates.
+  gap = steps["model_mean"][s] - lab["credit"]
   sigma = np.sqrt(np.square(steps["model_sigma"][s]) + np.square(lab["credit_stderr"]))
   u = pit(lab["credit"], steps["model_p_zero"][s], steps["model_mu"][s], sigma, v=ties)
   covered = np.abs(u - 0.5) <= cfg.coverage_level / 2
   all_w = design.weights
   width = steps["hi"] - steps["lo"]
-  pred = steps["model_credit"]
+  pred = steps["model_mean"]
   gap_range = (float(np.min(all_w * (pred - width))), float(np.max(all_w * (pred + width))))
   if gap_range[1] <= gap_range[0]:
     gap_range = (gap_range[0], gap_range[0] + 1e-6)
@@ -281,7 +283,7 @@ def audit_pool(cfg: AuditConfig, predictor, labeler: Labeler, pool, tolerance: f
   steps = _flat_steps(pool, predictor, labeler)
   if steps["t"].size == 0:
     raise HindsightError("the audited trajectories hold no step with a defined credit")
-  dis = np.abs(steps["model_credit"] - steps["outcome"])
+  dis = np.abs(steps["model_mean"] - steps["outcome"])
   design = mixture_design(steps["model_std"], dis, cfg.shares)
   root = jax.random.fold_in(jax.random.key(cfg.seed), AUDIT_SALT)
   keys = (jax.random.fold_in(root, 0), jax.random.fold_in(root, 1))
@@ -325,7 +327,7 @@ def run_audit(cfg: AuditConfig) -> dict:
       "episode": steps["episode"][draws.step],
       "t": steps["t"][draws.step],
       "weight": design.weights[draws.step],
-      "prediction": steps["model_credit"][draws.step],
+      "prediction": steps["model_mean"][draws.step],
       **{f"label_{k}": v for k, v in draws.label.items()},
       "gap_lower": trace.gap_lower,
       "gap_upper": trace.gap_upper,

@@ -11,12 +11,13 @@ rate fits credits of any size):
 
 m_t marks steps with a class label (every valid step but the unlabeled steps of an audit's
 partial dataset: `class_mask`), m^y_t valid steps with a finite label, z_t labels that are
-exactly 0: every one of the K branch pairs tied (under common random numbers the replacement
-changed nothing), or the replacement could not differ (see `credit_model`). A tie carries
-the tie bound as its stderr (the truth may be small but not 0), yet p0_t learns it: the
-reference ties on the same steps (88.8% of key_to_door's at K_ref = 1024), and a model whose
-median ties there ranks like it (Spearman against the reference 0.467 -> 0.788 on
-key_to_door; README, "Why the model misses"). Shapes [B, T] (logits [B, T, C]).
+exactly 0 with stderr 0 (the replacement could not differ; see `credit_model`), and with
+`zero_ties` also every label exactly 0 because all K branch pairs tied. A tie carries the tie
+bound as its stderr (the truth may be small but not 0), and how often a step ties depends
+on K; where the truth ties too (key_to_door: the K_ref = 1024 reference ties on 88.8% of the
+steps, the K=32 labels on 88%) a model whose median ties there ranks like the truth
+(Spearman against the reference 0.467 -> 0.788; README, "What limits the model"). Shapes
+[B, T] (logits [B, T, C]).
 
 w_t = stop_gradient(v_t)^beta is the beta-NLL weight (Seitzer et al. 2022, "On the Pitfalls of
 Heteroscedastic Uncertainty Estimation"). With beta = 0 (the plain NLL) a step's pull on the
@@ -62,7 +63,7 @@ def credit_loss(
   zero_weight: float = 0.1,
   agent_weight: float = 1.0,
   label_noise: bool = True,
-  zero_ties: bool = True,
+  zero_ties: bool = False,
 ):
   """Scalar loss and its parts {loss, nll, ce, zero_bce, accuracy, mae} as masked means over
   the batch (mae of the point prediction), plus the counts they are means over

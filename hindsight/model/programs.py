@@ -107,7 +107,7 @@ def train_programs(config: ConfigDict, spec: DataSpec, mesh) -> TrainPrograms:
     zero_weight=float(config.loss.zero_weight),
     agent_weight=float(config.loss.agent_weight),
     label_noise=not config.loss.get("no_label_noise", False),
-    zero_ties=not config.loss.get("zero_exact_only", False),
+    zero_ties=bool(config.loss.get("zero_ties", False)),
   )
 
   def build(key):
