@@ -23,6 +23,12 @@ def test_fit_recovers_the_scale_with_label_noise_deconvolved(tau):
   y2, se2 = y.copy(), stderr.copy()
   y2[:5000], se2[:5000] = 0.0, 0.0
   assert fit_sigma_scale(mu, sigma, y2, se2) == pytest.approx(tau, rel=0.06)
+  # So are labels 0 because every branch tied, whose stderr is a conservative tie bound: at
+  # steps the model puts at 0 such a label's residual is far below its "noise", and counted
+  # as noise it would pull tau down.
+  mu3, se3 = mu.copy(), se2.copy()
+  mu3[:5000], se3[:5000] = 0.0, 0.3
+  assert fit_sigma_scale(mu3, sigma, y2, se3) == pytest.approx(tau, rel=0.06)
   assert fit_sigma_scale(mu[:5], sigma[:5], y[:5], stderr[:5]) == 1.0  # too few: no fit
 
 

@@ -44,3 +44,18 @@ def test_label_ceiling_smoke(synthetic_labels):
   out = _run("eval/label_ceiling.py", synthetic_labels)
   row = json.loads(out.strip().splitlines()[-1])
   assert row["steps"] > 0 and -1 <= row["noisy_copy"] <= 1 and 0 <= row["exact_zero_share"] <= 1
+
+
+def test_ablations_table_prints_a_study(tmp_path):
+  """`eval/ablations.py --table` prints the README's table from a study's JSON (the study
+  itself trains real models: minutes, not a test)."""
+  est = {"value": 0.5, "lo": 0.4, "hi": 0.6}
+  row = {"hypothesis": "h", "spearman": est, "mae": est, "rmse": est, "mean_gap": est,
+         "k_star": {"value": 150.0, "lo": 130.0, "hi": 180.0}, "coverage_95": est,
+         "worst_tag": {"tag": "fact", "gap": {"value": -0.001}}, "seconds": 40.0}  # fmt: skip
+  (tmp_path / "reasoning.json").write_text(json.dumps({"variants": {"beta1": row, "zzz": row}}))
+  out = _run("eval/ablations.py", "--config", "configs/reasoning.py", "--labels", "unused",
+             "--out", tmp_path, "--table")  # fmt: skip
+  lines = [line for line in out.splitlines() if line.startswith("| beta1")]
+  assert len(lines) == 1 and "150 [130, 180]" in lines[0] and "fact -0.0010" in lines[0]
+  assert "zzz" not in out  # rows are the config's variants, in their order

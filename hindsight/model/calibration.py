@@ -8,7 +8,10 @@ validation labels under the model's own noise model,
 
   y_t ~ N(mu_t, tau^2 s_t^2 + e_t^2),      tau = argmin sum_t -log N(y_t; mu_t, ...)
 
-over the validation steps whose label is not an exact tie (those belong to the atom at 0).
+over the validation steps whose label is not exactly 0 (those belong to the atom at 0, and a
+label that is 0 because all K branches tied carries the conservative tie bound as its e_t:
+no noise level, and counted as one it biased tau low: the demo's 95% intervals covered
+0.924 of the reference with it in, 0.93x without, where 9.6% of its K=64 labels tie).
 The label's own noise e_t^2 is added, so tau calibrates s_t against the *true* credit, not
 the noisy label (the same deconvolution the training loss makes). Written to
 WORKDIR/calibration.json with the checkpoint step it belongs to; `Predictor.load` applies it
@@ -33,7 +36,7 @@ MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
 def fit_sigma_scale(mu, sigma, y, stderr) -> float:
   """tau of the module docstring from validation columns [N] (finite labels)."""
   mu, sigma, y, stderr = (np.asarray(a, np.float64) for a in (mu, sigma, y, stderr))
-  use = np.isfinite(y) & np.isfinite(stderr) & ~((y == 0) & (stderr == 0))
+  use = np.isfinite(y) & np.isfinite(stderr) & (y != 0)
   if use.sum() < MIN_STEPS:
     return 1.0
   mu, sigma, y, stderr = mu[use], sigma[use], y[use], stderr[use]
