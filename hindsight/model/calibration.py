@@ -2,18 +2,19 @@
 
 The model is trained with the beta-NLL (`model.loss`), whose weights trade calibrated
 variances for fitted means; measured against the reference its intervals came out too narrow
-(the demo's 95% intervals covered 0.919 of the true credits). One scalar fixes most of it: a
-scale tau on the continuous part's standard deviation, fitted by maximum likelihood of the
-validation labels under the model's own noise model,
+(the demo's 95% intervals covered 0.909 of the true credits uncalibrated). One scalar fixes
+it: a scale tau on the continuous part's standard deviation, chosen so that the central
+interval at LEVEL (95%) covers LEVEL of the validation labels, the label's own noise added:
 
-  y_t ~ N(mu_t, tau^2 s_t^2 + e_t^2),      tau = argmin sum_t -log N(y_t; mu_t, ...)
+  mean_t 1[ |y_t - mu_t| <= z sqrt(tau^2 s_t^2 + e_t^2) ] = LEVEL       (solved for tau)
 
 over the validation steps whose label is not exactly 0 (those belong to the atom at 0, and a
-label that is 0 because all K branches tied carries the conservative tie bound as its e_t:
-no noise level, and counted as one it biased tau low: the demo's 95% intervals covered
-0.924 of the reference with it in, 0.93x without, where 9.6% of its K=64 labels tie).
-The label's own noise e_t^2 is added, so tau calibrates s_t against the *true* credit, not
-the noisy label (the same deconvolution the training loss makes). Written to
+label that is 0 because all K branches tied carries the conservative tie bound as its e_t, no
+noise level). Adding e_t^2 makes tau calibrate s_t against the *true* credit, not the noisy
+label (the deconvolution the training loss makes). Matching the quantile, not the variance,
+matters because the model's errors against the truth have heavier tails than a Gaussian: on
+the demo the maximum-likelihood tau (1.127, which matches the variance) gave a 95% coverage
+of 0.924 against the reference, this one (1.281) 0.939. Written to
 WORKDIR/calibration.json with the checkpoint step it belongs to; `Predictor.load` applies it
 to that step (sigma, std) and reports it.
 """
@@ -33,20 +34,29 @@ CALIBRATION_FILE = "calibration.json"
 MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
 
 
-def fit_sigma_scale(mu, sigma, y, stderr) -> float:
+LEVEL = 0.95  # the central interval whose coverage tau matches
+TAU_RANGE = (0.1, 10.0)
+
+
+def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL) -> float:
   """tau of the module docstring from validation columns [N] (finite labels)."""
   mu, sigma, y, stderr = (np.asarray(a, np.float64) for a in (mu, sigma, y, stderr))
   use = np.isfinite(y) & np.isfinite(stderr) & (y != 0)
   if use.sum() < MIN_STEPS:
     return 1.0
-  mu, sigma, y, stderr = mu[use], sigma[use], y[use], stderr[use]
+  residual = np.abs(y[use] - mu[use])
+  sigma, stderr = sigma[use], stderr[use]
+  z = stats.norm.ppf(0.5 + level / 2)
 
-  def nll(log_tau):
-    scale = np.sqrt(np.exp(2 * log_tau) * sigma**2 + stderr**2)
-    return -np.mean(stats.norm.logpdf(y, mu, np.maximum(scale, 1e-12)))
+  def excess(tau):  # coverage at tau minus the level: increasing in tau
+    return np.mean(residual <= z * np.sqrt((tau * sigma) ** 2 + stderr**2)) - level
 
-  res = optimize.minimize_scalar(nll, bounds=(np.log(0.1), np.log(10.0)), method="bounded")
-  return float(np.exp(res.x))
+  lo, hi = TAU_RANGE
+  if excess(lo) >= 0:  # the labels' noise alone covers them: the narrowest allowed
+    return lo
+  if excess(hi) < 0:
+    return hi
+  return float(optimize.brentq(excess, lo, hi, xtol=1e-4))
 
 
 def write_calibration(workdir: str, step: int, sigma_scale: float, steps: int) -> None:
