@@ -87,53 +87,47 @@ def training_run(workdir: str) -> dict:
     raise HindsightError(f"{path} is damaged (not JSON)") from None
 
 
-def _interval_class(mean, std, spec: DataSpec):
-  return classify(mean, std, spec.decorative_tolerance, z_value(spec.confidence))
-
-
 def outputs(model, batch: dict, sigma_scale: float = 1.0) -> dict:
   """The model's raw outputs as the Predictor's named outputs (module docstring), the
   continuous part's spread scaled by `sigma_scale` (`model.calibration`)."""
-  out = model(batch)
-  p0 = jax.nn.sigmoid(out["zero_logit"])
-  mu, var = out["mean"], jnp.exp(out["log_var"]) * sigma_scale**2
-  mean = (1.0 - p0) * mu
-  second = (1.0 - p0) * (var + jnp.square(mu))
-  std = jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0))
-  return {
-    "credit": out["credit"],
-    "mean": mean,
-    "std": std,
-    "p_zero": p0,
-    "mu": mu,
-    "sigma": jnp.sqrt(var),
-    "klass": _interval_class(mean, std, model.spec),
-    "klass_head": jnp.argmax(out["logits"], -1).astype(jnp.int32),
-  }
+  parts = _member_parts(model(batch), sigma_scale)
+  return _mixture(*(x[None] for x in parts), model.spec)
 
 
 def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array, spec) -> dict:
   """The named outputs of an ensemble of E models (states stacked on a leading axis E,
-  sigma_scales float [E]): the equal-weight mixture of the members' mixtures.
+  sigma_scales float [E]): the equal-weight mixture of the members' mixtures (`_mixture`)."""
+
+  def member(state, scale):
+    return _member_parts(nnx.merge(graphdef, state)(batch), scale)
+
+  return _mixture(*jax.vmap(member)(states, sigma_scales), spec)
+
+
+def _member_parts(out: dict, sigma_scale):
+  """(p0, mu, s^2, class probabilities) of one model's raw outputs, [B, T] (probs [B, T, C])."""
+  var = jnp.exp(out["log_var"]) * jnp.square(sigma_scale)
+  return jax.nn.sigmoid(out["zero_logit"]), out["mean"], var, jax.nn.softmax(out["logits"])
+
+
+def _mixture(p0s, mus, vars_, probs, spec: DataSpec) -> dict:
+  """The named outputs of E members' parts stacked on a leading axis (E = 1: one model).
 
   p0 = mean_e p0_e; mean = mean_e (1 - p0_e) mu_e; the continuous part's mean mu and variance
   sigma^2 are the moments of the members' continuous parts (weights 1 - p0_e), so sigma
   includes the members' disagreement; credit = 0 where p0 > 1/2, else mu; klass the class of
-  mean +- z std (DataSpec `spec`'s rule), klass_head the argmax of the mean class
-  probabilities."""
-
-  def member(state, scale):
-    out = nnx.merge(graphdef, state)(batch)
-    var = jnp.exp(out["log_var"]) * jnp.square(scale)
-    return jax.nn.sigmoid(out["zero_logit"]), out["mean"], var, jax.nn.softmax(out["logits"])
-
-  p0s, mus, vars_, probs = jax.vmap(member)(states, sigma_scales)  # [E, B, T] (probs [E,B,T,C])
+  mean +- z std by the labels' rule (`credit.estimators.classify`, the DataSpec's tolerance
+  and confidence), klass_head the argmax of the mean class probabilities."""
   p0 = p0s.mean(0)
+  cont = (1.0 - p0s).mean(0)
   mean = ((1.0 - p0s) * mus).mean(0)
   second = ((1.0 - p0s) * (vars_ + jnp.square(mus))).mean(0)
-  cont = jnp.maximum(1.0 - p0, 1e-6)
-  mu = mean / cont
-  var = jnp.maximum(second / cont - jnp.square(mu), 0.0)
+  if mus.shape[0] == 1:  # one model: its own continuous part, no division
+    mu, var = mus[0], vars_[0]
+  else:
+    safe = jnp.where(cont > 0, cont, 1.0)  # a sure tie (cont = 0): mu and var are moot
+    mu = jnp.where(cont > 0, mean / safe, 0.0)
+    var = jnp.maximum(jnp.where(cont > 0, second / safe, 0.0) - jnp.square(mu), 0.0)
   std = jnp.sqrt(jnp.maximum(second - jnp.square(mean), 0.0))
   return {
     "credit": jnp.where(p0 > 0.5, 0.0, mu),
@@ -142,7 +136,7 @@ def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array, spe
     "p_zero": p0,
     "mu": mu,
     "sigma": jnp.sqrt(var),
-    "klass": _interval_class(mean, std, spec),
+    "klass": classify(mean, std, spec.decorative_tolerance, z_value(spec.confidence)),
     "klass_head": jnp.argmax(probs.mean(0), -1).astype(jnp.int32),
   }
 
