@@ -39,6 +39,7 @@ def main(argv=None) -> dict:
   p.add_argument("--env", default="reasoning", help="the fresh evaluation episodes' env")
   p.add_argument("--points", default="1024x1024,2048x512,4096x256,8192x128,16384x64")
   p.add_argument("--reuse", action="append", default=[], help="ExK=WORKDIR of a finished run")
+  p.add_argument("--set", action="append", default=[], help="a.b=value for every point's run")
   p.add_argument("--episodes", type=int, default=256, help="evaluation episodes")
   p.add_argument("--reference-rollouts", type=int, default=1024)
   p.add_argument("--out", default="runs/budget")
@@ -56,7 +57,7 @@ def main(argv=None) -> dict:
     if point not in reuse:
       config = load_config(
         args.config,
-        [f"data.label.episodes={episodes}", f"data.label.rollouts={rollouts}",
+        [*args.set, f"data.label.episodes={episodes}", f"data.label.rollouts={rollouts}",
          "train.progress=False"],
       )  # fmt: skip
       train_and_evaluate(config, workdir)
