@@ -32,6 +32,22 @@ def test_fit_recovers_the_scale_with_label_noise_deconvolved(tau):
   assert fit_sigma_scale(mu[:5], sigma[:5], y[:5], stderr[:5]) == 1.0  # too few: no fit
 
 
+def test_fit_covers_the_truth_where_the_spread_has_the_wrong_shape():
+  """The model predicts one spread everywhere; the truth is off by 0.1 on half the steps and
+  by 1.0 on the other half. Matching the variance alone (likelihood) leaves the 95%
+  intervals covering about 0.92 of the truth; the fitted tau covers 0.95."""
+  rng = np.random.default_rng(1)
+  n = 40_000
+  mu, sigma = np.zeros(n), np.ones(n)
+  truth = rng.normal(size=n) * np.where(np.arange(n) % 2 == 0, 0.1, 1.0)
+  stderr = np.full(n, 0.05)
+  y = truth + stderr * rng.normal(size=n)
+  tau = fit_sigma_scale(mu, sigma, y, stderr)
+  covered = np.mean(np.abs(truth) <= 1.96 * tau * sigma)
+  ml_covered = np.mean(np.abs(truth) <= 1.96 * np.sqrt(np.mean(truth**2)))
+  assert ml_covered < 0.93 and 0.945 <= covered <= 0.96, (ml_covered, covered, tau)
+
+
 def test_calibration_file_belongs_to_its_step(tmp_path):
   assert read_sigma_scale(str(tmp_path), 100) == 1.0  # none written
   write_calibration(str(tmp_path), 100, 1.3, 500)

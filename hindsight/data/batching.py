@@ -103,6 +103,9 @@ class EpisodeReader:
       episode["observations"] = np.asarray(ex["observations"])
       episode["success"] = bool(ex["success"])
       episode["tags"] = [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
+      # The credit stderr is the conservative tie bound, not a noise level (not a batch field).
+      n = len(episode["actions"])
+      episode["credit_bounded"] = np.asarray(ex.get("credit_bounded", np.zeros(n)), bool)
       if "agent" in ex:
         for name in ("agent", "agent_shapley", "agent_shapley_stderr"):
           episode[name] = np.asarray(ex[name])

@@ -30,7 +30,11 @@ class SigmaScaleEvaluator:
   def run(self, state) -> tuple[float, int]:
     _, steps = predict_split(self.programs, state, *self.args)
     scale = fit_sigma_scale(
-      steps["pred_mean"], np.sqrt(steps["pred_var"]), steps["label"], steps["stderr"]
+      steps["pred_mean"],
+      np.sqrt(steps["pred_var"]),
+      steps["label"],
+      steps["stderr"],
+      bounded=steps["bounded"],
     )
     return scale, int(steps["label"].size)
 

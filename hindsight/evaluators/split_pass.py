@@ -16,10 +16,11 @@ def predict_split(
   programs, state, plan, reader, spec, mesh, rows, with_steps: bool = True
 ) -> tuple[dict, dict]:
   """(losses, steps): weighted mean losses over the split and, with_steps, its per-step
-  columns (COLUMNS, tags and episode ids, each [N] over valid steps with a finite label)."""
+  columns (COLUMNS, tags, episode ids and `bounded`, the label's stderr is a tie bound; each
+  [N] over valid steps with a finite label)."""
   sums, counts = {}, {}
   cols = {k: [] for k in COLUMNS}
-  tags, episodes = [], []
+  tags, episodes, bounded = [], [], []
   for pad, ids in plan.epoch(0):
     batch = global_batch(make_batch(reader, ids[rows], pad, spec), mesh)
     out, labels, metrics = jax.device_get(programs.eval_step(state, batch))
@@ -49,15 +50,20 @@ def predict_split(
       cols.setdefault("agent_label", []).append(labels["agent_shapley"][rows_ok].reshape(-1))
     for row, i in enumerate(ids):
       if i >= 0:
-        ep_tags = np.asarray(reader[int(i)]["tags"] + [""] * pad)[:pad]
+        ep = reader[int(i)]
+        ep_tags = np.asarray(ep["tags"] + [""] * pad)[:pad]
         tags.append(ep_tags[sel[row]])
         episodes.append(np.full(int(sel[row].sum()), i))
+        ep_bounded = np.zeros(pad, bool)
+        ep_bounded[: len(ep["credit_bounded"])] = ep["credit_bounded"][:pad]
+        bounded.append(ep_bounded[sel[row]])
   losses = {k: sums[k] / max(counts[k], 1.0) for k in sums}
   if not with_steps:
     return losses, {}
   steps = {k: np.concatenate(v) for k, v in cols.items()}
   steps["tags"] = np.concatenate(tags) if tags else np.zeros(0, str)
   steps["episode"] = np.concatenate(episodes) if episodes else np.zeros(0, np.int64)
+  steps["bounded"] = np.concatenate(bounded) if bounded else np.zeros(0, bool)
   return losses, steps
 
 
