@@ -7,7 +7,7 @@ Expected (2-core CPU, `make demo` 5m38s): on the 1639 held-out episodes, scored 
 checkpoint (step 8250), against the training labels Spearman 0.629, Pearson 0.918, MAE
 0.0336; against the reference on 512 of them (`hindsight eval --episodes 512`, K=1024,
 independent keys) Spearman 0.888 [0.878, 0.896] (noise ceiling 0.946), the labels
-themselves 0.654, equivalent rollouts K = 153.6 [133.3, 179.0], 95% coverage 0.939.
+themselves 0.654, equivalent rollouts K = 153.6 [133.3, 179.0], 95% coverage 0.944.
 The :smoke variant (64 episodes, K=8, 40 steps) is for tests.
 """
 

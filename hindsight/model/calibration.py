@@ -13,10 +13,10 @@ noisy label: the deconvolution the training loss makes), by two estimators:
 and tau = max(tau_ml, tau_cov). Each is biased low in a known way, so the larger is kept:
 where the model's errors against the truth are not Gaussian with the shape of its predicted
 spread (large errors where it predicts a small s_t), matching the variance leaves the 95%
-interval short (demo: tau_ml 1.127 covered 0.924 of the reference,
-tau_cov 1.281 0.939); where the labels' noise dwarfs the model's spread the coverage of the
-labels hardly depends on tau and the noisy stderrs drag tau_cov down (key corridor, K=64:
-tau_cov 0.779 covered 0.886 of the DP, tau_ml 1.044 0.942).
+interval short (demo: the likelihood scale, 1.13, covered 0.924 of the reference; the
+coverage scale, 1.36, 0.944); where the labels' noise dwarfs the model's spread, their
+coverage hardly depends on tau and the noisy stderrs drag tau_cov down (key corridor, K=64:
+tau_cov 0.78 covered 0.886 of the DP; tau_ml 1.02 covers 0.937).
 
 Both use the validation steps whose label is not exactly 0 (those belong to the atom at 0)
 and whose stderr is a sample stderr: a nearly tied label carries the conservative tie bound
