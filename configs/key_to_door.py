@@ -6,7 +6,7 @@ Expected (2-core CPU, 1m22s of training on existing labels): on 205 held-out epi
 scored with the best checkpoint (step 1500), against the training labels Spearman 0.833,
 Pearson 0.992, MAE 0.0407; against the reference (`hindsight eval`, K=1024) Spearman 0.788
 [0.771, 0.805] (its labels 0.791; two reference passes agree at 0.800), MAE 0.0106 (labels
-0.0396), equivalent rollouts K = 2240, 95% coverage 0.940; key 9.993 -> 10.007, apples
+0.0396), equivalent rollouts K = 2240, 95% coverage 0.941; key 9.993 -> 10.007, apples
 5.415 -> 5.405 (README, "What limits the model against the reference").
 The :smoke variant (32 episodes, K=8, 40 steps) is for tests.
 """
