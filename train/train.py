@@ -65,10 +65,10 @@ from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
 
 log = logging.getLogger("hindsight.train")
+MEMBER_FOLD = 1_000_000  # key(seed) folded with this + m seeds ensemble member m's training
 # Config fields that may change between a run and its restart without changing its result.
 # (Where the coordinator listens and which process this is change with every launch of a
 # multi-process run: they are not part of the run.)
-MEMBER_FOLD = 1_000_000  # key(seed) folded with this + m seeds ensemble member m's training
 RESTART_FREE = (
   "checkpoint.fallback",
   "train.progress",

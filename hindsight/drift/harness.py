@@ -33,7 +33,7 @@ from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, sha256_file
 from hindsight.labeling.engine import LabelConfig, Labeler
-from hindsight.model.predictor import load_predictor, training_run
+from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
 REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
 DEFAULT_SHIFTS = {
@@ -160,7 +160,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   cfg.check()
   tic = time.perf_counter()
   predictor = load_predictor(cfg.checkpoint, cfg.step)
-  workdirs = [w for w in cfg.checkpoint.split(",") if w]
+  workdirs = checkpoint_workdirs(cfg.checkpoint)
   run = training_run(workdirs[0])
   for w in workdirs[1:]:  # an ensemble is scored on its members' one test split
     other = training_run(w)

@@ -217,11 +217,24 @@ def _slice_row(name, n, v, lo, hi) -> dict:
   }
 
 
-def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
-  """{signal: {tag: z-mean Estimate}, "_contrast": {signal: Estimate}} (module docstring)."""
+def _tag_groups(cols, ok):
+  """(tags [N], sorted tag names, tag id [N], means): means(x, sel) is the mean of x [N] per
+  tag over the steps sel (a bootstrap resample's indices), NaN for a tag absent from it."""
   tags = cols["tag"][ok]
   names = sorted(set(tags.tolist()))
   tag_id = np.searchsorted(np.asarray(names, dtype=object), tags)
+
+  def means(x, sel):
+    counts = np.bincount(tag_id[sel], minlength=len(names))
+    with np.errstate(invalid="ignore", divide="ignore"):
+      return np.bincount(tag_id[sel], weights=x[sel], minlength=len(names)) / counts
+
+  return tags, names, tag_id, means
+
+
+def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
+  """{signal: {tag: z-mean Estimate}, "_contrast": {signal: Estimate}} (module docstring)."""
+  tags, names, _, means = _tag_groups(cols, ok)
   good, work = np.isin(tags, LOOKS_GOOD), np.isin(tags, DOES_WORK)
   series = {"reference": cols["ref_credit"][ok]}
   series |= {name: np.asarray(cols[c], float)[ok] for name, c in rows.items()}
@@ -232,13 +245,11 @@ def _per_tag(cols, rows, ok, steps, n_boot, seed) -> dict:
 
     def stat(idx, z=z):
       sel = steps.gather(idx)
-      counts = np.bincount(tag_id[sel], minlength=len(names))
-      with np.errstate(invalid="ignore", divide="ignore"):  # a tag absent: NaN
-        means = np.bincount(tag_id[sel], weights=z[sel], minlength=len(names)) / counts
+      by_tag = means(z, sel)
       if not contrast:
-        return means
+        return by_tag
       gap = np.mean(z[sel][good[sel]]) - np.mean(z[sel][work[sel]])
-      return np.append(means, gap)
+      return np.append(by_tag, gap)
 
     v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
     out["signals"][name] = {
@@ -254,20 +265,12 @@ def _tag_means(cols, rows, ok, steps, n_boot, seed) -> dict:
   training labels their mean and their gap to the reference's (paired, same steps), with
   bootstrap CIs. relative = |gap| / |reference mean|: the issue's "within 3%" reading.
   {tag: {"steps", "reference": Estimate, SIGNAL: {"mean", "gap": Estimate, "relative"}}}."""
-  tags = cols["tag"][ok]
-  names = sorted(set(tags.tolist()))
-  tag_id = np.searchsorted(np.asarray(names, dtype=object), tags)
+  _, names, tag_id, means = _tag_groups(cols, ok)
   ref = cols["ref_credit"][ok]
   series = {"model (point)": cols["model_credit"][ok]}
   if "label_credit" in cols:
     series[next(n for n in rows if n.startswith("training labels"))] = cols["label_credit"][ok]
   counts = np.bincount(tag_id, minlength=len(names))
-
-  def means(x, sel):
-    with np.errstate(invalid="ignore", divide="ignore"):  # a tag absent from a resample: NaN
-      return np.bincount(tag_id[sel], weights=x[sel], minlength=len(names)) / np.bincount(
-        tag_id[sel], minlength=len(names)
-      )
 
   def stat(idx):
     sel = steps.gather(idx)

@@ -38,8 +38,6 @@ from hindsight.files import write_json
 
 CALIBRATION_FILE = "calibration.json"
 MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
-
-
 LEVEL = 0.95  # the central interval whose coverage tau matches
 TAU_RANGE = (0.1, 10.0)
 

@@ -309,10 +309,16 @@ class Predictor:
     }
 
 
-def load_predictor(checkpoint: str, step: int | str = "best", calibrated: bool = True):
+def checkpoint_workdirs(checkpoint: str) -> list[str]:
   """`--checkpoint` as the programs take it: one run's workdir, or several separated by
-  commas (an ensemble, `Predictor.load_ensemble`)."""
-  workdirs = [w for w in checkpoint.split(",") if w]
+  commas (an ensemble's members)."""
+  return [w for w in checkpoint.split(",") if w]
+
+
+def load_predictor(checkpoint: str, step: int | str = "best", calibrated: bool = True):
+  """The Predictor of a `--checkpoint` (`checkpoint_workdirs`): one run's model, or the
+  ensemble of several (`Predictor.load_ensemble`)."""
+  workdirs = checkpoint_workdirs(checkpoint)
   if len(workdirs) > 1:
     return Predictor.load_ensemble(workdirs, step, calibrated)
   return Predictor.load(checkpoint, step, calibrated)
