@@ -7,29 +7,64 @@ a trained one, `hindsight.drift` measures it against the reference credit, and
 `hindsight.audit` spot-checks a served one against rollouts (drift alarm, repair labels).
 """
 
-from hindsight import audit, credit, drift, model
-from hindsight.credit import KLASS_NAMES, REPLACEMENTS, tabular_values
-from hindsight.data import Labels, open_labels
-from hindsight.data.batching import DataSpec
-from hindsight.envs import (
-  Environment,
-  TabularEnv,
-  TabularMDP,
-  key_corridor_mdp,
-  load_tabular,
-  make,
-  random_mdp,
-)
-from hindsight.envs.adapters import make_py_env
-from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
-from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
-from hindsight.errors import HindsightError
-from hindsight.labeling import LabelConfig, Labeler, Trajectory
-from hindsight.labeling.engine import episode_key
-from hindsight.labeling.job import LabelJob, run_label_job
-from hindsight.metrics import prediction_metrics, summarize, tag_table
-from hindsight.model import CreditModel, ModelConfig, Predictor
-from hindsight.policies import Policy, TabularPolicy
+import importlib
+
+# Name -> the module that defines it. Loaded on first use (PEP 562), so `import hindsight`
+# (and the CLI, which imports it) does not pay for TFDS, orbax and matplotlib up front.
+_HOMES = {
+  "audit": "hindsight.audit",
+  "credit": "hindsight.credit",
+  "drift": "hindsight.drift",
+  "model": "hindsight.model",
+  "KLASS_NAMES": "hindsight.credit",
+  "REPLACEMENTS": "hindsight.credit",
+  "tabular_values": "hindsight.credit",
+  "Labels": "hindsight.data",
+  "open_labels": "hindsight.data",
+  "DataSpec": "hindsight.data.batching",
+  "Environment": "hindsight.envs",
+  "TabularEnv": "hindsight.envs",
+  "TabularMDP": "hindsight.envs",
+  "key_corridor_mdp": "hindsight.envs",
+  "load_tabular": "hindsight.envs",
+  "make": "hindsight.envs",
+  "random_mdp": "hindsight.envs",
+  "make_py_env": "hindsight.envs.adapters",
+  "KeyToDoor": "hindsight.envs.key_to_door",
+  "KeyToDoorPolicy": "hindsight.envs.key_to_door",
+  "Reasoning": "hindsight.envs.reasoning",
+  "ReasoningPolicy": "hindsight.envs.reasoning",
+  "HindsightError": "hindsight.errors",
+  "LabelConfig": "hindsight.labeling",
+  "Labeler": "hindsight.labeling",
+  "Trajectory": "hindsight.labeling",
+  "episode_key": "hindsight.labeling.engine",
+  "LabelJob": "hindsight.labeling.job",
+  "run_label_job": "hindsight.labeling.job",
+  "prediction_metrics": "hindsight.metrics",
+  "summarize": "hindsight.metrics",
+  "tag_table": "hindsight.metrics",
+  "CreditModel": "hindsight.model",
+  "ModelConfig": "hindsight.model",
+  "Predictor": "hindsight.model",
+  "Policy": "hindsight.policies",
+  "TabularPolicy": "hindsight.policies",
+}
+
+
+def __getattr__(name: str):
+  home = _HOMES.get(name)
+  if home is None:
+    raise AttributeError(f"module 'hindsight' has no attribute {name!r}")
+  module = importlib.import_module(home)
+  value = module if home == f"hindsight.{name}" else getattr(module, name)
+  globals()[name] = value  # later lookups skip this function
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_HOMES))
+
 
 __all__ = [
   "KLASS_NAMES",

@@ -459,8 +459,10 @@ def _coalition(args) -> int:
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   use_all_cpu_cores()
+  from hindsight.compile_cache import enable_compilation_cache
   from hindsight.errors import report_errors
 
+  enable_compilation_cache()
   commands = {
     "label": _label,
     "export": _export,

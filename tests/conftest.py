@@ -18,9 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 # One persistent XLA cache for the session's processes: the training tests start several
 # subprocesses that compile the same programs (results do not depend on it).
-os.environ.setdefault(
-  "JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".pytest_cache", "jax-compilation-cache")
-)
+_CACHE = os.path.join(ROOT, ".pytest_cache", "jax-compilation-cache")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+os.environ.setdefault("HINDSIGHT_COMPILATION_CACHE", _CACHE)  # the CLI's own setting
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 HINDSIGHT = [sys.executable, "-m", "hindsight.cli"]
 

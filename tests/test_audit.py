@@ -181,7 +181,9 @@ def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
 
 @pytest.fixture(scope="module")
 def tabular_run(tmp_path_factory):
-  overrides = ["train.steps=200", "train.eval_every=50"]
+  # K=32 labels: a model of the original policy close enough to its credit that the
+  # shifted policy's gap shows.
+  overrides = ["train.steps=200", "train.eval_every=50", "data.label.rollouts=32"]
   return trained_run(tmp_path_factory, "audit_run", "configs/tabular.py:smoke", overrides)
 
 

@@ -56,7 +56,7 @@ def reasoning_labels():
   out = {}
   for rep in ("policy", "policy_no_repeat"):
     labeler = Labeler(env, policy, LabelConfig(num_rollouts=16, replacement=rep))
-    traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(96)))
+    traj, labels = to_numpy(labeler.sample_and_label(0, jnp.arange(384)))
     out[rep] = _per_tag(env, traj, labels)
   return out
 

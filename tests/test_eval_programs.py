@@ -5,6 +5,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,10 +28,16 @@ def _run(*args, timeout=300):
 
 def test_bench_labeler_smoke():
   out = _run("eval/bench_labeler.py", "--episodes", 10, "--rollouts", 4, "--states", 6,
-             "--horizon", 6, "--repeats", 1)  # fmt: skip
+             "--horizon", 6, "--repeats", 1, "--env-episodes", 8)  # fmt: skip
   assert "rounded up to" in out  # 10 is no multiple of the micro-batch: rounded, not a crash
-  for line in ("jax   :", "numpy :", "ratio :", "check :", "bench MDP:", "peaked pi:"):
+  lines = ("cold start:", "warm start:", "jax   :", "numpy :", "no compaction:", "ratio :",
+           "check :", "reasoning  :", "key_to_door:", "S=64 MDP :", "peaked pi:")  # fmt: skip
+  for line in lines:
     assert line in out, (line, out)
+  # The warm start loads the program the cold one compiled from the persistent cache.
+  cold, warm = (float(re.search(rf"{w} start: +([\d.]+) s.*compile ([\d.]+)", out)[2])
+                for w in ("cold", "warm"))  # fmt: skip
+  assert warm < cold, out
 
 
 def test_bench_model_smoke():

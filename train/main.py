@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
   use_all_cpu_cores()  # before JAX starts: labeling and data parallelism use every core
 
+  from hindsight.compile_cache import enable_compilation_cache
   from hindsight.errors import report_errors
+
+  enable_compilation_cache()
 
   def run() -> int:
     from hindsight.config_io import load_config

@@ -26,10 +26,8 @@ infinite.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 KLASS_NAMES = ("decorative", "load_bearing", "harmful", "undetermined")
 DECORATIVE, LOAD_BEARING, HARMFUL, UNDETERMINED = range(4)
@@ -56,21 +54,29 @@ def tie_upper_rates(num_samples: int, confidence: float) -> np.ndarray:
   The one-sided Clopper-Pearson bound Beta^{-1}(confidence; m + 1, K - m) on the chance of a
   sample off the tie (1 where m >= K, which cannot be bounded).
   """
+  # scipy.special, not scipy.stats (the same functions): the labeler starts 0.2 s sooner.
+  from scipy import special
+
   m = np.arange(MIN_OFF_TIE)
   inside = m < num_samples
-  upper = stats.beta.ppf(confidence, m + 1, np.maximum(num_samples - m, 1))
+  # The beta quantile (scipy.stats.beta.ppf).
+  upper = special.betaincinv(m + 1, np.maximum(num_samples - m, 1), confidence)
   return np.where(inside, upper, 1.0).astype(np.float32)
 
 
 def largest_tie(x):
-  """(count, value) of the largest group of equal samples of x [K] -> ([] int32, [])."""
-  k = x.shape[-1]
-  s = jnp.sort(x)
-  starts = jnp.concatenate([jnp.ones((1,), bool), s[1:] != s[:-1]])
-  run = jnp.cumsum(starts) - 1  # which group of equal values each sorted sample is in
-  counts = jax.ops.segment_sum(jnp.ones((k,), jnp.int32), run, num_segments=k)
+  """(count, value) of the largest group of equal samples of x [K] -> ([] int32, []), exact
+  whenever that group leaves fewer than MIN_OFF_TIE samples off it (the only case the tie
+  bound uses); otherwise a count that also leaves MIN_OFF_TIE or more off.
+
+  Such a group holds more than K - MIN_OFF_TIE samples, so it holds one of the first
+  MIN_OFF_TIE: counting the matches of just those candidates (MIN_OFF_TIE x K comparisons)
+  finds it without sorting, which made this reduction as slow as the rollouts it reduces.
+  """
+  candidates = x[: min(MIN_OFF_TIE, x.shape[-1])]
+  counts = (candidates[:, None] == x[None, :]).sum(-1).astype(jnp.int32)
   best = jnp.argmax(counts)
-  return counts[best], s[jnp.argmax(run == best)]
+  return counts[best], candidates[best]
 
 
 def bounded_mean_stderr(x, lo, hi, upper_rates, z: float):
@@ -95,8 +101,10 @@ def bounded_mean_stderr(x, lo, hi, upper_rates, z: float):
 
 
 def z_value(confidence: float) -> float:
-  """Two-sided normal quantile, e.g. 1.96 for confidence 0.95."""
-  return float(stats.norm.ppf(0.5 + confidence / 2.0))
+  """Two-sided normal quantile, e.g. 1.96 for confidence 0.95 (scipy.stats.norm.ppf)."""
+  from scipy import special
+
+  return float(special.ndtri(0.5 + confidence / 2.0))
 
 
 def classify(credit, stderr, tolerance: float, z: float):

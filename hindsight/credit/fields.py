@@ -28,6 +28,17 @@ STEP_FIELDS = (
 )
 
 
+def _bounded_rows(x, lo, hi, upper_rates, z):
+  """`bounded_mean_stderr` of x [R, H, K] with ranges lo, hi [R, H]: ([R, H],) x 3.
+
+  One vmapped call for all rows, so the program holds one copy of the tie search (its sort
+  is a large part of the labeler's compile time)."""
+  flat = functools.partial(bounded_mean_stderr, upper_rates=upper_rates, z=z)
+  R, H, K = x.shape
+  out = jax.vmap(flat)(x.reshape(R * H, K), lo.reshape(-1), hi.reshape(-1))
+  return tuple(v.reshape(R, H) for v in out)
+
+
 def returns_to_go(rewards: jax.Array, gamma: float = 1.0) -> jax.Array:
   """G_t = r_t + gamma G_{t+1}, float32 [H] -> [H] (padding rewards are 0)."""
 
@@ -59,10 +70,14 @@ def paired_credit(diff, keep_share, lo, hi, *, upper_rates, z: float):
   (1 - w) x the stderr of the mean, raised to the tie bound where the branches nearly all
   tie (`bounded`). w = 1 (a_t is the only action q can draw): exactly 0, stderr 0.
   """
-  scale = jnp.where(keep_share >= DEGENERATE, 0.0, 1.0 - keep_share)
   mean, se, bounded = bounded_mean_stderr(diff, lo - hi, hi - lo, upper_rates, z)
-  credit = scale * mean
-  return credit, jnp.where(scale > 0, scale * se, 0.0), bounded & (scale > 0)
+  return _scaled_credit(keep_share, mean, se, bounded)
+
+
+def _scaled_credit(keep_share, mean, se, bounded):
+  """(1 - w) x (the paired mean, its stderr), exactly 0 where w = 1 (see paired_credit)."""
+  scale = jnp.where(keep_share >= DEGENERATE, 0.0, 1.0 - keep_share)
+  return scale * mean, jnp.where(scale > 0, scale * se, 0.0), bounded & (scale > 0)
 
 
 def step_fields(
@@ -116,10 +131,10 @@ def step_fields(
   chex.assert_shape(bounds, (H + 1, 2))
   chex.assert_shape(success, (H, K))
   lo, hi = bounds[:H, 0], bounds[:H, 1]
-  bounded = jax.vmap(functools.partial(bounded_mean_stderr, upper_rates=upper_rates, z=z))
   g_tau = returns_to_go(r, gamma)
-  phi, phi_se, phi_bounded = bounded(G[..., -1], lo, hi)
   if exact is not None:
+    phi, phi_se, phi_bounded = _bounded_rows(G[None, ..., -1], lo[None], hi[None], upper_rates, z)
+    phi, phi_se, phi_bounded = phi[0], phi_se[0], phi_bounded[0]
     credit, realized, progress = exact
     credit_se = realized_se = progress_se = jnp.zeros((H,), jnp.float32)
     credit_bounded = realized_bounded = progress_bounded = jnp.zeros((H,), bool)
@@ -127,16 +142,20 @@ def step_fields(
     w = keep_share
     # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
     scale = jnp.where(w >= DEGENERATE, 0.0, 1.0 - w)
-    credit, credit_se, credit_bounded = jax.vmap(
-      functools.partial(paired_credit, upper_rates=upper_rates, z=z)
-    )(G[..., 0] - G[..., 1], w, lo, hi)
     # The baseline mixes the arms with weights (w, 1 - w). A rare event in the heavier arm
     # can hide behind the spread of the other, so a nearly tied arm bounds the mixture by
     # the sum of the arms' stderrs (sd(aX + bY) <= a sd(X) + b sd(Y)).
     mix = w[:, None] * G[..., 0] + (1.0 - w[:, None]) * G[..., 1]
-    rep_mean, mix_se, mix_bounded = bounded(mix, lo, hi)
-    _, keep_se, keep_bounded = bounded(G[..., 0], lo, hi)
-    _, rep_se, rep_bounded = bounded(G[..., 1], lo, hi)
+    # Five estimates of [H, K] samples, reduced together: phi, the paired difference (range
+    # [lo - hi, hi - lo]), the mixture, the keep arm, the replace arm.
+    rows = jnp.stack([G[..., -1], G[..., 0] - G[..., 1], mix, G[..., 0], G[..., 1]])
+    los = jnp.stack([lo, lo - hi, lo, lo, lo])
+    his = jnp.stack([hi, hi - lo, hi, hi, hi])
+    means, ses, bnds = _bounded_rows(rows, los, his, upper_rates, z)
+    phi, phi_se, phi_bounded = means[0], ses[0], bnds[0]
+    credit, credit_se, credit_bounded = _scaled_credit(w, means[1], ses[1], bnds[1])
+    rep_mean, mix_se, mix_bounded = means[2], ses[2], bnds[2]
+    keep_se, keep_bounded, rep_se, rep_bounded = ses[3], bnds[3], ses[4], bnds[4]
     arm_bounded = (keep_bounded & (w > 0)) | (rep_bounded & (scale > 0))
     arm_sum = jnp.where(w > 0, w * keep_se, 0.0) + jnp.where(scale > 0, scale * rep_se, 0.0)
     realized_se = jnp.where(arm_bounded, jnp.maximum(mix_se, arm_sum), mix_se)

@@ -17,6 +17,7 @@ before anything is read, so a truncated or corrupted file is named, never half-r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -25,7 +26,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.fields import STEP_FIELDS
@@ -78,6 +78,7 @@ def build_features(
   agent-level fields (AGENT_FIELDS) and the acting agent of every step; with `partial` a
   per-step `labeled` flag (an audit labels a few steps of each episode: the others carry
   NaN credit and stay out of every loss)."""
+  tfds = _tfds()
   step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
   features = {
     "episode": np.int64,
@@ -108,58 +109,73 @@ def build_features(
   return tfds.features.FeaturesDict(features)
 
 
-class LabelsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """Writes the episodes of a sequence of chunk files, in order, as one `train` split."""
+def _tfds():
+  """TFDS, imported on first use: a CLI run that writes or reads no dataset never loads it."""
+  import tensorflow_datasets as tfds
 
-  VERSION = tfds.core.Version(VERSION)
-  RELEASE_NOTES: ClassVar[dict[str, str]] = {
-    str(VERSION): "Interventional credit labels (DESIGN section 1)."
-  }
+  return tfds
 
-  def __init__(self, *, features, metadata: dict, episodes: Iterator[dict] | None = None, **kw):
-    self._features = features
-    self._metadata = metadata
-    self._episodes = episodes
-    super().__init__(**kw)
 
-  @property
-  def name(self):  # type: ignore[override]
-    return DATASET_NAME
+@functools.cache
+def _builder_class():
+  """The TFDS builder that writes a label dataset (a class made on first use; see _tfds)."""
+  tfds = _tfds()
 
-  def _info(self):
-    return tfds.core.DatasetInfo(
-      builder=self,
-      description="Per-step interventional credit labels produced by `hindsight label`.",
-      features=self._features,
-      metadata=tfds.core.MetadataDict(self._metadata),
-      # Generation order is the contract: episode i is example i.
-      disable_shuffling=True,
-    )
+  class LabelsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Writes the episodes of a sequence of chunk files, in order, as one `train` split."""
 
-  # TFDS prints download banners to stdout; a labeling job reports through its own bar.
-  def _log_download_bytes(self) -> None:
-    pass
+    VERSION = tfds.core.Version(VERSION)
+    RELEASE_NOTES: ClassVar[dict[str, str]] = {
+      str(VERSION): "Interventional credit labels (DESIGN section 1)."
+    }
 
-  def _log_download_done(self) -> None:
-    pass
+    def __init__(self, *, features, metadata: dict, episodes: Iterator[dict] | None = None, **kw):
+      self._features = features
+      self._metadata = metadata
+      self._episodes = episodes
+      super().__init__(**kw)
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {"train": self._generate_examples()}
+    @property
+    def name(self):  # type: ignore[override]
+      return DATASET_NAME
 
-  def _generate_examples(self):
-    for example in self._episodes:
-      yield int(example["episode"]), example
+    def _info(self):
+      return tfds.core.DatasetInfo(
+        builder=self,
+        description="Per-step interventional credit labels produced by `hindsight label`.",
+        features=self._features,
+        metadata=tfds.core.MetadataDict(self._metadata),
+        # Generation order is the contract: episode i is example i.
+        disable_shuffling=True,
+      )
+
+    # TFDS prints download banners to stdout; a labeling job reports through its own bar.
+    def _log_download_bytes(self) -> None:
+      pass
+
+    def _log_download_done(self) -> None:
+      pass
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for example in self._episodes:
+        yield int(example["episode"]), example
+
+  return LabelsBuilder
 
 
 def write_dataset(
   out_dir: str, features, metadata: dict, episodes: Iterator[dict], download_dir: str
 ) -> str:
   """Writes the dataset atomically (TFDS renames its incomplete dir at the very end)."""
+  tfds = _tfds()
   tfds.display_progress_bar(False)  # the job has its own bar
   for stale in glob.glob(os.path.join(out_dir, DATASET_NAME, "incomplete.*")):
     shutil.rmtree(stale, ignore_errors=True)
-  builder = LabelsBuilder(
+  builder = _builder_class()(
     features=features,
     metadata=metadata,
     episodes=episodes,
@@ -322,7 +338,7 @@ def open_labels(out_dir: str) -> Labels:
     raise HindsightError(f"{out_dir} holds no complete label dataset{hint}")
   episodes = verify_dataset(path)
   try:
-    builder = tfds.builder_from_directory(path)
+    builder = _tfds().builder_from_directory(path)
     source = builder.as_data_source(split="train")
   except Exception as e:  # TFDS raises many types for a damaged directory
     raise HindsightError(f"{path}: unreadable label dataset ({type(e).__name__})") from e

@@ -24,15 +24,20 @@ With `exact`, credit, credit_realized and progress come from the dynamic-program
 instead (stderr 0) and only the phi arm is rolled (for phi_hard).
 
 Keys: episode key e = fold_in(key(seed), episode_index); the trajectory uses fold_in(e, 0);
-branch (t, k) uses fold_in(fold_in(fold_in(e, 1), t), k). No key depends on how episodes are
-batched, so labels are identical for any chunk size.
+branch (t, k) takes four words from Threefry hashes of the counter t K + k under
+fold_in(e, 1): its continuation key and the uniforms of the replace and phi arms' first
+actions (`rollout.hash_words`). No key depends on how episodes are batched, so labels are
+identical for any chunk size.
+
+Rollouts: every branch of a micro-batch of episodes goes through one work queue of lanes
+(`rollout.roll_branches`): a lane whose branch ends takes the next, so the work follows the
+env steps that happen rather than the longest branch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from typing import Any
 
 import jax
@@ -41,21 +46,39 @@ import numpy as np
 
 from hindsight.credit.estimators import classify, tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
-from hindsight.credit.fields import continuation_totals, paired_credit, returns_to_go, step_fields
+from hindsight.credit.fields import paired_credit, returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs, without_taken
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
-from hindsight.labeling.rollout import Trajectory, continuation_return, sample_episode
-from hindsight.policies.base import Policy, sample_categorical
+from hindsight.labeling.rollout import (
+  Trajectory,
+  continuation_return,
+  hash_words,
+  roll_branches,
+  sample_episode,
+  start_branch,
+  unit_uniforms,
+)
+from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
 
 PyTree = Any
 
-# Branches are rolled in this many groups of start steps (see Labeler._rollout).
-_TIME_BUCKETS = 8
+# Lanes of the branch work queue (see rollout.roll_branches): enough to vectorise each
+# step, few enough that the lanes' working set stays in cache on CPU.
+_LANES = 4096
 
-# Target number of branch rollouts in one micro-batch (see Labeler.micro_batch).
-_LANES_PER_MICRO_BATCH = 65536
+
+def compiler_options() -> dict | None:
+  """XLA options of the labeling programs. On CPU the classic elemental fusion emitters:
+  the newer MLIR fusion emitters compile the labeler's program in 2.1-2.3 s on 2 cores, the
+  classic ones in 1.4 s, and it runs as fast (measured with eval/bench_labeler.py)."""
+  return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
+
+
+# Target number of branch rollouts in one micro-batch (see Labeler.micro_batch): larger
+# blocks of work per call keep both devices busy between the calls of a chunk.
+_LANES_PER_MICRO_BATCH = 131072
 _MAX_MICRO_BATCH = 16
 
 
@@ -147,18 +170,18 @@ class Labeler:
       self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
     self._z = z_value(config.confidence)
     self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
-    self.label = jax.jit(self._label_batch)
-    self.label_steps = jax.jit(jax.vmap(self._label_step))
-    self.step_info = jax.jit(jax.vmap(self._step_info))
-    self.sample = jax.jit(jax.vmap(self._sample_episode))
-    self.sample_and_label = jax.jit(self._sample_and_label)
+    jit = functools.partial(jax.jit, compiler_options=compiler_options())
+    self.label = jit(self._label_batch)
+    self.label_steps = jit(jax.vmap(self._label_step))
+    self.step_info = jit(jax.vmap(self._step_info))
+    self.sample = jit(jax.vmap(self._sample_episode))
+    self.sample_and_label = jit(self._sample_and_label)
 
   # -- the chunk program used by labeling jobs ---------------------------------------------
 
   def micro_batch(self) -> int:
-    """Episodes rolled together: about _LANES_PER_MICRO_BATCH branch rollouts (so the
-    working set of one while_loop stays cache-sized on CPU), a power of two, at most
-    _MAX_MICRO_BATCH.
+    """Episodes labeled together on one device: about _LANES_PER_MICRO_BATCH branch
+    rollouts in one work queue, a power of two, at most _MAX_MICRO_BATCH.
 
     It depends on the configuration only, never on the chunk size: every episode then runs
     through the same compiled micro-batch at the same lane, which is what makes labels
@@ -170,51 +193,64 @@ class Labeler:
     return 1 << (micro.bit_length() - 1)
 
   def chunk_multiple(self) -> int:
-    """Chunk sizes are multiples of this: local devices x micro-batch."""
+    """Chunk sizes are multiples of this: local devices x micro-batch (`unit_program`)."""
     return jax.local_device_count() * self.micro_batch()
 
   def chunk_program(self, chunk_size: int):
-    """A jitted fn(seed, episode_indices [C]) -> (Trajectory, labels), sharded over devices.
+    """fn(seed, episode_indices [C]) -> (Trajectory, labels) as NumPy, sharded over devices.
 
-    Episodes are split over a 1-D `data` mesh of all local devices (each device runs its
-    share as a `lax.map` over micro-batches). C must be a multiple of `chunk_multiple()`.
+    The chunk runs as C / chunk_multiple() calls of one compiled unit program (`unit_program`:
+    a micro-batch on every local device), dispatched back to back. C must be a multiple of
+    `chunk_multiple()`.
     """
-    return self._sharded(chunk_size, self._sample_and_label, n_shared=1, n_split=1)
+    return self._chunked(chunk_size, self.unit_program(), n_shared=1)
 
   def relabel_program(self, chunk_size: int):
-    """A jitted fn(trajectories, keys [C]) -> labels of given trajectories (leaves [C, ...]),
-    sharded over devices and micro-batched like `chunk_program` (the drift harness's
-    high-K reference relabels saved trajectories with it). C: a multiple of
-    `chunk_multiple()`."""
-    return self._sharded(chunk_size, self._label_batch, n_shared=0, n_split=2)
+    """fn(trajectories, keys [C]) -> labels of given trajectories (leaves [C, ...]) as
+    NumPy, sharded and micro-batched like `chunk_program` (the drift harness's high-K
+    reference relabels saved trajectories with it). C: a multiple of `chunk_multiple()`."""
+    return self._chunked(chunk_size, self.unit_program(relabel=True), n_shared=0)
 
-  def _sharded(self, chunk_size: int, fn, n_shared: int, n_split: int):
-    """fn(*shared, *per_episode) over a chunk: per-episode arguments (leading axis C) split
-    over the local devices, each device mapping fn over micro-batches of them."""
+  def unit_program(self, relabel: bool = False):
+    """The compiled unit of `chunk_program` (or of `relabel_program`): one micro-batch of
+    episodes on each local device, jitted over a 1-D `data` mesh of them; per-episode
+    arguments have leading axis chunk_multiple().
+
+    One small program rather than a loop over micro-batches inside one: it compiles in
+    less time (`lax.map` around the rollouts cost 0.3 s more), and an episode runs through
+    the same program whatever the chunk size.
+    """
     devices = np.array(jax.local_devices())
     mesh = jax.sharding.Mesh(devices, ("data",))
-    micro = self.micro_batch()
-    if chunk_size % (len(devices) * micro):
-      raise ValueError(f"chunk_size {chunk_size} is not a multiple of {len(devices) * micro}")
-
-    def per_device(*args):
-      shared, per_episode = args[:n_shared], args[n_shared:]
-      batches = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), per_episode)
-      out = jax.lax.map(lambda b: fn(*shared, *b), batches)
-      return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
-
     spec = jax.sharding.PartitionSpec("data")
-    return jax.jit(
-      jax.shard_map(
-        per_device,
-        mesh=mesh,
-        in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
-        out_specs=spec,
-        # Episodes never communicate; skipping the varying-axis checks keeps the scans
-        # of the environment code free of pcast annotations.
-        check_vma=False,
-      )
+    fn, n_shared, n_split = (self._label_batch, 0, 2) if relabel else (self._sample_and_label, 1, 1)
+    sharded = jax.shard_map(
+      fn,
+      mesh=mesh,
+      in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
+      out_specs=spec,
+      # Episodes never communicate; skipping the varying-axis checks keeps the scans of the
+      # environment code free of pcast annotations.
+      check_vma=False,
     )
+    return jax.jit(sharded, compiler_options=compiler_options())
+
+  def _chunked(self, chunk_size: int, unit, n_shared: int):
+    """fn(*shared, *per_episode) over a chunk: per-episode arguments (leading axis C) cut
+    into blocks of chunk_multiple(), each run by `unit`; outputs concatenated as NumPy."""
+    block = self.chunk_multiple()
+    if chunk_size % block:
+      raise ValueError(f"chunk_size {chunk_size} is not a multiple of {block}")
+
+    def run(*args):
+      shared, per_episode = args[:n_shared], args[n_shared:]
+      outs = [
+        unit(*shared, *jax.tree.map(lambda x, lo=lo: x[lo : lo + block], per_episode))
+        for lo in range(0, chunk_size, block)
+      ]  # dispatched asynchronously, then gathered
+      return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *outs)
+
+    return run
 
   # -- one episode ------------------------------------------------------------------------
 
@@ -240,7 +276,8 @@ class Labeler:
     env, cfg = self.env, self.config
     K = cfg.num_rollouts
     state = jax.tree.map(lambda x: x[t], traj.states)
-    a, valid = traj.actions[t], traj.mask[t]
+    # t = H (one past the last step) is a valid index of states but not of the steps.
+    a, valid = traj.actions[t], (t < env.horizon) & traj.mask[jnp.minimum(t, env.horizon - 1)]
     pi = self.policy.probs(self.policy_params, state, self.env_params)
     legal = env.legal_actions(state, self.env_params)
     q, undefined = replacement_probs(cfg.replacement, pi, legal, a, env.null_action)
@@ -302,13 +339,14 @@ class Labeler:
     return undefined & traj.mask, jax.vmap(self._return_bounds)(states)
 
   def _branch_starts(self, traj: Trajectory, key: jax.Array):
-    """Where each branch of one episode starts: state, forced first action and key.
+    """What each branch of one episode starts with: forced first action and key.
 
-    Returns (states, first_actions, keys, banned, q, undefined, keep_share): the first four
-    with leading dims [H, K, n_arms] (arms: keep, replace, phi; only phi when exact), q
-    [H, A], undefined and keep_share [H]. `banned` is the content class a continuation may
-    not take (-1: none). With `stratify` the replace arm draws from q restricted to
-    a' != a_t and keep_share = q(a_t) (else 0).
+    Returns (firsts, key_words, banned, q, undefined, keep_share): firsts and banned [H, K,
+    n_arms] (arms: keep, replace, phi; only phi when exact), key_words uint32 [H, K, 2] (the
+    continuation key the arms of branch (t, k) share), q [H, A], undefined and keep_share
+    [H]. `banned` is the content class a continuation may not take (-1: none). With
+    `stratify` the replace arm draws from q restricted to a' != a_t and keep_share = q(a_t)
+    (else 0).
     """
     env, cfg = self.env, self.config
     H, K = env.horizon, cfg.num_rollouts
@@ -318,7 +356,6 @@ class Labeler:
     q, undefined = jax.vmap(replacement_probs, (None, 0, 0, 0, None))(
       cfg.replacement, pi, legal, a, env.null_action
     )
-    branch_root = jax.random.fold_in(key, 1)
     if cfg.stratify:
       keep_share = jnp.take_along_axis(q, a[:, None], axis=-1)[:, 0]
       rest, mass = jax.vmap(without_taken)(q, a)
@@ -327,82 +364,93 @@ class Labeler:
     else:
       keep_share, q_draw = jnp.zeros((H,), jnp.float32), q
 
-    def one_branch(a_t, q_t, pi_t, t, k):
-      k_rep, k_phi, k_cont = jax.random.split(
-        jax.random.fold_in(jax.random.fold_in(branch_root, t), k), 3
-      )
-      a_phi = sample_categorical(k_phi, pi_t)
-      # exact: only the phi arm is needed (for phi_hard); DP gives the rest.
-      firsts = a_phi[None] if cfg.exact else jnp.stack([a_t, sample_categorical(k_rep, q_t), a_phi])
-      return firsts, jnp.broadcast_to(k_cont, firsts.shape)
-
-    per_step = jax.vmap(one_branch, (None, None, None, None, 0))
-    firsts, keys = jax.vmap(per_step, (0, 0, 0, 0, None))(
-      a, q_draw, pi, jnp.arange(H), jnp.arange(K)
-    )
-    n_arms = firsts.shape[-1]
-    branch_states = jax.tree.map(
-      lambda x: jnp.broadcast_to(x[:, None, None], (H, K, n_arms, *x.shape[1:])), states
-    )
+    # Branch (t, k): four words from one pair of hashes of the counter t K + k under the
+    # episode's branch key: the continuation key (2 words) and the uniforms of the replace
+    # and phi arms' first actions.
+    root = jax.random.key_data(jax.random.fold_in(key, 1))
+    counters = jnp.arange(H * K, dtype=jnp.uint32)
+    words = jax.vmap(hash_words, (None, 0, None))(root, counters, 4).reshape(H, K, 4)
+    u = unit_uniforms(words[..., 2:])  # [H, K, 2]
+    draw = jax.vmap(jax.vmap(sample_categorical_from_uniform, (0, None)))
+    a_phi = draw(u[..., 1], pi)  # [H, K]
+    if cfg.exact:  # only the phi arm is needed (for phi_hard); DP gives the rest
+      firsts = a_phi[..., None]
+    else:
+      a_rep = draw(u[..., 0], q_draw)
+      firsts = jnp.stack([jnp.broadcast_to(a[:, None], (H, K)), a_rep, a_phi], -1)
     # policy_no_repeat: only the replace arm's continuation avoids a_t's content class.
-    banned = jnp.full((H, K, n_arms), -1, jnp.int32)
+    banned = jnp.full(firsts.shape, -1, jnp.int32)
     if cfg.replacement == "policy_no_repeat" and not cfg.exact:
       klass_t = jax.vmap(env.action_class, (0, 0, None))(states, a, self.env_params)
       banned = banned.at[:, :, 1].set(klass_t[:, None])
-    return branch_states, firsts, keys, banned, q, undefined & traj.mask, keep_share
+    return firsts, words[..., :2], banned, q, undefined & traj.mask, keep_share
 
-  def _rollout(self, states, firsts, keys, banned):
-    """Branch returns G, step counts (both [E, H, K, n_arms]) and the phi arm's final
-    states (leaves [E, H, K, ...]), from the branch starts.
+  def _rollout(self, traj: Trajectory, firsts, key_words, banned):
+    """Branch returns G, step counts (both [E, H, K, n_arms]) and success [E, H, K, n_arms]
+    (env.success of the branch's final state with the episode return it implies, R_{<t} +
+    gamma^t G), from the branch starts of `_branch_starts` (batched over E episodes).
 
-    Branches are grouped by start step into `_TIME_BUCKETS` blocks, each rolled as one flat
-    vmapped while_loop: a block of late starts stops after its few remaining steps instead
-    of waiting for the branches that start at t = 0. (Flat batches also matter on CPU: XLA's
-    gathers are much faster over one batch axis than over several.)
+    All branches of the batch go through one work queue (`roll_branches`), the longest
+    first: branch ids run over [E, H, K, n_arms]; the queue takes them start step by start
+    step and skips those that start after their episode has ended.
     """
     E, H, K, n = firsts.shape
-    run = functools.partial(
-      continuation_return,
+    gamma = self.config.gamma
+    B = E * H * K * n
+    starts = jax.tree.map(lambda x: x[:, :H], traj.states)
+    discounts = gamma ** jnp.arange(H, dtype=jnp.float32)
+    offsets = jnp.cumsum(discounts * traj.rewards, axis=1) - discounts * traj.rewards  # R_{<t}
+    ids = jnp.arange(B, dtype=jnp.int32).reshape(E, H, K, n)
+    rolled = jnp.broadcast_to(~starts.done[:, :, None, None], ids.shape)
+    time_major = jnp.swapaxes(ids, 0, 1).reshape(-1)
+    keep = jnp.swapaxes(rolled, 0, 1).reshape(-1)
+    count = keep.sum()
+    order = time_major[jnp.nonzero(keep, size=B, fill_value=0)[0]]
+    flat_firsts, flat_banned = firsts.reshape(-1), banned.reshape(-1)
+    flat_keys = key_words.reshape(-1, 2)
+
+    def load(b):
+      e, t = b // (H * K * n), (b // (K * n)) % H
+      return jax.vmap(start_branch)(
+        jax.tree.map(lambda x: x[e, t], starts),
+        flat_firsts[b],
+        flat_keys[b // n],
+        H - t,
+        flat_banned[b],
+        offsets[e, t],
+        discounts[t],
+      )
+
+    # Branches that never roll (their episode has ended) succeed as the episode did.
+    success0 = jax.vmap(jax.vmap(self.env.success))(starts, offsets)
+    success0 = jnp.broadcast_to(success0[:, :, None, None], ids.shape).reshape(-1)
+    G, steps, success = roll_branches(
       self.env,
       self.policy,
       self.env_params,
       self.policy_params,
-      gamma=self.config.gamma,
+      load,
+      order,
+      count,
+      success0,
+      num_lanes=_LANES,
+      gamma=gamma,
+      use_banned=self.config.replacement == "policy_no_repeat" and not self.config.exact,
     )
-    time_major = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731  [H, E, ...]
-    states, firsts, keys, banned = jax.tree.map(time_major, (states, firsts, keys, banned))
-    if self.config.replacement != "policy_no_repeat":
-      banned = None  # no masking compiled in
-    bounds = np.linspace(0, H, min(_TIME_BUCKETS, H) + 1).astype(int)
-    G, steps, finals = [], [], []
-    for lo, hi in itertools.pairwise(bounds):
-      flat = lambda x, lo=lo, hi=hi: x[lo:hi].reshape(-1, *x.shape[4:])  # noqa: E731
-      # Branches starting at t >= lo have at most H - lo steps left.
-      run_block = jax.vmap(functools.partial(run, max_steps=int(H - lo)))
-      block_banned = None if banned is None else flat(banned)
-      g, st, fin = run_block(
-        jax.tree.map(flat, states), flat(firsts), flat(keys), banned_class=block_banned
-      )
-      block = (hi - lo, E, K, n)
-      G.append(g.reshape(block))
-      steps.append(st.reshape(block))
-      # Only the phi arm's (the last arm's) final states are needed, for phi_hard.
-      finals.append(jax.tree.map(lambda x, b=block: x.reshape(*b, *x.shape[1:])[:, :, :, -1], fin))
-    finals = jax.tree.map(lambda *xs: time_major(jnp.concatenate(xs)), *finals)
-    return time_major(jnp.concatenate(G)), time_major(jnp.concatenate(steps)), finals
+    shape = (E, H, K, n)
+    return G.reshape(shape), steps.reshape(shape), success.reshape(shape)
 
   def _label_batch(self, traj: Trajectory, keys: jax.Array) -> dict[str, jax.Array]:
     """Labels a batch of episodes: traj leaves [E, H, ...], keys [E]."""
-    states, firsts, bkeys, banned, q, undefined, keep_share = jax.vmap(self._branch_starts)(
-      traj, keys
-    )
-    G, steps, finals = self._rollout(states, firsts, bkeys, banned)  # [E, H, K, n_arms]
-    return jax.vmap(self._reduce)(traj, G, steps, finals, q, undefined, keep_share)
+    firsts, key_words, banned, q, undefined, keep_share = jax.vmap(self._branch_starts)(traj, keys)
+    G, steps, success = self._rollout(traj, firsts, key_words, banned)  # [E, H, K, n_arms]
+    return jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
 
   def _reduce(
-    self, traj: Trajectory, G, steps, finals, q, undefined, keep_share
+    self, traj: Trajectory, G, steps, phi_success, q, undefined, keep_share
   ) -> dict[str, jax.Array]:
-    """All label fields of one episode from its branch returns G [H, K, n_arms]."""
+    """All label fields of one episode from its branch returns G [H, K, n_arms] and the
+    success of its phi continuations phi_success [H, K] (the branch from s_t)."""
     env, cfg = self.env, self.config
     H, K, gamma = env.horizon, cfg.num_rollouts, cfg.gamma
     states = jax.tree.map(lambda x: x[:H], traj.states)
@@ -420,14 +468,9 @@ class Labeler:
       v_next = jnp.where(mask_next, v_table[t_index + 1, jnp.append(s[1:], 0)], 0.0)
       exact = (credit, realized, r + gamma * v_next - v_table[t_index, s])
 
-    # Continuations from s_{t+1}: the phi arms at t + 1; after step H - 1, the final state.
-    finals_next = jax.tree.map(
-      lambda f, x: jnp.concatenate([f[1:], jnp.broadcast_to(x, (1, K, *x.shape))]),
-      finals,
-      final_state,
-    )
-    totals = continuation_totals(G[..., -1], r, gamma)
-    success = jax.vmap(jax.vmap(env.success))(finals_next, totals)
+    # Continuations from s_{t+1}: the phi arms at t + 1; after step H - 1, the episode.
+    last = jnp.broadcast_to(env.success(final_state, returns_to_go(r, gamma)[0]), (1, K))
+    success = jnp.concatenate([phi_success[1:], last])
     out = step_fields(
       G,
       r,

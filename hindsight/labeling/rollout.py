@@ -1,23 +1,31 @@
-"""Rollouts: one `lax.scan` per trajectory, vmapped outside (gymnax / purejaxrl style).
+"""Rollouts: trajectories by `lax.scan`, branch continuations by a work queue of lanes.
 
 Keys. Every random number is a function of an explicit key and the *absolute* time index of
-the step it serves (`fold_in(key, state.time)`). Two arms of a branch that start from the same
-s_t with the same continuation key therefore consume the same random numbers at the same
-time steps: common random numbers, so their paired difference has low variance.
+the step it serves. Two arms of a branch that start from the same s_t with the same
+continuation key therefore consume the same random numbers at the same time steps: common
+random numbers, so their paired difference has low variance. Within a continuation, step j
+draws its numbers as one Threefry-2x32 hash of the counter (j, c) under the continuation's
+key (`step_words`): one hash gives the policy's uniform and the environment's, so no key is
+derived per step.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.extend.random import threefry_2x32
 
 from hindsight.envs.base import Environment
-from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
+from hindsight.policies.base import Policy, sample_categorical_from_uniform
 
 PyTree = Any
+
+# roll_branches refills its lanes once 1 / _REFILL_FRACTION of them have ended.
+_REFILL_FRACTION = 8
 
 
 @struct.dataclass
@@ -39,7 +47,12 @@ class Trajectory:
 
 
 def _where_tree(pred, new, old):
-  return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+  """Leaf by leaf, new where pred else old; pred's axes are the leaves' leading axes."""
+
+  def pick(n, o):
+    return jnp.where(pred.reshape(pred.shape + (1,) * (n.ndim - pred.ndim)), n, o)
+
+  return jax.tree.map(pick, new, old)
 
 
 def sample_episode(
@@ -48,11 +61,12 @@ def sample_episode(
   """Rolls pi from s_0 ~ reset for H steps. key: the episode's trajectory key."""
   reset_key, steps_key = jax.random.split(key)
   state0 = env.reset(reset_key, env_params)
+  steps_words = jax.random.key_data(steps_key)
 
   def body(state, _):
-    k_pol, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
-    action = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
-    next_state, reward, _ = env.step(k_env, state, action, env_params)
+    u_pol, env_input = step_randomness(env, steps_words, state.time)
+    action = sample_categorical_from_uniform(u_pol, policy.probs(policy_params, state, env_params))
+    next_state, reward, _ = _env_step(env, env_params, env_input, state, action)
     alive = ~state.done
     out = (state, jnp.where(alive, action, 0), jnp.where(alive, reward, 0.0), alive)
     return _where_tree(alive, next_state, state), out
@@ -60,6 +74,110 @@ def sample_episode(
   final, (states, actions, rewards, mask) = jax.lax.scan(body, state0, length=env.horizon)
   states = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, final)
   return Trajectory(states=states, actions=actions, rewards=rewards.astype(jnp.float32), mask=mask)
+
+
+# -- random numbers of one step ------------------------------------------------------------
+
+
+def hash_words(key_words: jax.Array, counter: jax.Array, n_words: int) -> jax.Array:
+  """uint32 [n_words]: Threefry-2x32 of the counters (counter, c), c = 0, 1, ... under
+  key_words uint32 [2] (two words per hash). A pure function of (key, counter)."""
+  m = -(-n_words // 2)
+  counts = jnp.concatenate([jnp.full((m,), counter, jnp.uint32), jnp.arange(m, dtype=jnp.uint32)])
+  return threefry_2x32((key_words[0], key_words[1]), counts)[:n_words]
+
+
+def unit_uniforms(bits: jax.Array) -> jax.Array:
+  """uint32 -> float32 in [0, 1) from the top 23 bits (as jax.random.uniform does)."""
+  mantissa = jax.lax.shift_right_logical(bits, jnp.uint32(9)) | jnp.uint32(0x3F800000)
+  return jax.lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0
+
+
+def step_randomness(env: Environment, key_words: jax.Array, time: jax.Array):
+  """(u_pol float32 [], env_input) for the step at `time` of a stream keyed by key_words:
+  the policy's uniform and either the environment's uniforms [num_step_uniforms] or, for an
+  environment that steps from a key, a key. One hash for up to two words."""
+  n_env = env.num_step_uniforms
+  words = hash_words(key_words, time.astype(jnp.uint32), 1 + (n_env or 2))
+  if n_env:
+    return unit_uniforms(words[0]), unit_uniforms(words[1:])
+  return unit_uniforms(words[0]), jax.random.wrap_key_data(words[1:3])
+
+
+def _env_step(env: Environment, env_params, env_input, state, action):
+  if env.num_step_uniforms:
+    return env.step_from_uniforms(env_input, state, action, env_params)
+  return env.step(env_input, state, action, env_params)
+
+
+# -- branch continuations ------------------------------------------------------------------
+
+
+@struct.dataclass
+class Branch:
+  """One continuation in flight: do(a_t = first_action) at s_t, then pi.
+
+  key: uint32 [2], the continuation's key words; step j uses `step_randomness(key, j)`, so
+  arms that share the key share their random numbers step for step (common random numbers).
+  steps: env steps taken so far; max_steps: the most it may take (H - t).
+  ret, discount: sum_j gamma^j r_{t+j} so far, and gamma^steps.
+  banned: the content class the continuation may not take after its first step (-1: none).
+  offset, scale: the episode return the branch implies is offset + scale * ret (for
+  env.success: R_{<t} and gamma^t).
+  """
+
+  state: PyTree
+  first_action: jax.Array
+  key: jax.Array
+  steps: jax.Array
+  max_steps: jax.Array
+  ret: jax.Array
+  discount: jax.Array
+  banned: jax.Array
+  offset: jax.Array
+  scale: jax.Array
+
+
+def start_branch(state, first_action, key_words, max_steps, banned=-1, offset=0.0, scale=1.0):
+  """A Branch that has taken no step yet (scalars; vmap for many)."""
+  f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+  return Branch(
+    state=state,
+    first_action=jnp.asarray(first_action, jnp.int32),
+    key=jnp.asarray(key_words, jnp.uint32),
+    steps=jnp.int32(0),
+    max_steps=jnp.asarray(max_steps, jnp.int32),
+    ret=jnp.float32(0.0),
+    discount=jnp.float32(1.0),
+    banned=jnp.asarray(banned, jnp.int32),
+    offset=f32(offset),
+    scale=f32(scale),
+  )
+
+
+def advance(
+  env: Environment,
+  policy: Policy,
+  env_params,
+  policy_params,
+  gamma: float,
+  use_banned: bool,
+  br: Branch,
+) -> tuple[Branch, jax.Array]:
+  """One step of one branch: (branch after it, ended bool []). Step 0 takes the forced
+  first action; later steps sample pi (without the banned class if `use_banned`)."""
+  u_pol, env_input = step_randomness(env, br.key, br.steps)
+  probs = policy.probs(policy_params, br.state, env_params)
+  if use_banned:
+    probs = _without_class(env, env_params, br.state, probs, br.banned)
+  sampled = sample_categorical_from_uniform(u_pol, probs)
+  action = jnp.where(br.steps == 0, br.first_action, sampled)
+  state, reward, _ = _env_step(env, env_params, env_input, br.state, action)
+  steps = br.steps + 1
+  br = br.replace(
+    state=state, steps=steps, ret=br.ret + br.discount * reward, discount=br.discount * gamma
+  )
+  return br, state.done | (steps >= br.max_steps)
 
 
 def continuation_return(
@@ -74,17 +192,17 @@ def continuation_return(
   max_steps: int | None = None,
   banned_class: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, PyTree]:
-  """G_t of do(a_t = first_action) at `state`, then pi to the end of the episode.
+  """G_t of do(a_t = first_action) at `state`, then pi to the end of the episode (alone:
+  one `while_loop`; the labeler rolls many at once with `roll_branches`).
 
   Args:
     state: s_t (time t). A state that is already done yields G = 0.
     first_action: int32 [], the action forced at s_t.
-    key: the continuation key. Step j of the branch (time t + j) uses random numbers that
+    key: the continuation key (a typed key). Step j of the branch uses random numbers that
       depend on (key, j) only, so arms that start from the same s_t with the same key use
       common random numbers.
     gamma: discount (static).
-    max_steps: static bound on the steps left (default: the horizon); the caller knows it
-      from the start step, and it sizes the bulk draw of random numbers.
+    max_steps: bound on the steps left (default: the horizon).
     banned_class: int32 [] or None. If given (>= 0), the continuation after the first step
       never takes an action whose `env.action_class` equals it (pi renormalised over the
       rest; if nothing is left, pi itself). -1 bans nothing.
@@ -93,39 +211,95 @@ def continuation_return(
     G: float32 [], sum_{u>=t} gamma^(u-t) r_u.
     steps: int32 [], env steps simulated before the episode ended.
     final_state: the state the branch ended in (for `env.success`).
-
-  A `while_loop` rather than a fixed-length scan: under vmap it runs until the last branch
-  of the batch has ended, so a batch of late or short branches stops early.
   """
-  n = env.horizon if max_steps is None else max_steps
-  n_env = env.num_step_uniforms
-  if n_env:
-    # One bulk draw for the whole branch: several times cheaper than a key per step.
-    u = jax.random.uniform(key, (n, 1 + n_env))
-    u_pol = u[:, 0]
-    env_step = lambda j, s, a: env.step_from_uniforms(u[j, 1:], s, a, env_params)  # noqa: E731
-  else:
-    k_pol, k_env = jax.random.split(key)
-    u_pol = jax.random.uniform(k_pol, (n,))
-    env_step = lambda j, s, a: env.step(jax.random.fold_in(k_env, j), s, a, env_params)  # noqa: E731
+  br = start_branch(
+    state,
+    first_action,
+    jax.random.key_data(key),
+    env.horizon if max_steps is None else max_steps,
+    -1 if banned_class is None else banned_class,
+  )
+  step = functools.partial(
+    advance, env, policy, env_params, policy_params, gamma, banned_class is not None
+  )
+  br = jax.lax.while_loop(
+    lambda b: ~b.state.done & (b.steps < b.max_steps), lambda b: step(b)[0], br
+  )
+  return br.ret, br.steps, br.state
 
-  def cond(carry):
-    state, _, _, steps = carry
-    return ~state.done & (steps < n)
+
+def roll_branches(
+  env: Environment,
+  policy: Policy,
+  env_params,
+  policy_params,
+  load,
+  order: jax.Array,
+  count: jax.Array,
+  success0: jax.Array,
+  *,
+  num_lanes: int,
+  gamma: float,
+  use_banned: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Rolls branches 0..B-1 to their ends with a work queue of `num_lanes` lanes.
+
+  Every iteration advances all lanes one step (vmapped `advance`); a lane whose branch ends
+  writes its results and takes the next branch of `order` in the same iteration, so no lane
+  idles while work is left (a lock-step batch would wait for its longest branch).
+
+  Args:
+    load: fn(ids int32 [W]) -> Branch [W], the start of those branches (ids in [0, B)).
+    order: int32 [B], branch ids in the order they are taken (longest first keeps the tail
+      short); the first `count` are rolled, the rest (already ended) keep G = 0, 0 steps.
+    success0: bool [B], env.success of branches that are never rolled.
+
+  Returns (G float32 [B], steps int32 [B], success bool [B]: env.success of the branch's
+  final state and the episode return offset + scale * G it implies).
+  Results depend only on each branch's start and key, never on lanes or order.
+  """
+  B = order.shape[0]
+  W = min(num_lanes, B)
+  step = jax.vmap(
+    functools.partial(advance, env, policy, env_params, policy_params, gamma, use_banned)
+  )
+  succeeded = jax.vmap(env.success)
+  batch = max(1, W // _REFILL_FRACTION)
+
+  def refill(carry):
+    """Lanes whose branch has ended write its results and take the next branches."""
+    ids, lanes, ended, head, (G, steps, success) = carry
+    done_ids = jnp.where(ended, ids, B)  # out of range: dropped
+    G = G.at[done_ids].set(lanes.ret, mode="drop")
+    steps = steps.at[done_ids].set(lanes.steps, mode="drop")
+    won = succeeded(lanes.state, lanes.offset + lanes.scale * lanes.ret)
+    success = success.at[done_ids].set(won, mode="drop")
+    free = ended | (ids >= B)
+    pos = head + jnp.cumsum(free) - 1
+    taken = free & (pos < count)
+    new_ids = jnp.where(taken, order[jnp.minimum(pos, B - 1)], B)
+    lanes = _where_tree(taken, load(jnp.minimum(new_ids, B - 1)), lanes)
+    ids = jnp.where(free, new_ids, ids)
+    return ids, lanes, jnp.zeros_like(ended), head + taken.sum(), (G, steps, success)
 
   def body(carry):
-    state, ret, discount, steps = carry
-    probs = policy.probs(policy_params, state, env_params)
-    if banned_class is not None:
-      probs = _without_class(env, env_params, state, probs, banned_class)
-    sampled = sample_categorical_from_uniform(u_pol[steps], probs)
-    action = jnp.where(steps == 0, first_action, sampled)
-    next_state, reward, _ = env_step(steps, state, action)
-    return next_state, ret + discount * reward, discount * gamma, steps + 1
+    ids, lanes, ended, head, out = carry
+    running = (ids < B) & ~ended
+    moved, now_ended = step(lanes)
+    lanes = _where_tree(running, moved, lanes)  # an ended lane keeps its results
+    ended = ended | (running & now_ended)
+    free = ended | (ids >= B)
+    # Refill once a batch of lanes is free (gathers and scatters cost as much as a step),
+    # or when nothing runs any more.
+    due = (free.sum() >= batch) | (free.all())
+    return jax.lax.cond(due, refill, lambda c: c, (ids, lanes, ended, head, out))
 
-  init = (state, jnp.float32(0.0), jnp.float32(1.0), jnp.int32(0))
-  final, ret, _, steps = jax.lax.while_loop(cond, body, init)
-  return ret, steps, final
+  out = (jnp.zeros((B,), jnp.float32), jnp.zeros((B,), jnp.int32), success0)
+  ids = jnp.full((W,), B, jnp.int32)
+  lanes = load(jnp.zeros((W,), jnp.int32))
+  carry = refill((ids, lanes, jnp.zeros((W,), bool), jnp.int32(0), out))
+  _, _, _, _, out = jax.lax.while_loop(lambda c: (c[0] < B).any(), body, carry)
+  return out
 
 
 def _without_class(env, env_params, state, probs, banned_class):
