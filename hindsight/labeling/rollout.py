@@ -20,7 +20,7 @@ from flax import struct
 from jax.extend.random import threefry_2x32
 
 from hindsight.envs.base import Environment
-from hindsight.policies.base import Policy, sample_categorical_from_uniform
+from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
 
 PyTree = Any
 
@@ -61,12 +61,13 @@ def sample_episode(
   """Rolls pi from s_0 ~ reset for H steps. key: the episode's trajectory key."""
   reset_key, steps_key = jax.random.split(key)
   state0 = env.reset(reset_key, env_params)
-  steps_words = jax.random.key_data(steps_key)
 
   def body(state, _):
-    u_pol, env_input = step_randomness(env, steps_words, state.time)
-    action = sample_categorical_from_uniform(u_pol, policy.probs(policy_params, state, env_params))
-    next_state, reward, _ = _env_step(env, env_params, env_input, state, action)
+    # A key per step (not `step_randomness`): episodes labeled by earlier versions still
+    # regenerate from their seeds (the drift harness's reference relies on it).
+    k_pol, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
+    action = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
+    next_state, reward, _ = env.step(k_env, state, action, env_params)
     alive = ~state.done
     out = (state, jnp.where(alive, action, 0), jnp.where(alive, reward, 0.0), alive)
     return _where_tree(alive, next_state, state), out
