@@ -10,7 +10,8 @@
    process. The twin is a good NumPy labeler: every branch of a chunk in lock-step, one
    vectorised step per time index, the ended branches compacted away after each step.
    "Env steps" count only steps inside an episode. Best of `--repeats` each.
-3. Env steps per second of the JAX labeler on `reasoning` and `key_to_door`.
+3. Env steps per second of the JAX labeler on `reasoning` and `key_to_door`, and on gymnax's
+   CartPole-v1 against the Gymnasium adapter's CartPole-v1 (deepcopy branches).
 4. The variance the stratified estimator saves (LabelConfig.stratify; the replace arm never
    redraws a_t) at equal K, on the same episodes: the mean squared error of each
    estimator's credit against the exact DP credit, and the median per-step ratio of their
@@ -201,6 +202,36 @@ def jax_rate(labeler: Labeler, episodes: int, chunk: int, seed: int, repeats: in
   return best_of(run, repeats)
 
 
+def cartpole(args) -> None:
+  """CartPole-v1 two ways: gymnax inside the jitted labeler, and the Gymnasium adapter
+  (deepcopy branches, one process), uniform policy, K=8, H=100 (same estimator)."""
+  try:
+    import gymnasium  # noqa: F401
+    import gymnax  # noqa: F401
+  except ImportError:
+    print("CartPole-v1: skipped (needs gymnax and gymnasium: pip install -e .[adapters])")
+    return
+  from hindsight.envs.gymnax_env import make_gymnax
+  from hindsight.labeling.py_labeler import PyJob, label_episodes
+
+  config = LabelConfig(num_rollouts=8, replacement="uniform")
+  env, policy = make_gymnax("gymnax:CartPole-v1", horizon=100)
+  labeler = Labeler(env, policy, config)
+  n = -(-args.env_episodes // labeler.chunk_multiple()) * labeler.chunk_multiple()
+  seconds, (_, lab) = jax_rate(labeler, n, n, args.seed, args.repeats)
+  fast = int(lab["rollout_steps"].sum()) / seconds
+  job = PyJob("gymnasium:CartPole-v1", None, 100, config, args.seed)
+  episodes = max(1, args.env_episodes // 64)
+  start = time.perf_counter()
+  slow = int(label_episodes(job, range(episodes))["rollout_steps"].sum())
+  slow /= time.perf_counter() - start
+  print(
+    f"CartPole-v1 (uniform policy, K=8, H=100): gymnax in the labeler {fast / 1e6:.2f} M "
+    f"steps/s ({n} episodes), Gymnasium adapter {slow / 1e3:.1f} k steps/s ({episodes} "
+    f"episodes): {fast / slow:.0f}x"
+  )
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--episodes", type=int, default=512)
@@ -292,6 +323,8 @@ def main(argv=None):
       f"  {spec:11s}: {steps:>12,} env steps in {seconds:7.3f} s = {steps / seconds / 1e6:7.2f} "
       f"M/s ({n} episodes, H={env.horizon})"
     )
+
+  cartpole(args)
 
   variance_mdp = random_mdp(args.seed, 64, 4, 32, num_terminal=2, branching=4)
   print(f"variance at K={args.rollouts}, replacement policy, stratified / plain (same episodes):")

@@ -98,15 +98,20 @@ def _parser() -> argparse.ArgumentParser:
     "--tolerance", type=float, default=0.05, help="|credit| under this is decorative"
   )
   lab.add_argument("--confidence", type=float, default=0.95, help="level of the klass interval")
-  lab.add_argument("--policy", help="gymnasium/dm_env: behaviour policy MODULE:FN(obs, rng)")
-  lab.add_argument("--horizon", type=int, help="gymnasium/dm_env: cap on episode length")
+  lab.add_argument(
+    "--policy",
+    help="gymnax: a JAX policy MODULE:FN(obs, key) or FN(params, obs, key) -> probs or logits;"
+    " gymnasium/dm_env: MODULE:FN(obs, rng) -> action (default: uniform)",
+  )
+  lab.add_argument("--horizon", type=int, help="gymnax/gymnasium/dm_env: cap on episode length")
   lab.add_argument("--workers", type=int, default=1, help="gymnasium/dm_env: processes")
   lab.add_argument(
     "--return-range",
     type=_return_range,
     metavar="LO:HI",
-    help="gymnasium/dm_env: bounds of any return-to-go, for honest stderrs of tied estimates "
-    "(default: the range each episode's branches show)",
+    help="gymnax/gymnasium/dm_env: bounds of any return-to-go, for honest stderrs of tied "
+    "estimates (default: gymnax unknown; gymnasium/dm_env the range each episode's branches "
+    "show)",
   )
   lab.add_argument(
     "--unstratified",

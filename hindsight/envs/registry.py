@@ -87,5 +87,9 @@ def make(spec: str) -> tuple[Environment, Policy]:
     if not 0.0 <= opts["p_error"] <= 1.0:
       raise HindsightError(f"--env {spec}: p_error must be in [0, 1]")
     return Team(agents, rounds, p_error=opts["p_error"]), TeamPolicy()
-  known = ", ".join([*KNOWN_SPECS, "gymnasium:ENV_ID", "dm_env:MODULE:FACTORY"])
+  if kind == "gymnax":
+    from hindsight.envs.gymnax_env import make_gymnax
+
+    return make_gymnax(spec)  # uniform policy; `hindsight label` also takes --policy
+  known = ", ".join([*KNOWN_SPECS, "gymnax:ID", "gymnasium:ENV_ID", "dm_env:MODULE:FACTORY"])
   raise HindsightError(f"unknown environment '{spec}' (known: {known})")

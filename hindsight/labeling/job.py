@@ -69,10 +69,14 @@ def _check(job: LabelJob) -> None:
     raise HindsightError(f"--workers must be >= 1, got {job.workers}")
   if job.horizon is not None and job.horizon < 1:
     raise HindsightError(f"--horizon must be >= 1, got {job.horizon}")
-  if not is_adapter_spec(job.env) and (job.policy or job.horizon or job.return_range):
+  takes_policy = is_adapter_spec(job.env) or job.env.startswith("gymnax:")
+  if not takes_policy and (job.policy or job.horizon or job.return_range):
     raise HindsightError(
-      "--policy, --horizon and --return-range are for gymnasium:/dm_env: environments only"
+      "--policy, --horizon and --return-range are for gymnax:, gymnasium: and dm_env: "
+      "environments only"
     )
+  if job.env.startswith("gymnax:") and job.workers != 1:
+    raise HindsightError("--workers is for gymnasium:/dm_env: (gymnax runs on the devices)")
   if job.return_range is not None:
     lo, hi = job.return_range
     if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
@@ -83,7 +87,12 @@ class _JaxSource:
   """Chunks from the JAX engine (sharded over devices)."""
 
   def __init__(self, job: LabelJob):
-    self.env, self.policy = make(job.env)
+    if job.env.startswith("gymnax:"):
+      from hindsight.envs.gymnax_env import make_gymnax
+
+      self.env, self.policy = make_gymnax(job.env, job.policy, job.horizon, job.return_range)
+    else:
+      self.env, self.policy = make(job.env)
     self.labeler = Labeler(self.env, self.policy, job.config)
     env = self.env
     self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
