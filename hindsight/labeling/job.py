@@ -20,6 +20,7 @@ import shutil
 import jax
 import numpy as np
 
+from hindsight.credit.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
@@ -35,6 +36,7 @@ from hindsight.progress import CompileAwareBar
 CHUNKS = "_chunks"
 JOB_FILE = "job.json"
 AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
+DEFAULT_PERMUTATIONS = 64  # sampled Shapley values, beyond MAX_ENUMERATED_AGENTS agents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,7 @@ class LabelJob:
   horizon: int | None = None  # adapters only: cap on episode length
   workers: int = 1  # adapters only: processes (labels do not depend on it)
   return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
+  permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
 
   def describe(self) -> dict:
     d = dataclasses.asdict(self)
@@ -77,6 +80,8 @@ def _check(job: LabelJob) -> None:
     )
   if job.env.startswith("gymnax:") and job.workers != 1:
     raise HindsightError("--workers is for gymnasium:/dm_env: (gymnax runs on the devices)")
+  if job.permutations and (job.permutations < 4 or job.permutations % 2):
+    raise HindsightError(f"--permutations must be even and >= 4, got {job.permutations}")
   if job.return_range is not None:
     lo, hi = job.return_range
     if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
@@ -104,16 +109,21 @@ class _JaxSource:
     self.with_states = env.state_index(state) is not None
     self._program, self._chunk = None, None
     # Multi-agent environments also get agent-level labels (Shapley values by coalition
-    # rollouts, K = --rollouts, non-members' turns made null).
-    self.num_agents = getattr(env, "num_agents", 0)
-    self.agent_names = tuple(getattr(env, "agent_names", ()))
+    # rollouts from each episode's initial state, non-members' turns made null): every
+    # coalition at K = --rollouts up to MAX_ENUMERATED_AGENTS agents, else sampled orders.
+    self.num_agents, self.agent_names = env.num_agents, tuple(env.agent_names)
+    self.permutations = job.permutations
+    if self.num_agents > MAX_ENUMERATED_AGENTS and not self.permutations:
+      self.permutations = DEFAULT_PERMUTATIONS
+    self.coalitions = bool(self.num_agents) and not self.permutations
     if self.num_agents:
-      from hindsight.envs.team import agent_credit
+      K, policy, P = job.config.num_rollouts, self.policy, self.permutations
 
-      K, policy = job.config.num_rollouts, self.policy
-      self._agent_program = jax.jit(
-        jax.vmap(lambda actions, key: agent_credit(env, policy, actions, key, K))
-      )
+      def credit(actions, state0, key):
+        return agent_credit(env, policy, actions, key, K, initial_state=state0,
+                            num_permutations=P)  # fmt: skip
+
+      self._agent_program = jax.jit(jax.vmap(credit))
 
   def chunk_multiple(self) -> int:
     return self.labeler.chunk_multiple()
@@ -130,11 +140,11 @@ class _JaxSource:
       keys = jax.vmap(lambda i: jax.random.fold_in(episode_key(seed, i), AGENT_KEY_SALT))(
         indices[:n]
       )
-      agents = jax.device_get(self._agent_program(traj.actions[:n], keys))
+      state0 = jax.tree.map(lambda x: x[:n, 0], traj.states)
+      agents = jax.device_get(self._agent_program(traj.actions[:n], state0, keys))
       arrays.update({k: np.asarray(v) for k, v in agents.items()})
-      arrays["agent"] = np.broadcast_to(
-        np.arange(self.env.horizon) % self.num_agents, (n, self.env.horizon)
-      )
+      who = np.asarray(jax.vmap(self.env.agent_of_step)(np.arange(self.env.horizon)))
+      arrays["agent"] = np.broadcast_to(who, (n, self.env.horizon))
     bar.update(stop - start)
     return arrays
 
@@ -161,6 +171,7 @@ class _PySource:
     self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
     self.with_states = False
     self.num_agents, self.agent_names = 0, ()  # single-agent environments
+    self.coalitions, self.permutations = False, 0
 
   def chunk_multiple(self) -> int:
     return 1
@@ -217,7 +228,8 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       if "agent" in c:
         ex["agent"] = c["agent"][i, :T].astype(np.int32)
         for name in label_io.AGENT_FIELDS:
-          ex[name] = c[name][i].astype(np.float32)
+          if name in c:  # sampled Shapley values come without interactions and coalitions
+            ex[name] = c[name][i].astype(np.float32)
       yield ex
 
 
@@ -295,10 +307,15 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     stratify=job.config.stratify,
     tag_names=list(source.tag_names),
     agent_names=list(source.agent_names),
+    shapley_permutations=source.permutations,
     klass_names=list(KLASS_NAMES),
   )
   features = label_io.build_features(
-    source.obs_shape, source.obs_dtype, source.with_states, source.num_agents
+    source.obs_shape,
+    source.obs_dtype,
+    source.with_states,
+    source.num_agents,
+    coalitions=source.coalitions,
   )
   paths = [_chunk_path(work, *r) for r in ranges]
   path = label_io.write_dataset(

@@ -94,7 +94,10 @@ def summarize(labels) -> str:
         f"{name:<16}{row['shapley']:>10.3f}{row['shapley_se']:>8.3f}"
         f"{f'[{lo:.3f}, {hi:.3f}]':>18}{row['within_episode_se']:>14.3f}{row['step_credit']:>13.3f}"
       )
-    lines.append("pairwise Shapley interaction index (mean over episodes +- se):")
+    if not agents["interactions"]:
+      lines.append("(sampled Shapley values: no pairwise interactions)")
+    else:
+      lines.append("pairwise Shapley interaction index (mean over episodes +- se):")
     for pair, (mean, se) in agents["interactions"].items():
       lines.append(f"  {pair:<30}{mean:>8.3f} +- {se:.3f}")
   return "\n".join(lines)
@@ -106,7 +109,8 @@ def agent_table(labels) -> dict:
   agents: {name: shapley (mean over episodes), shapley_se (across episodes),
            within_episode_se (mean rollout stderr of one episode's value),
            step_credit (mean step-level credit of the agent's own turns)};
-  interactions: {"a x b": (mean, se)} for every pair of agents.
+  interactions: {"a x b": (mean, se)} for every pair of agents ({} for sampled Shapley
+  values, which come without them).
   """
   names = labels.metadata.get("agent_names") or []
   if not names:
@@ -115,7 +119,8 @@ def agent_table(labels) -> dict:
   for ex in labels:
     phi.append(ex["agent_shapley"])
     phi_se.append(ex["agent_shapley_stderr"])
-    inter.append(ex["agent_interaction"])
+    if "agent_interaction" in ex:  # not with sampled Shapley values
+      inter.append(ex["agent_interaction"])
     credit.append(ex["credit"])
     agent.append(ex["agent"])
   phi, phi_se, inter = np.asarray(phi), np.asarray(phi_se), np.asarray(inter)
@@ -131,7 +136,7 @@ def agent_table(labels) -> dict:
       step_credit=float(own.mean()) if own.size else float("nan"),
     )
   pairs = {}
-  for i in range(len(names)):
+  for i in range(len(names) if len(inter) else 0):
     for j in range(i + 1, len(names)):
       x = inter[:, i, j]
       se = float(x.std(ddof=1) / root) if len(x) > 1 else float("nan")
