@@ -42,6 +42,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.compile_cache import enable_compilation_cache
+from hindsight.drift.reference import sample_and_label
 from hindsight.envs import TabularEnv, make, random_mdp
 from hindsight.envs.tabular import cdf_table, with_peaked_policy
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
@@ -114,6 +115,10 @@ def numpy_label(mdp, traj, num_rollouts: int, seed: int, chunk: int = 64, compac
   return credit, stderr, steps
 
 
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
 def best_of(fn, repeats):
   best, out = float("inf"), None
   for _ in range(repeats):
@@ -146,14 +151,10 @@ def variance_saving(mdp, episodes: int, rollouts: int, seed: int) -> dict[str, f
   return out
 
 
-def _bench_mdp(args):
-  return random_mdp(
+def _tabular_labeler(args) -> Labeler:
+  mdp = random_mdp(
     args.seed, args.states, args.actions, args.horizon, num_terminal=args.terminal, branching=4
   )
-
-
-def _tabular_labeler(args) -> Labeler:
-  mdp = _bench_mdp(args)
   config = LabelConfig(num_rollouts=args.rollouts, replacement="uniform")
   return Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), config)
 
@@ -186,20 +187,13 @@ def startup(args) -> tuple[dict, dict]:
   return out[0], out[1]
 
 
-def jax_rate(labeler: Labeler, episodes: int, chunk: int, seed: int, repeats: int):
-  """(seconds, outputs) of labeling episodes 0..N-1 in chunks, as a job does (compiled and
-  warmed up first; best of `repeats`)."""
-  program = labeler.chunk_program(chunk)
-  starts = range(0, episodes, chunk)
-  to_numpy(program(np.uint32(seed), np.arange(chunk, dtype=np.int32)))  # compile, warm up
-
-  def run():
-    parts = [
-      to_numpy(program(np.uint32(seed), np.arange(s, s + chunk, dtype=np.int32))) for s in starts
-    ]
-    return jax.tree.map(lambda *x: np.concatenate(x), *parts)
-
-  return best_of(run, repeats)
+def time_labeling(labeler: Labeler, episodes: int, seed: int, repeats: int):
+  """(seconds, (Trajectory, labels)) of sampling and labeling episodes 0..N-1 as a job does
+  (`reference.sample_and_label`: the chunk program; compiled and warmed up first, best of
+  `repeats`)."""
+  run = lambda n: sample_and_label(labeler, seed, n, progress=False)  # noqa: E731
+  run(labeler.chunk_multiple())  # compile, warm up
+  return best_of(lambda: run(episodes), repeats)
 
 
 def cartpole(args) -> None:
@@ -217,8 +211,8 @@ def cartpole(args) -> None:
   config = LabelConfig(num_rollouts=8, replacement="uniform")
   env, policy = make_gymnax("gymnax:CartPole-v1", horizon=100)
   labeler = Labeler(env, policy, config)
-  n = -(-args.env_episodes // labeler.chunk_multiple()) * labeler.chunk_multiple()
-  seconds, (_, lab) = jax_rate(labeler, n, n, args.seed, args.repeats)
+  n = _round_up(args.env_episodes, labeler.chunk_multiple())
+  seconds, (_, lab) = time_labeling(labeler, n, args.seed, args.repeats)
   fast = int(lab["rollout_steps"].sum()) / seconds
   job = PyJob("gymnasium:CartPole-v1", None, 100, config, args.seed)
   episodes = max(1, args.env_episodes // 64)
@@ -235,7 +229,6 @@ def cartpole(args) -> None:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--episodes", type=int, default=512)
-  p.add_argument("--chunk", type=int, default=256, help="episodes per chunk program")
   p.add_argument("--rollouts", type=int, default=64)
   p.add_argument("--states", type=int, default=16)
   p.add_argument("--actions", type=int, default=4)
@@ -254,21 +247,15 @@ def main(argv=None):
 
   labeler = _tabular_labeler(args)
   multiple = labeler.chunk_multiple()  # whole micro-batches on every device
-  chunk, episodes = args.chunk, args.episodes
-  args.chunk = -(-args.chunk // multiple) * multiple
-  args.chunk = min(args.chunk, -(-args.episodes // multiple) * multiple)
-  args.episodes = -(-args.episodes // args.chunk) * args.chunk
-  if (chunk, episodes) != (args.chunk, args.episodes):
-    print(
-      f"(--chunk {chunk} and --episodes {episodes} rounded up to {args.chunk} and "
-      f"{args.episodes}: whole blocks of {multiple} episodes)"
-    )
+  if args.episodes % multiple:
+    args.episodes = _round_up(args.episodes, multiple)
+    print(f"(--episodes rounded up to {args.episodes}: whole blocks of {multiple} episodes)")
   mdp = labeler.env.mdp
   print(
     f"tabular MDP S={args.states} A={args.actions} H={args.horizon} "
     f"({args.terminal} terminal), K={args.rollouts}, uniform replacement; "
-    f"{args.episodes} episodes in chunks of {args.chunk}; "
-    f"{len(jax.devices())} CPU devices, micro-batch {labeler.micro_batch()} episodes"
+    f"{args.episodes} episodes; {len(jax.devices())} CPU devices, micro-batch "
+    f"{labeler.micro_batch()} episodes"
   )
 
   cold, warm = startup(args)
@@ -279,7 +266,7 @@ def main(argv=None):
       f"{'  (target < 1 s; persistent compilation cache)' if name == 'warm start' else ''}"
     )
 
-  jax_time, (traj, labels) = jax_rate(labeler, args.episodes, args.chunk, args.seed, args.repeats)
+  jax_time, (traj, labels) = time_labeling(labeler, args.episodes, args.seed, args.repeats)
   jax_steps = int(labels["rollout_steps"].sum())
   np_time, (credit_np, se_np, np_steps) = best_of(
     lambda: numpy_label(mdp, traj, args.rollouts, args.seed), args.repeats
@@ -296,9 +283,9 @@ def main(argv=None):
   ok = (se > 0) & ~labels["credit_bounded"][m]
   z_rms = float(np.sqrt(np.mean((diff[ok] / se[ok]) ** 2)))
 
-  jax_rate_, np_rate = jax_steps / jax_time, np_steps / np_time
+  jax_rate, np_rate = jax_steps / jax_time, np_steps / np_time
   print(f"steady state (compiled, best of {args.repeats}):")
-  print(f"  jax   : {jax_steps:>12,} env steps in {jax_time:7.3f} s = {jax_rate_ / 1e6:7.2f} M/s")
+  print(f"  jax   : {jax_steps:>12,} env steps in {jax_time:7.3f} s = {jax_rate / 1e6:7.2f} M/s")
   print(f"  numpy : {np_steps:>12,} env steps in {np_time:7.3f} s = {np_rate / 1e6:7.2f} M/s")
   lock_rate = lock_steps / lock_time
   print(
@@ -306,7 +293,7 @@ def main(argv=None):
     f"{lock_rate / 1e6:7.2f} M/s"
   )
   print(
-    f"  ratio : {jax_rate_ / np_rate:.1f}x the compacting twin, {jax_rate_ / lock_rate:.1f}x the "
+    f"  ratio : {jax_rate / np_rate:.1f}x the compacting twin, {jax_rate / lock_rate:.1f}x the "
     "lock-step one without compaction  (target >= 10x)"
   )
   print(f"  check : RMS z of (jax - numpy) credit over {ok.sum()} steps = {z_rms:.3f} (expect ~1)")
@@ -315,9 +302,8 @@ def main(argv=None):
   for spec in ("reasoning", "key_to_door"):
     env, policy = make(spec)
     other = Labeler(env, policy, LabelConfig(num_rollouts=args.rollouts))
-    chunk = -(-args.chunk // other.chunk_multiple()) * other.chunk_multiple()
-    n = -(-args.env_episodes // chunk) * chunk
-    seconds, (_, lab) = jax_rate(other, n, chunk, args.seed, args.repeats)
+    n = _round_up(args.env_episodes, other.chunk_multiple())
+    seconds, (_, lab) = time_labeling(other, n, args.seed, args.repeats)
     steps = int(lab["rollout_steps"].sum())
     print(
       f"  {spec:11s}: {steps:>12,} env steps in {seconds:7.3f} s = {steps / seconds / 1e6:7.2f} "

@@ -31,8 +31,8 @@ STEP_FIELDS = (
 def _bounded_rows(x, lo, hi, upper_rates, z):
   """`bounded_mean_stderr` of x [R, H, K] with ranges lo, hi [R, H]: ([R, H],) x 3.
 
-  One vmapped call for all rows, so the program holds one copy of the tie search (its sort
-  is a large part of the labeler's compile time)."""
+  One vmapped call for all rows, so the program holds one copy of the tie search rather
+  than five (less to compile)."""
   flat = functools.partial(bounded_mean_stderr, upper_rates=upper_rates, z=z)
   R, H, K = x.shape
   out = jax.vmap(flat)(x.reshape(R * H, K), lo.reshape(-1), hi.reshape(-1))

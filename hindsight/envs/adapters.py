@@ -168,15 +168,21 @@ def is_adapter_spec(spec: str) -> bool:
   return spec.split(":", 1)[0] in ("gymnasium", "dm_env")
 
 
-def load_policy(spec: str | None, num_actions: int):
-  """FN(observation, rng) -> action from MODULE:FN, or uniform over the actions."""
-  if not spec:
-    return lambda obs, rng: int(rng.integers(num_actions))
-  module, _, name = spec.partition(":")
+def import_policy(spec: str):
+  """(module, FN) of a `--policy MODULE:FN`; a one-line error if either cannot be had."""
+  module_name, _, name = spec.partition(":")
   try:
-    fn = getattr(importlib.import_module(module), name)
+    module = importlib.import_module(module_name)
+    fn = getattr(module, name)
   except (ImportError, AttributeError, ValueError) as e:
     raise HindsightError(f"--policy {spec}: cannot load it ({e})") from None
   if not callable(fn):
     raise HindsightError(f"--policy {spec}: not callable")
-  return fn
+  return module, fn
+
+
+def load_policy(spec: str | None, num_actions: int):
+  """FN(observation, rng) -> action from MODULE:FN, or uniform over the actions."""
+  if not spec:
+    return lambda obs, rng: int(rng.integers(num_actions))
+  return import_policy(spec)[1]

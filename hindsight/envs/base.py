@@ -33,8 +33,9 @@ class Environment(abc.ABC):
     tag_names: names of the per-step tags returned by `tag` (index -> name).
     success_threshold: an episode succeeds when its return exceeds this.
     num_step_uniforms: n > 0 declares that `step` consumes exactly n uniform numbers and
-      that `step_from_uniforms` exists. The labeler then draws a branch's random numbers
-      in one bulk call instead of a key per step (threefry dominates rollout cost on CPU).
+      that `step_from_uniforms` exists. The labeler's branches then take the step's
+      uniforms straight from the hash that also draws the policy's (rollout.step_randomness)
+      instead of building a key for `step` (Threefry dominates rollout cost on CPU).
     has_action_classes: `action_class` names the content class of an action (what it
       does), which the `policy_no_repeat` replacement needs.
     num_agents, agent_names, agent_of_step: the agents of a multi-agent environment (0:

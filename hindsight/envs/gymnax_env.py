@@ -19,7 +19,6 @@ distribution and hindsight draws the action. Without --policy: uniform over the 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from hindsight.envs.adapters import import_policy
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
@@ -142,14 +142,7 @@ def load_jax_policy(spec: str | None, num_actions: int) -> Policy:
   """The policy of `--policy MODULE:FN` (see the module docstring), or uniform."""
   if not spec:
     return UniformPolicy(num_actions)
-  module_name, _, name = spec.partition(":")
-  try:
-    module = importlib.import_module(module_name)
-    fn = getattr(module, name)
-  except (ImportError, AttributeError, ValueError) as e:
-    raise HindsightError(f"--policy {spec}: cannot load it ({e})") from None
-  if not callable(fn):
-    raise HindsightError(f"--policy {spec}: not callable")
+  module, fn = import_policy(spec)
   try:
     arity = len(inspect.signature(fn).parameters)
   except (TypeError, ValueError):
@@ -160,7 +153,7 @@ def load_jax_policy(spec: str | None, num_actions: int) -> Policy:
   if arity == 3:
     params = getattr(module, "params", None)
     if params is None:
-      raise HindsightError(f"--policy {spec}: FN(params, obs, key) needs {module_name}.params")
+      raise HindsightError(f"--policy {spec}: FN(params, obs, key) needs {module.__name__}.params")
     params = params() if callable(params) else params
   return FunctionPolicy(fn, params, name=spec)
 

@@ -33,8 +33,21 @@ def _options(spec: str, arg: str, allowed: dict[str, float]) -> dict[str, float]
   return out
 
 
-def make(spec: str) -> tuple[Environment, Policy]:
-  """Builds the environment and its behaviour policy named by an `--env` spec."""
+def takes_policy_options(spec: str) -> bool:
+  """Whether the spec names an environment of someone else's (gymnax, Gymnasium, dm_env),
+  whose policy, horizon and return range come from `--policy`, `--horizon`,
+  `--return-range`."""
+  return spec.split(":", 1)[0] in ("gymnax", "gymnasium", "dm_env")
+
+
+def make(
+  spec: str,
+  policy: str | None = None,
+  horizon: int | None = None,
+  return_range: tuple[float, float] | None = None,
+) -> tuple[Environment, Policy]:
+  """Builds the environment and its behaviour policy named by an `--env` spec (policy,
+  horizon and return_range: gymnax only, see `takes_policy_options`)."""
   kind, sep, arg = spec.partition(":")
   if kind == "tabular":
     if not sep or not arg:
@@ -90,6 +103,6 @@ def make(spec: str) -> tuple[Environment, Policy]:
   if kind == "gymnax":
     from hindsight.envs.gymnax_env import make_gymnax
 
-    return make_gymnax(spec)  # uniform policy; `hindsight label` also takes --policy
+    return make_gymnax(spec, policy, horizon, return_range)
   known = ", ".join([*KNOWN_SPECS, "gymnax:ID", "gymnasium:ENV_ID", "dm_env:MODULE:FACTORY"])
   raise HindsightError(f"unknown environment '{spec}' (known: {known})")

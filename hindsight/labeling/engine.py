@@ -71,8 +71,8 @@ _LANES = 4096
 
 def compiler_options() -> dict | None:
   """XLA options of the labeling programs. On CPU the classic elemental fusion emitters:
-  the newer MLIR fusion emitters compile the labeler's program in 2.1-2.3 s on 2 cores, the
-  classic ones in 1.4 s, and it runs as fast (measured with eval/bench_labeler.py)."""
+  with the newer MLIR fusion emitters the tabular job of eval/bench_labeler.py compiled in
+  2.1-2.3 s on 2 cores, with the classic ones in 1.4 s, and ran as fast."""
   return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
 
 
@@ -184,7 +184,7 @@ class Labeler:
     rollouts in one work queue, a power of two, at most _MAX_MICRO_BATCH.
 
     It depends on the configuration only, never on the chunk size: every episode then runs
-    through the same compiled micro-batch at the same lane, which is what makes labels
+    through the same compiled unit program at the same position, which is what makes labels
     bitwise identical for any chunk size (XLA may round a*b+c differently in differently
     shaped programs).
     """

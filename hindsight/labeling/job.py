@@ -26,6 +26,7 @@ from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
+from hindsight.envs.registry import takes_policy_options
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
@@ -72,8 +73,7 @@ def _check(job: LabelJob) -> None:
     raise HindsightError(f"--workers must be >= 1, got {job.workers}")
   if job.horizon is not None and job.horizon < 1:
     raise HindsightError(f"--horizon must be >= 1, got {job.horizon}")
-  takes_policy = is_adapter_spec(job.env) or job.env.startswith("gymnax:")
-  if not takes_policy and (job.policy or job.horizon or job.return_range):
+  if not takes_policy_options(job.env) and (job.policy or job.horizon or job.return_range):
     raise HindsightError(
       "--policy, --horizon and --return-range are for gymnax:, gymnasium: and dm_env: "
       "environments only"
@@ -92,12 +92,7 @@ class _JaxSource:
   """Chunks from the JAX engine (sharded over devices)."""
 
   def __init__(self, job: LabelJob):
-    if job.env.startswith("gymnax:"):
-      from hindsight.envs.gymnax_env import make_gymnax
-
-      self.env, self.policy = make_gymnax(job.env, job.policy, job.horizon, job.return_range)
-    else:
-      self.env, self.policy = make(job.env)
+    self.env, self.policy = make(job.env, job.policy, job.horizon, job.return_range)
     self.labeler = Labeler(self.env, self.policy, job.config)
     env = self.env
     self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
@@ -124,6 +119,8 @@ class _JaxSource:
                             num_permutations=P)  # fmt: skip
 
       self._agent_program = jax.jit(jax.vmap(credit))
+      # Who acts at each step t < H (the same for every episode).
+      self._acting = np.asarray(jax.vmap(env.agent_of_step)(np.arange(env.horizon)))
 
   def chunk_multiple(self) -> int:
     return self.labeler.chunk_multiple()
@@ -143,8 +140,7 @@ class _JaxSource:
       state0 = jax.tree.map(lambda x: x[:n, 0], traj.states)
       agents = jax.device_get(self._agent_program(traj.actions[:n], state0, keys))
       arrays.update({k: np.asarray(v) for k, v in agents.items()})
-      who = np.asarray(jax.vmap(self.env.agent_of_step)(np.arange(self.env.horizon)))
-      arrays["agent"] = np.broadcast_to(who, (n, self.env.horizon))
+      arrays["agent"] = np.broadcast_to(self._acting, (n, self.env.horizon))
     bar.update(stop - start)
     return arrays
 

@@ -245,9 +245,11 @@ def roll_branches(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Rolls branches 0..B-1 to their ends with a work queue of `num_lanes` lanes.
 
-  Every iteration advances all lanes one step (vmapped `advance`); a lane whose branch ends
-  writes its results and takes the next branch of `order` in the same iteration, so no lane
-  idles while work is left (a lock-step batch would wait for its longest branch).
+  Every iteration advances the running lanes one step (vmapped `advance`); a lane whose
+  branch has ended holds its results until 1 / _REFILL_FRACTION of the lanes are free (or
+  none runs), when they are written and the free lanes take the next branches of `order`.
+  So lanes idle at most that long while work is left, where a lock-step batch would wait for
+  its longest branch, and the gathers and scatters of a refill are paid once per batch.
 
   Args:
     load: fn(ids int32 [W]) -> Branch [W], the start of those branches (ids in [0, B)).

@@ -119,7 +119,7 @@ def agent_table(labels) -> dict:
   for ex in labels:
     phi.append(ex["agent_shapley"])
     phi_se.append(ex["agent_shapley_stderr"])
-    if "agent_interaction" in ex:  # not with sampled Shapley values
+    if "agent_interaction" in ex:
       inter.append(ex["agent_interaction"])
     credit.append(ex["credit"])
     agent.append(ex["agent"])
@@ -136,9 +136,10 @@ def agent_table(labels) -> dict:
       step_credit=float(own.mean()) if own.size else float("nan"),
     )
   pairs = {}
-  for i in range(len(names) if len(inter) else 0):
-    for j in range(i + 1, len(names)):
-      x = inter[:, i, j]
-      se = float(x.std(ddof=1) / root) if len(x) > 1 else float("nan")
-      pairs[f"{names[i]} x {names[j]}"] = (float(x.mean()), se)
+  if len(inter):  # sampled Shapley values come without interactions
+    for i in range(len(names)):
+      for j in range(i + 1, len(names)):
+        x = inter[:, i, j]
+        se = float(x.std(ddof=1) / root) if len(x) > 1 else float("nan")
+        pairs[f"{names[i]} x {names[j]}"] = (float(x.mean()), se)
   return {"agents": rows, "interactions": pairs}
