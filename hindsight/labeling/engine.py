@@ -170,6 +170,7 @@ class Labeler:
       self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
     self._z = z_value(config.confidence)
     self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
+    self._units = {}  # relabel -> unit_program
     jit = functools.partial(jax.jit, compiler_options=compiler_options())
     self.label = jit(self._label_batch)
     self.label_steps = jit(jax.vmap(self._label_step))
@@ -218,8 +219,14 @@ class Labeler:
 
     One small program rather than a loop over micro-batches inside one: it compiles in
     less time (`lax.map` around the rollouts cost 0.3 s more), and an episode runs through
-    the same program whatever the chunk size.
+    the same program whatever the chunk size. Made once per labeler: every chunk and
+    relabel program of any size shares it, so it compiles once.
     """
+    if relabel not in self._units:
+      self._units[relabel] = self._unit_program(relabel)
+    return self._units[relabel]
+
+  def _unit_program(self, relabel: bool):
     devices = np.array(jax.local_devices())
     mesh = jax.sharding.Mesh(devices, ("data",))
     spec = jax.sharding.PartitionSpec("data")
