@@ -4,6 +4,7 @@
                     [--exact] [--chunk-size C] [--gamma G] [--unstratified]
                     [--policy MODULE:FN] [--horizon H] [--workers W] [--return-range LO:HI]
                     [--permutations P]
+                    [--coordinator HOST:PORT --num-processes N --process-id I]
   hindsight export  DIR --format jsonl
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
@@ -127,6 +128,18 @@ def _parser() -> argparse.ArgumentParser:
     "0: every coalition up to 8 agents, 64 orders beyond",
   )
   lab.add_argument("--no-progress", action="store_true", help="no progress bar")
+  multi = lab.add_argument_group(
+    "several processes (jax.distributed; the training config's distributed.* fields)"
+  )
+  multi.add_argument(
+    "--coordinator",
+    default="",
+    metavar="HOST:PORT",
+    help="where process 0 listens ('' = one process); --out must be on a filesystem every "
+    "process shares",
+  )
+  multi.add_argument("--num-processes", type=int, default=1, help="processes in the job")
+  multi.add_argument("--process-id", type=int, default=0, help="this process's index")
 
   exp = sub.add_parser("export", help="print a label dataset")
   exp.add_argument("dir", help="a `hindsight label --out` directory")
@@ -378,8 +391,12 @@ def headline_text(report: dict) -> str:
 
 
 def _label(args) -> int:
+  from hindsight import distributed
   from hindsight.labeling.engine import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
+
+  distributed.check_processes(args.coordinator, args.num_processes, args.process_id)
+  distributed.initialize(args.coordinator, args.num_processes, args.process_id)
 
   config = LabelConfig(
     num_rollouts=args.rollouts,

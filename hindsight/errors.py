@@ -16,6 +16,10 @@ from collections.abc import Callable
 class HindsightError(ValueError):
   """Bad input: the message is one line and names the offending thing."""
 
+  # Set on errors after which the process must leave without running its exit handlers
+  # (`report_errors` then ends it at once): see `hindsight.distributed.ProcessLost`.
+  exit_at_once = False
+
 
 def one_line(message: object) -> str:
   """Any message folded into one line (third-party messages can span several)."""
@@ -39,6 +43,10 @@ def report_errors(prog: str, fn: Callable[..., int], *args) -> int:
     return fn(*args)
   except HindsightError as e:
     print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+    if e.exit_at_once:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(2)
   except BrokenPipeError:
     raise  # a reader that left is not bad input: the caller decides
   except OSError as e:

@@ -52,6 +52,15 @@ def run_cli(*args, timeout=300, env=None):
   )
 
 
+def free_port() -> int:
+  """A TCP port nobody listens on now (for a jax.distributed coordinator)."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
 def assert_one_line_error(proc, *fragments):
   """Exit code 2, stderr is exactly one line naming the problem, no traceback."""
   assert proc.returncode == 2, (proc.returncode, proc.stderr)

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE, ROOT, flip_byte_in_largest_file
+from conftest import FAST_COMPILE, ROOT, flip_byte_in_largest_file, free_port
 from flax import nnx
 
 from hindsight.config_io import load_config
@@ -155,12 +154,6 @@ def test_damaged_checkpoint_is_refused_with_one_line_naming_the_file(
   # (Falling back to the previous good step: tests/test_credit_model.py, in-process.)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.xdist_group("train")
 def test_two_processes_preempted_together_resume_and_match_one(
   tmp_path, synthetic_labels, reference
@@ -173,7 +166,7 @@ def test_two_processes_preempted_together_resume_and_match_one(
   workdir = tmp_path / "two"
 
   def start_both():
-    coord = f"distributed.coordinator=localhost:{_free_port()}"
+    coord = f"distributed.coordinator=localhost:{free_port()}"
     return [
       _start(
         workdir,
@@ -307,6 +300,10 @@ def test_bad_config_input_is_one_line(capsys, tmp_path):
     (["--config", "configs/generic.py:smoke", "--config.train.steps=many"], "expected int"),
     (["--config", "configs/reasoning.py:huge"], "unknown variant"),
     (["--config", "configs/generic.py", "--config.model.num_heads=3"], "not divisible"),
+    (
+      ["--config", "configs/generic.py", "--config.distributed.num_processes=2"],
+      "2 processes need config distributed.coordinator HOST:PORT",
+    ),
   ]
   for argv, fragment in cases:
     assert main([*argv, "--workdir", str(tmp_path / "w")]) == 2

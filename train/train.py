@@ -38,7 +38,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 from ml_collections import ConfigDict
 
 from hindsight import evaluators
@@ -51,6 +50,7 @@ from hindsight.data.batching import (
   split_episodes,
 )
 from hindsight.data.labels import is_complete, open_training_labels
+from hindsight.distributed import CONFIG_NAMES, any_process, check_processes, initialize
 from hindsight.errors import HindsightError, make_dir
 from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import write_json
@@ -137,6 +137,8 @@ def _validate(config: ConfigDict) -> None:
     raise HindsightError(
       f"config checkpoint.evaluate={config.checkpoint.evaluate!r}: expected 'best' or 'last'"
     )
+  d = config.distributed
+  check_processes(d.coordinator, d.num_processes, d.process_id, CONFIG_NAMES)
   if not 0 <= config.model.dropout < 1:
     raise HindsightError(f"config model.dropout={config.model.dropout} must be in [0, 1)")
 
@@ -153,8 +155,6 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
         f"no label dataset at {out} (set data.labels_dir to the --out of `hindsight label`)"
       )
     return out
-  if jax.process_count() > 1 and not is_complete(out):
-    raise HindsightError(f"make the labels at {out} before a multi-process run")
   job = LabelJob(
     env=lab.env,
     episodes=lab.episodes,
@@ -222,28 +222,11 @@ def read_metrics(workdir: str, split: str = "train") -> list[dict]:
   return [r for r in records if r["split"] == split]
 
 
-def _any_process(flag: bool) -> bool:
-  """Whether `flag` is set in any process (the flag itself in a single-process run)."""
-  if jax.process_count() == 1:
-    return flag
-  from jax.experimental import multihost_utils
-
-  flags = multihost_utils.process_allgather(np.array([flag], np.int32))
-  return bool(np.max(flags))
-
-
-def _maybe_initialize_distributed(config: ConfigDict) -> None:
-  d = config.distributed
-  if d.coordinator and not jax.distributed.is_initialized():
-    # CPU processes talk through gloo; accelerators bring their own collectives.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(d.coordinator, d.num_processes, d.process_id)
-
-
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) training; returns the report also written to WORKDIR/report.json."""
   _validate(config)
-  _maybe_initialize_distributed(config)
+  d = config.distributed
+  initialize(d.coordinator, d.num_processes, d.process_id)
   _check_workdir(config, workdir)
   labels_dir = _labels_dir(config, workdir)
   mix_dir = config.data.mix_labels_dir
@@ -367,7 +350,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
       # Every process must stop at the same step (a checkpoint is a collective save): the
       # SIGTERM may reach one process, or each at another step. One tiny all-gather per step
       # agrees on it.
-      stopping = _any_process(stop["requested"])
+      stopping = any_process(stop["requested"])
       if done % config.train.eval_every == 0 or done == total or stopping:
         val_losses = validation.run(state)
         curve.write({"step": done, "split": "validation", **val_losses})

@@ -7,7 +7,9 @@ own incomplete-dir + rename) and the work area is removed. A killed job therefor
 either no dataset at all or the finished one, never one that reads as complete but is not.
 
 Labels depend only on (seed, episode index, step, branch), never on the chunk: any chunk size
-gives identical labels.
+gives identical labels, and so does any number of processes (`jax.distributed`): process p of
+P labels chunks p, p + P, ... and process 0 alone prepares --out and writes the dataset
+(`run_label_job`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hindsight.credit.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
+from hindsight.distributed import gather, together
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.registry import takes_policy_options
@@ -229,16 +232,9 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       yield ex
 
 
-def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
-  """Runs (or resumes, or recognises as finished) a labeling job. Returns the dataset dir."""
-  _check(job)
-  source = _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
-  multiple = source.chunk_multiple()
-  chunk = -(-job.chunk_size // multiple) * multiple  # round up to whole micro-batches
-  described = job.describe()
-  described["chunk_size"] = chunk
-
-  work = os.path.join(out_dir, CHUNKS)
+def _prepare(out_dir: str, work: str, described: dict) -> str | None:
+  """Readies --out for the job (process 0 alone): the dataset dir if the job is done, else
+  None with the work area and its job file in place."""
   job_file = os.path.join(work, JOB_FILE)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise HindsightError(f"--out {out_dir} exists and is not a directory")
@@ -264,26 +260,98 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
       )
   else:
     atomic_write_text(job_file, json.dumps(described, sort_keys=True))
+  return None
+
+
+def _join(out_dir: str, work: str, rank: int, described: dict) -> str | None:
+  """The job process 0 readied in --out, as seen by process `rank`: the dataset dir if it is
+  done, else None. Refuses a job of other arguments, or an --out it cannot see."""
+  if label_io.is_complete(out_dir):
+    theirs, finished = label_io.open_labels(out_dir).metadata.get("job", "{}"), True
+  elif os.path.isfile(os.path.join(work, JOB_FILE)):
+    with open(os.path.join(work, JOB_FILE)) as f:
+      theirs, finished = f.read(), False
+  else:
+    raise HindsightError(
+      f"process {rank} does not see the job process 0 started in --out {out_dir}: "
+      "every process needs --out on a filesystem they all share"
+    )
+  theirs = json.loads(theirs)
+  if theirs != described:
+    changed = sorted(k for k in described if theirs.get(k) != described[k])
+    raise HindsightError(
+      f"process {rank} was given other arguments than process 0 ({', '.join(changed)}); "
+      "start every process with the same ones"
+    )
+  return label_io.dataset_dir(out_dir) if finished else None
+
+
+def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
+  """Runs (or resumes, or recognises as finished) a labeling job. Returns the dataset dir.
+
+  Under `jax.distributed` (`hindsight.distributed.initialize`) every process calls this with
+  the same job and --out on a shared filesystem: process p labels chunks p, p + P, p + 2P, ...
+  of the P processes' job on its own local devices and writes their files; process 0 prepares
+  --out first and writes the TFDS dataset once every chunk is there. Labels depend on
+  neither P nor the chunk size, so any layout gives the one-process dataset; a relaunched
+  job (any process killed) skips the chunks already written.
+  """
+  _check(job)
+  rank, count = jax.process_index(), jax.process_count()
+  with together("starting the job"):
+    source = _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+  # Whole micro-batches on every process's devices (local device counts may differ).
+  multiple = int(np.lcm.reduce(gather(source.chunk_multiple())))
+  chunk = -(-job.chunk_size // multiple) * multiple
+  described = job.describe()
+  described["chunk_size"] = chunk
+
+  work = os.path.join(out_dir, CHUNKS)
+  finished = None  # the dataset dir once the job is done
+  with together(f"preparing --out {out_dir}"):
+    if rank == 0:
+      finished = _prepare(out_dir, work, described)
+  with together(f"opening --out {out_dir}"):
+    if rank != 0:
+      finished = _join(out_dir, work, rank, described)
+  if finished is not None:
+    return finished
 
   ranges = [(s, min(s + chunk, job.episodes)) for s in range(0, job.episodes, chunk)]
-  todo = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
-  done_eps = job.episodes - sum(b - a for a, b in todo)
+  mine = ranges[rank::count]
+  todo = [r for r in mine if not os.path.isfile(_chunk_path(work, *r))]
+  share = sum(b - a for a, b in mine)
   bar = CompileAwareBar(
-    total=job.episodes,
-    initial=done_eps,
+    total=share,
+    initial=share - sum(b - a for a, b in todo),
     unit="ep",
-    desc=f"label {source.name}",
-    disable=not progress,
+    desc=f"label {source.name}" + (f" (process 0 of {count})" if count > 1 else ""),
+    disable=not progress or rank != 0,
     dynamic_ncols=True,
   )
   env_steps = 0
-  with bar:
+  with together("labeling"), bar:
     for start, stop in todo:
       arrays = source.label(job.seed, start, stop, chunk, bar)
       atomic_savez(_chunk_path(work, start, stop), arrays)
       env_steps += int(arrays["rollout_steps"].sum())
       bar.set_postfix(env_steps=f"{env_steps:.3g}")
 
+  path = label_io.dataset_dir(out_dir)
+  with together(f"writing the dataset in --out {out_dir}"):
+    if rank == 0:
+      path = _finish(job, source, out_dir, work, ranges, described)
+  return path
+
+
+def _finish(job: LabelJob, source, out_dir: str, work: str, ranges, described: dict) -> str:
+  """Every chunk file -> the TFDS dataset in --out (process 0 alone); its dataset dir."""
+  missing = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
+  if missing:
+    raise HindsightError(
+      f"--out {out_dir}: {len(missing)} chunk files (episodes {missing[0][0]}..) are missing "
+      "after every process finished: every process needs --out on a filesystem they all share"
+    )
   metadata = dict(
     job=json.dumps(described, sort_keys=True),
     env=job.env,
