@@ -232,6 +232,11 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       yield ex
 
 
+def _differing(previous: dict, described: dict) -> str:
+  """The job arguments whose values differ, comma-separated."""
+  return ", ".join(sorted(k for k in described if previous.get(k) != described[k]))
+
+
 def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   """Readies --out for the job (process 0 alone): the dataset dir if the job is done, else
   None with the work area and its job file in place."""
@@ -253,10 +258,10 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
     with open(job_file) as f:
       previous = json.load(f)
     if previous != described:
-      changed = sorted(k for k in described if previous.get(k) != described[k])
       raise HindsightError(
-        f"--out {out_dir} holds an unfinished job with other arguments ({', '.join(changed)}); "
-        "rerun it with the same arguments or choose another --out"
+        f"--out {out_dir} holds an unfinished job with other arguments "
+        f"({_differing(previous, described)}); rerun it with the same arguments or choose "
+        "another --out"
       )
   else:
     atomic_write_text(job_file, json.dumps(described, sort_keys=True))
@@ -278,10 +283,9 @@ def _join(out_dir: str, work: str, rank: int, described: dict) -> str | None:
     )
   theirs = json.loads(theirs)
   if theirs != described:
-    changed = sorted(k for k in described if theirs.get(k) != described[k])
     raise HindsightError(
-      f"process {rank} was given other arguments than process 0 ({', '.join(changed)}); "
-      "start every process with the same ones"
+      f"process {rank} was given other arguments than process 0 "
+      f"({_differing(theirs, described)}); start every process with the same ones"
     )
   return label_io.dataset_dir(out_dir) if finished else None
 
