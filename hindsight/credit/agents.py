@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight.credit.coalition import interaction, memberships_to_index, shapley, shapley_sampled
+from hindsight.credit.estimators import mean_stderr
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy, sample_categorical
@@ -107,7 +108,7 @@ def coalition_values(
     env, policy, actions, key, num_rollouts, ablation, env_params, policy_params, masks,
     initial_state,
   )  # fmt: skip
-  return v.mean(-1), v.std(-1, ddof=1) / jnp.sqrt(num_rollouts)
+  return mean_stderr(v)
 
 
 def agent_credit(
@@ -158,12 +159,11 @@ def agent_credit(
   )(jnp.arange(num_rollouts))  # [K, 2^n]  # fmt: skip
   phi = jax.vmap(shapley)(per_rollout)  # [K, n]
   inter = jax.vmap(interaction)(per_rollout)  # [K, n, n]
-  root_k = jnp.sqrt(num_rollouts)
-  return {
-    "agent_shapley": phi.mean(0),
-    "agent_shapley_stderr": phi.std(0, ddof=1) / root_k,
-    "agent_interaction": inter.mean(0),
-    "agent_interaction_stderr": inter.std(0, ddof=1) / root_k,
-    "coalition_values": per_rollout.mean(0),
-    "coalition_stderr": per_rollout.std(0, ddof=1) / root_k,
-  }
+  out = {}
+  for name, stderr_name, x in (
+    ("agent_shapley", "agent_shapley_stderr", phi),
+    ("agent_interaction", "agent_interaction_stderr", inter),
+    ("coalition_values", "coalition_stderr", per_rollout),
+  ):
+    out[name], out[stderr_name] = mean_stderr(x, axis=0)  # over the K rollouts
+  return out

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hindsight.credit.estimators import mean_stderr
 from hindsight.errors import HindsightError
 
 MAX_EXACT_AGENTS = 24
@@ -157,6 +158,4 @@ def shapley_sampled(
   gain_in_order = v[:, 1:] - v[:, :-1]  # [P, n]: the k-th agent's marginal contribution
   gain = jnp.take_along_axis(gain_in_order, rank, axis=-1)  # [P, n] per agent
   per_pair = 0.5 * (gain[:pairs] + gain[pairs:])
-  mean = per_pair.mean(0)
-  stderr = per_pair.std(0, ddof=1) / jnp.sqrt(pairs)
-  return mean, stderr
+  return mean_stderr(per_pair, axis=0)  # over the P / 2 antithetic pairs

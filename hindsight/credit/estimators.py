@@ -33,15 +33,15 @@ KLASS_NAMES = ("decorative", "load_bearing", "harmful", "undetermined")
 DECORATIVE, LOAD_BEARING, HARMFUL, UNDETERMINED = range(4)
 
 
-def mean_stderr(x):
-  """(mean, standard error) over the last axis: x [..., K] -> ([...], [...]).
+def mean_stderr(x, axis: int = -1):
+  """(mean, standard error) over `axis` (the last by default): x [..., K] -> ([...], [...]).
 
   stderr = std(x, ddof=1) / sqrt(K), the textbook standard error of a sample mean of K
   independent draws (branches are independent given the step; pairing is done by the caller
   passing differences).
   """
-  k = x.shape[-1]
-  return x.mean(-1), x.std(-1, ddof=1) / jnp.sqrt(k)
+  k = x.shape[axis]
+  return x.mean(axis), x.std(axis, ddof=1) / jnp.sqrt(k)
 
 
 # Samples off the largest tie needed before the sample standard error is trusted as it is.

@@ -5,7 +5,7 @@ the step it serves. Two arms of a branch that start from the same s_t with the s
 continuation key therefore consume the same random numbers at the same time steps: common
 random numbers, so their paired difference has low variance. Within a continuation, step j
 draws its numbers as one Threefry-2x32 hash of the counter (j, c) under the continuation's
-key (`step_words`): one hash gives the policy's uniform and the environment's, so no key is
+key (`step_randomness`): one hash gives the policy's uniform and the environment's, so no key is
 derived per step.
 """
 
