@@ -42,10 +42,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.compile_cache import enable_compilation_cache
-from hindsight.drift.reference import sample_and_label
 from hindsight.envs import TabularEnv, make, random_mdp
 from hindsight.envs.tabular import cdf_table, with_peaked_policy
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
+from hindsight.labeling.trajectories import sample_and_label
 from hindsight.policies import TabularPolicy
 
 
@@ -189,8 +189,8 @@ def startup(args) -> tuple[dict, dict]:
 
 def time_labeling(labeler: Labeler, episodes: int, seed: int, repeats: int):
   """(seconds, (Trajectory, labels)) of sampling and labeling episodes 0..N-1 as a job does
-  (`reference.sample_and_label`: the chunk program; compiled and warmed up first, best of
-  `repeats`)."""
+  (`labeling.trajectories.sample_and_label`: the chunk program; compiled and warmed up
+  first, best of `repeats`)."""
   run = lambda n: sample_and_label(labeler, seed, n, progress=False)  # noqa: E731
   run(labeler.chunk_multiple())  # compile, warm up
   return best_of(lambda: run(episodes), repeats)

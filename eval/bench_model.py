@@ -33,7 +33,7 @@ from flax import nnx
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.config_io import load_config
-from hindsight.data.batching import DataSpec
+from hindsight.data.spec import DataSpec
 from hindsight.model.predictor import Predictor
 from hindsight.model.programs import program_flops, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh

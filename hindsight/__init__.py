@@ -21,7 +21,7 @@ _HOMES = {
   "tabular_values": "hindsight.credit",
   "Labels": "hindsight.data",
   "open_labels": "hindsight.data",
-  "DataSpec": "hindsight.data.batching",
+  "DataSpec": "hindsight.data.spec",
   "Environment": "hindsight.envs",
   "TabularEnv": "hindsight.envs",
   "TabularMDP": "hindsight.envs",

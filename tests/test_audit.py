@@ -31,6 +31,7 @@ from hindsight.data.batching import EpisodeReader
 from hindsight.drift import DriftConfig, run_drift
 from hindsight.envs import make
 from hindsight.errors import HindsightError
+from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key
 from hindsight.model.predictor import Predictor
 
@@ -257,8 +258,8 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   # The audited steps as a (partial) label dataset: only they carry labels.
   labels = open_labels(str(out / "labels"))
   reader = EpisodeReader(labels)
-  labeled = np.concatenate([reader[i]["labeled"] for i in range(len(labels))])
-  credit = np.concatenate([reader[i]["credit"] for i in range(len(labels))])
+  labeled = np.concatenate([reader[i].labeled for i in range(len(labels))])
+  credit = np.concatenate([reader[i].credit for i in range(len(labels))])
   assert labeled.sum() == labels.metadata["audited_steps"] > 1000
   assert np.all(np.isfinite(credit[labeled])) and np.all(np.isnan(credit[~labeled]))
 
@@ -364,15 +365,13 @@ def test_audit_of_logged_trajectories_regenerates_them(tabular_run, tmp_path):
   """An RL loop's log (JSONL with the keys it sampled from) is audited like --env."""
   env, policy = make(f"tabular:{MDP}")
   labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
-  from hindsight.drift import reference as ref_lib
-
-  traj = ref_lib.sample_trajectories(labeler, 5, np.arange(20))
-  eps = ref_lib.episodes_from_arrays(env, ref_lib.trajectory_arrays(env, traj))
+  traj = tr.sample_trajectories(labeler, 5, np.arange(20))
+  eps = tr.episodes_from_trajectories(env, traj)
   path = tmp_path / "log.jsonl"
   with open(path, "w") as f:
     for i, e in enumerate(eps):
-      f.write(json.dumps({"observations": e["observations"].tolist(),
-                          "actions": e["actions"].tolist(), "rewards": e["rewards"].tolist(),
+      f.write(json.dumps({"observations": e.observations.tolist(),
+                          "actions": e.actions.tolist(), "rewards": e.rewards.tolist(),
                           "seed": 5, "episode": i, "env": f"tabular:{MDP}"}) + "\n")  # fmt: skip
   out = tmp_path / "audit"
   proc = run_cli("audit", "--checkpoint", tabular_run, "--trajectories", path, "--budget",

@@ -1,5 +1,6 @@
 """The credit model's pieces: loss against scipy, padding invariance, batching, checkpoints."""
 
+import dataclasses
 import os
 
 import jax
@@ -88,7 +89,8 @@ def test_loss_masks_padding_and_undefined_labels(data):
   # An undefined (NaN) credit stays a valid step but leaves the regression loss.
   i = int(splits["train"][0])
   saved = reader[i]
-  reader._cache[i] = dict(saved, credit=np.where(np.arange(len(saved["credit"])) == 0, np.nan, 1.0))
+  nan_first = np.where(np.arange(len(saved)) == 0, np.nan, 1.0).astype(np.float32)
+  reader._cache[i] = dataclasses.replace(saved, credit=nan_first)
   try:
     nan_batch = make_batch(reader, np.array([i]), 16, spec)
   finally:

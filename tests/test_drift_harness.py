@@ -20,6 +20,7 @@ from hindsight.drift import DriftConfig, run_drift
 from hindsight.drift import reference as ref_lib
 from hindsight.envs import make
 from hindsight.errors import HindsightError
+from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.model.predictor import MODEL_FILE, Predictor, load_predictor
 
@@ -185,15 +186,15 @@ def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run)
   base = LabelConfig.from_metadata(meta)
   labeler = Labeler(env, policy, base)
   eps = [labels[int(i)] for i in ids]
-  traj = ref_lib.regenerate(
+  traj = tr.regenerate(
     labeler, meta["seed"], ids, [e["actions"] for e in eps], [e["rewards"] for e in eps]
   )
   # With the labels' own keys the relabel reproduces the stored labels bit for bit ...
-  same = ref_lib.label_trajectories(
+  same = tr.label_trajectories(
     labeler, traj, jax.vmap(episode_key, (None, 0))(meta["seed"], ids), progress=False
   )
   # ... with the reference's keys it is an independent estimate of the same quantity.
-  other = ref_lib.label_trajectories(
+  other = tr.label_trajectories(
     labeler, traj, ref_lib.reference_keys(meta["seed"], ids), progress=False
   )
   for row, e in enumerate(eps):
@@ -204,7 +205,7 @@ def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run)
   assert not np.array_equal(stored, fresh)
   # A dataset whose episodes do not regenerate is refused in one line.
   with pytest.raises(HindsightError, match="does not regenerate"):
-    ref_lib.regenerate(labeler, meta["seed"] + 1, ids, [e["actions"] for e in eps],
+    tr.regenerate(labeler, meta["seed"] + 1, ids, [e["actions"] for e in eps],
                        [e["rewards"] for e in eps])  # fmt: skip
 
 
@@ -218,11 +219,11 @@ def test_mc_reference_is_honest_against_the_dp_on_a_tabular_mdp():
   ids = np.arange(96)
   traj = to_numpy(mc.sample(jax.vmap(episode_key, (None, 0))(5, ids)))
   keys = ref_lib.reference_keys(5, ids)
-  a = ref_lib.label_trajectories(mc, traj, keys, progress=False)
-  b = ref_lib.label_trajectories(exact, traj, keys, progress=False)
+  a = tr.label_trajectories(mc, traj, keys, progress=False)
+  b = tr.label_trajectories(exact, traj, keys, progress=False)
   check = ref_lib.check_against_exact(a, b, np.asarray(traj.mask))
   assert check["steps"] > 300 and 0.85 <= check["z_rms"] <= 1.15, check
-  second = ref_lib.label_trajectories(mc, traj, ref_lib.reference_keys(5, ids, 1), progress=False)
+  second = tr.label_trajectories(mc, traj, ref_lib.reference_keys(5, ids, 1), progress=False)
   passes = ref_lib.check_passes(a, second, np.asarray(traj.mask))
   assert 0.75 <= passes["variance_ratio"] <= 1.3, passes
 

@@ -66,7 +66,7 @@ def write_audit_labels(
   def examples():
     for e in episodes:
       ep = pool.episodes[e]
-      T = len(ep["actions"])
+      T = len(ep)
       nan = np.full(T, np.nan, np.float32)
       fields = {name: nan.copy() for name in STEP_FIELDS + label_io.AUX_STEP_FIELDS}
       labeled = np.zeros(T, bool)
@@ -81,17 +81,17 @@ def write_audit_labels(
       klass = np.asarray(
         classify(fields["credit"], fields["credit_stderr"], label_cfg.decorative_tolerance, z)
       )
-      rewards = np.asarray(ep["rewards"], np.float32)
+      rewards = ep.rewards
       fields["return_to_go"] = np.cumsum(rewards[::-1])[::-1].astype(np.float32)
       ex = {
         "episode": np.int64(e),
         "length": np.int32(T),
         "return": np.float32(rewards.sum()),
-        "success": bool(ep["success"]),
-        "actions": np.asarray(ep["actions"], np.int32),
+        "success": ep.success,
+        "actions": ep.actions,
         "rewards": rewards,
-        "observations": np.asarray(ep["observations"]),
-        "tags": list(ep["tags"]),
+        "observations": ep.observations,
+        "tags": list(ep.tags),
         "klass": klass.astype(np.int64),
         "undefined": np.zeros(T, bool),
         "credit_bounded": bounded,
@@ -102,7 +102,7 @@ def write_audit_labels(
         ex["states"] = state_ids[e, :T].astype(np.int32)
       yield ex
 
-  obs = pool.episodes[0]["observations"]
+  obs = pool.episodes[0].observations
   features = label_io.build_features(obs.shape[1:], obs.dtype, with_states, partial=True)
   metadata = dict(
     env=spec,
@@ -117,6 +117,7 @@ def write_audit_labels(
     num_actions=env.num_actions,
     null_action=-1 if env.null_action is None else env.null_action,
     success_threshold=env.success_threshold,
+    success_from_return=env.success_from_return,
     decorative_tolerance=label_cfg.decorative_tolerance,
     confidence=label_cfg.confidence,
     stratify=label_cfg.stratify,

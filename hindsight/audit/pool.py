@@ -3,7 +3,7 @@
 Branching needs each step's *full* state (DESIGN section 1), which a log of observations
 does not hold (the reasoning environment's competence is never observed). The pool is
 therefore made of trajectories hindsight can regenerate bit for bit from their key
-(`drift.reference`, the regeneration contract: episode i of seed S is sampled from
+(`labeling.trajectories`, the regeneration contract: episode i of seed S is sampled from
 `fold_in(episode_key(S, i), 0)`):
 
   --env SPEC            fresh episodes 0..n-1 of the audit's seed, drawn from SPEC's policy;
@@ -26,9 +26,10 @@ import os
 import jax
 import numpy as np
 
+from hindsight.data.episode import Episode
 from hindsight.data.labels import open_labels
-from hindsight.drift import reference as ref_lib
 from hindsight.errors import HindsightError
+from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import Trajectory
 
@@ -41,7 +42,7 @@ class Pool:
   them; `source` describes where they came from (for the report)."""
 
   traj: Trajectory
-  episodes: list[dict]
+  episodes: list[Episode]
   source: dict
 
   @property
@@ -50,14 +51,13 @@ class Pool:
 
 
 def _pool(labeler: Labeler, traj: Trajectory, source: dict) -> Pool:
-  episodes = ref_lib.episodes_from_arrays(labeler.env, ref_lib.trajectory_arrays(labeler.env, traj))
-  return Pool(traj=traj, episodes=episodes, source=source)
+  return Pool(traj=traj, episodes=tr.episodes_from_trajectories(labeler.env, traj), source=source)
 
 
 def from_env(labeler: Labeler, spec: str, num_episodes: int, seed: int) -> Pool:
   """Fresh episodes 0..n-1 of seed (seed + AUDIT_SEED_OFFSET) of `spec`."""
   pool_seed = seed + AUDIT_SEED_OFFSET
-  traj = ref_lib.sample_trajectories(labeler, pool_seed, np.arange(num_episodes))
+  traj = tr.sample_trajectories(labeler, pool_seed, np.arange(num_episodes))
   return _pool(
     labeler, traj, {"kind": "env", "env": spec, "seed": pool_seed, "episodes": num_episodes}
   )
@@ -124,16 +124,15 @@ def from_file(labeler: Labeler, path: str, episodes: list[dict]) -> Pool:
   for seed, js in by_seed.items():
     group = [episodes[j] for j in js]
     ids = np.array([ep["episode"] for ep in group])
-    traj = ref_lib.sample_trajectories(labeler, seed, ids)
-    for row, (j, ep) in enumerate(zip(js, group, strict=True)):
-      n = ep["actions"].size
-      same = np.array_equal(traj.actions[row, :n], ep["actions"])
-      same &= int(traj.mask[row].sum()) == n and np.allclose(traj.rewards[row, :n], ep["rewards"])
-      if not same:
-        raise HindsightError(
-          f"{path}:{ep['line']}: does not regenerate from seed {seed}, episode "
-          f"{ep['episode']} (another environment, policy or hindsight version?)"
-        )
+    traj = tr.sample_trajectories(labeler, seed, ids)
+    bad = tr.mismatched_rows(traj, [ep["actions"] for ep in group], [ep["rewards"] for ep in group])
+    if bad:
+      ep = group[bad[0]]
+      raise HindsightError(
+        f"{path}:{ep['line']}: does not regenerate from seed {seed}, episode "
+        f"{ep['episode']} (another environment, policy or hindsight version?)"
+      )
+    for row, j in enumerate(js):
       rows[j] = jax.tree.map(lambda x, row=row: x[row], traj)
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *rows)
   source = {"kind": "file", "path": os.path.abspath(path), "episodes": len(episodes)}
@@ -146,7 +145,7 @@ def from_dataset(labeler: Labeler, labels, max_episodes: int) -> Pool:
   seed = int(labels.metadata.get("seed", 0))
   ids = np.arange(n)
   eps = [labels[int(i)] for i in ids]
-  traj = ref_lib.regenerate(
+  traj = tr.regenerate(
     labeler,
     seed,
     ids,

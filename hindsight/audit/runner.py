@@ -155,9 +155,9 @@ def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> 
   for name in PREDICTION_FIELDS:
     out[f"model_{name}"] = np.array([scores[e][name][s] for e, s in zip(episode, t, strict=True)])
   out["lo"], out["hi"] = bounds[episode, t, 0], bounds[episode, t, 1]
-  out["tag"] = np.array([pool.episodes[e]["tags"][s] for e, s in zip(episode, t, strict=True)])
-  out["success"] = np.array([pool.episodes[e]["success"] for e in episode])
-  returns = np.array([float(np.sum(e["rewards"])) for e in pool.episodes])
+  out["tag"] = np.array([pool.episodes[e].tags[s] for e, s in zip(episode, t, strict=True)])
+  out["success"] = np.array([pool.episodes[e].success for e in episode])
+  returns = np.array([e.episode_return for e in pool.episodes])
   out["outcome"] = outcome_signal(returns, lengths)[episode]
   return out
 

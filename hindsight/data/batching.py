@@ -12,56 +12,17 @@ observation features.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from typing import Any
 
 import jax
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
+from hindsight.data.episode import Episode
+from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 
 SPLITS = ("train", "validation", "test")
-# Per-step input and label fields a batch carries (besides the masks).
-_STEP_FIELDS = ("actions", "rewards", "credit", "credit_stderr", "klass", "progress")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """What the model must know about a label dataset; saved as JSON beside checkpoints.
-
-  obs_kind: "discrete" (one int id per step, embedded) or "vector" (float [D], an MLP).
-  obs_dim: the number of ids (discrete) or D (vector).
-  obs_mean, obs_std: per-feature statistics of the training split (vector observations).
-  value_scale: the standard deviation of the training split's finite credits; credits,
-    rewards and returns are divided by it inside the model, so one config fits any scale.
-  """
-
-  obs_kind: str
-  obs_dim: int
-  num_actions: int
-  max_length: int
-  num_classes: int
-  obs_mean: tuple[float, ...]
-  obs_std: tuple[float, ...]
-  value_scale: float
-  num_agents: int = 0  # > 0: a multi-agent dataset with agent-level labels (`team`)
-  # The labels' class rule (`credit.estimators.classify`): the Predictor classifies its own
-  # predictive interval by the same tolerance and confidence.
-  decorative_tolerance: float = 0.05
-  confidence: float = 0.95
-  # An episode succeeds when its return exceeds this (episodes given without `success`).
-  success_threshold: float = 0.0
-
-  def to_json(self) -> str:
-    return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-  @classmethod
-  def from_json(cls, text: str) -> DataSpec:
-    d = json.loads(text)
-    d["obs_mean"], d["obs_std"] = tuple(d["obs_mean"]), tuple(d["obs_std"])
-    return cls(**d)
 
 
 def split_episodes(num_episodes: int, fractions: tuple[float, float], seed: int) -> dict:
@@ -90,28 +51,14 @@ class EpisodeReader:
 
   def __init__(self, labels):
     self.labels = labels
-    self._cache: dict[int, dict[str, Any]] = {}
+    self._cache: dict[int, Episode] = {}
 
   def __len__(self) -> int:
     return len(self.labels)
 
-  def __getitem__(self, i: int) -> dict[str, Any]:
+  def __getitem__(self, i: int) -> Episode:
     if i not in self._cache:
-      ex = self.labels[int(i)]
-      episode = {name: np.asarray(ex[name]) for name in _STEP_FIELDS}
-      episode["klass"] = episode["klass"].astype(np.int32)
-      episode["observations"] = np.asarray(ex["observations"])
-      episode["success"] = bool(ex["success"])
-      episode["tags"] = [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
-      # The credit stderr is the conservative tie bound, not a noise level (not a batch field).
-      n = len(episode["actions"])
-      episode["credit_bounded"] = np.asarray(ex.get("credit_bounded", np.zeros(n)), bool)
-      if "agent" in ex:
-        for name in ("agent", "agent_shapley", "agent_shapley_stderr"):
-          episode[name] = np.asarray(ex[name])
-      if "labeled" in ex:  # an audit's dataset: only these steps carry labels
-        episode["labeled"] = np.asarray(ex["labeled"], bool)
-      self._cache[i] = episode
+      self._cache[i] = Episode.from_example(self.labels[int(i)])
     return self._cache[i]
 
   def scan(self, train: np.ndarray, horizon: int | None) -> tuple[np.ndarray, DataSpec]:
@@ -147,6 +94,7 @@ class EpisodeReader:
     spec = DataSpec(
       num_agents=len(meta.get("agent_names") or ()),
       success_threshold=float(meta.get("success_threshold", 0.0)),
+      success_from_return=bool(meta.get("success_from_return", True)),
       obs_kind=kind,
       obs_dim=dim,
       num_actions=max(int(meta.get("num_actions", 0)), actions_max + 1),
@@ -228,76 +176,11 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
   return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec)
 
 
-def as_episode(episode: dict, spec: DataSpec, where: str = "episode") -> dict:
-  """An in-memory episode (the export format: observations, actions, rewards, optional
-  success, agent and label fields, as lists or arrays) checked against `spec` and converted
-  to arrays. Bad input raises a one-line HindsightError naming `where` and the field."""
-  if not isinstance(episode, dict):
-    raise HindsightError(f"{where}: expected an object with observations, actions, rewards")
-  for name in ("observations", "actions", "rewards"):
-    if name not in episode:
-      raise HindsightError(f"{where}: missing field '{name}'")
-  try:
-    actions = np.asarray(episode["actions"])
-    with np.errstate(over="ignore"):  # a huge reward becomes inf, refused below
-      rewards = np.asarray(episode["rewards"], np.float32)
-    obs = np.asarray(episode["observations"])
-  except (TypeError, ValueError, OverflowError):
-    raise HindsightError(f"{where}: observations, actions and rewards must be arrays") from None
-  n = actions.shape[0] if actions.ndim == 1 else -1
-  if n < 1:
-    raise HindsightError(f"{where}: 'actions' must be a non-empty list of ints")
-  if not np.issubdtype(actions.dtype, np.integer):
-    raise HindsightError(f"{where}: 'actions' must be ints, got {actions.dtype}")
-  if actions.min() < 0 or actions.max() >= spec.num_actions:
-    raise HindsightError(f"{where}: an action is outside [0, {spec.num_actions})")
-  if rewards.shape != (n,) or not np.all(np.isfinite(rewards)):
-    raise HindsightError(f"{where}: 'rewards' must be {n} finite numbers, one per action")
-  want = (n, spec.obs_dim) if spec.obs_kind == "vector" else (n,)
-  if obs.shape != want:
-    raise HindsightError(f"{where}: 'observations' has shape {obs.shape}, the model needs {want}")
-  if spec.obs_kind == "vector" and not np.issubdtype(obs.dtype, np.number):
-    raise HindsightError(f"{where}: 'observations' must be numbers")
-  if spec.obs_kind == "vector" and not np.all(np.isfinite(obs)):
-    raise HindsightError(f"{where}: 'observations' must be finite (no NaN or inf)")
-  if spec.obs_kind == "discrete" and not np.issubdtype(obs.dtype, np.integer):
-    raise HindsightError(f"{where}: 'observations' must be int ids for this model")
-  out = {"observations": obs, "actions": actions.astype(np.int32), "rewards": rewards}
-  success = episode.get("success")
-  if success is not None and not isinstance(success, bool | int | float | np.bool_ | np.number):
-    raise HindsightError(f"{where}: 'success' must be true or false")
-  out["success"] = bool(rewards.sum() > spec.success_threshold if success is None else success)
-  for name in ("credit", "credit_stderr", "progress"):
-    if episode.get(name) is not None:
-      try:
-        out[name] = np.asarray(episode[name], np.float32).reshape(n)
-      except (TypeError, ValueError):
-        raise HindsightError(f"{where}: '{name}' must be {n} numbers") from None
-  if episode.get("klass") is not None:
-    klass = np.asarray(episode["klass"])
-    if klass.dtype.kind in "US":  # the export format names classes
-      unknown = set(klass.tolist()) - set(KLASS_NAMES)
-      if unknown:
-        raise HindsightError(f"{where}: unknown klass {sorted(unknown)[0]!r}")
-      klass = np.array([KLASS_NAMES.index(k) for k in klass.tolist()])
-    out["klass"] = klass.astype(np.int32)
-  if spec.num_agents:
-    try:
-      agent = np.asarray(episode.get("agent", np.arange(n) % spec.num_agents))
-    except (TypeError, ValueError):
-      agent = np.zeros(0)
-    ok = agent.shape == (n,) and np.issubdtype(agent.dtype, np.integer)
-    if not ok or agent.min() < 0 or agent.max() >= spec.num_agents:
-      raise HindsightError(f"{where}: 'agent' must be {n} ids in [0, {spec.num_agents})")
-    out["agent"] = agent
-  return out
-
-
 def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
   """Padded arrays of in-memory episodes (None = an empty row), every field [B, T] unless
   noted; episodes longer than `pad` are cut at `pad`.
 
-  Episodes are dicts of arrays (EpisodeReader items, or `as_episode` outputs); fields a
+  Episodes are `Episode`s (EpisodeReader items, or `Episode.parse` outputs); fields a
   scored-only episode lacks (credit, its stderr, progress, klass) stay 0 and out of
   label_mask. mask: valid steps; label_mask: valid steps whose credit label is finite (an
   `undefined` credit under policy_other is NaN and stays out of the regression loss);
@@ -332,29 +215,31 @@ def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
   for row, ep in enumerate(episodes):
     if ep is None:
       continue
-    n = min(len(ep["actions"]), pad)
-    obs = ep["observations"][:n]
+    n = min(len(ep), pad)
+    obs = ep.observations[:n]
     batch["observations"][row, :n] = obs if vector else np.clip(obs, 0, spec.obs_dim - 1)
-    batch["actions"][row, :n] = np.clip(ep["actions"][:n], 0, spec.num_actions - 1)
-    batch["rewards"][row, :n] = ep["rewards"][:n]
+    batch["actions"][row, :n] = np.clip(ep.actions[:n], 0, spec.num_actions - 1)
+    batch["rewards"][row, :n] = ep.rewards[:n]
     batch["mask"][row, :n] = True
-    batch["success"][row] = float(ep["success"])
-    if "credit" in ep:
-      for name in ("progress", "klass"):
-        if name in ep:
-          batch[name][row, :n] = ep[name][:n]
-      credit = np.asarray(ep["credit"][:n], np.float32)
-      stderr = np.asarray(ep.get("credit_stderr", np.zeros(n))[:n], np.float32)
+    batch["success"][row] = float(ep.success)
+    if ep.has_labels:
+      if ep.progress is not None:
+        batch["progress"][row, :n] = ep.progress[:n]
+      if ep.klass is not None:
+        batch["klass"][row, :n] = ep.klass[:n]
+      credit = np.asarray(ep.credit[:n], np.float32)
+      stderr = ep.credit_stderr if ep.credit_stderr is not None else np.zeros(n)
+      stderr = np.asarray(stderr[:n], np.float32)
       finite = np.isfinite(credit) & np.isfinite(stderr)
       batch["credit"][row, :n] = np.where(finite, credit, 0.0)
       batch["credit_stderr"][row, :n] = np.where(finite, stderr, 0.0)
-      labeled = np.asarray(ep.get("labeled", np.ones(n, bool))[:n], bool)
+      labeled = np.ones(n, bool) if ep.labeled is None else np.asarray(ep.labeled[:n], bool)
       batch["label_mask"][row, :n] = finite & labeled
       batch["class_mask"][row, :n] = labeled
     if n_agents:
-      batch["agent"][row, :n] = ep["agent"][:n]
-      if "agent_shapley" in ep:
-        batch["agent_shapley"][row] = ep["agent_shapley"]
-        batch["agent_shapley_stderr"][row] = ep["agent_shapley_stderr"]
+      batch["agent"][row, :n] = ep.agent[:n]
+      if ep.agent_shapley is not None:
+        batch["agent_shapley"][row] = ep.agent_shapley
+        batch["agent_shapley_stderr"][row] = ep.agent_shapley_stderr
         batch["agent_mask"][row] = True
   return batch

@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from hindsight.data.batching import DataSpec
+from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import Block, ModelConfig
 from hindsight.progress import CompileAwareBar
 
@@ -174,14 +174,14 @@ class LearnedBaseline:
   base: float  # p_{-1} (prm) or g_{-1} (rudder)
   return_scale: float
 
-  def credit(self, batch_fn, episodes: list[dict], rows: int = 64) -> list[np.ndarray]:
+  def credit(self, batch_fn, episodes: list, rows: int = 64) -> list[np.ndarray]:
     """Per-episode credit [T_i]; batch_fn(episodes) pads them (Predictor.batch)."""
     out = []
     for start in range(0, len(episodes), rows):
       chunk = episodes[start : start + rows]
       batch = batch_fn(chunk)
       c = history_credit(self.kind, self.graphdef, self.state, batch, self.base, self.return_scale)
-      out += [c[i, : len(e["actions"])] for i, e in enumerate(chunk)]
+      out += [c[i, : len(e)] for i, e in enumerate(chunk)]
     return out
 
 

@@ -14,11 +14,11 @@ import numpy as np
 
 from hindsight.credit.policy_gradient import episode_gradients, exact_gradient, gradient_stats
 from hindsight.credit.replacement import REPLACEMENTS
-from hindsight.drift.reference import sample_and_label
 from hindsight.envs import make
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.labeling.trajectories import sample_and_label
 
 # Replacements of the table (policy_no_repeat needs action content classes; tabular has none).
 GRADIENT_REPLACEMENTS = tuple(r for r in REPLACEMENTS if r != "policy_no_repeat")

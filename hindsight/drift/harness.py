@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from hindsight.data.batching import BatchPlan, EpisodeReader, bucket_lengths, make_batch
+from hindsight.data.episode import Episode
 from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
@@ -32,6 +33,7 @@ from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, sha256_file
+from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import LabelConfig, Labeler
 from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
@@ -43,6 +45,9 @@ DEFAULT_SHIFTS = {
 # Seeds of fresh episode sets: --seed + this (+ 1 + j for shift j), whatever the run's labels,
 # so every run evaluated with --env SPEC meets the same episodes (a before/after comparison).
 SHIFT_SEED_OFFSET = 1_000_003
+# Part of every cache key: caches of an older layout (fresh sets without `success`) are
+# recomputed, never read.
+CACHE_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,21 +89,12 @@ class DriftConfig:
       raise HindsightError("--check-episodes must be >= 2")
 
 
-def _decode(ex: dict) -> dict:
-  """A dataset example -> the episode dict the model scores (observations, actions,
-  rewards, success) and its tag names."""
-  ep = {k: np.asarray(ex[k]) for k in ("observations", "actions", "rewards")}
-  ep["success"] = bool(ex["success"])
-  ep["tags"] = [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
-  return ep
-
-
 class EpisodeSet:
-  """One evaluated set: episodes (dicts) + per-step columns over their valid steps."""
+  """One evaluated set: episodes + per-step columns over their valid steps."""
 
-  def __init__(self, name: str, episodes: list[dict], reference: dict, labels: dict | None):
+  def __init__(self, name: str, episodes: list[Episode], reference: dict, labels: dict | None):
     self.name, self.episodes, self.reference = name, episodes, reference
-    lengths = np.array([len(e["actions"]) for e in episodes])
+    lengths = np.array([len(e) for e in episodes])
     self.lengths = lengths
     mask = np.arange(reference["credit"].shape[1])[None] < lengths[:, None]
     self.mask = mask
@@ -109,8 +105,8 @@ class EpisodeSet:
     self.cols["episode"] = np.repeat(np.arange(len(episodes)), lengths)
     self.cols["t"] = np.concatenate([np.arange(n) for n in lengths])
     self.cols["length"] = np.repeat(lengths, lengths)
-    self.cols["success"] = np.repeat([e["success"] for e in episodes], lengths)
-    self.cols["tag"] = np.concatenate([np.asarray(e["tags"], dtype=object) for e in episodes])
+    self.cols["success"] = np.repeat([e.success for e in episodes], lengths)
+    self.cols["tag"] = np.concatenate([np.asarray(e.tags, dtype=object) for e in episodes])
     self.rollout_steps = reference.get("rollout_steps")
 
   def add_episode_signal(self, name: str, per_episode: list[np.ndarray]) -> None:
@@ -147,6 +143,7 @@ class _Context:
   def cached(self, name: str, compute, **key) -> dict:
     """compute() once; later runs load OUT/cache/NAME-<digest of key and config>.npz."""
     key["config"] = dataclasses.asdict(self.ref_cfg)
+    key["format"] = CACHE_FORMAT
     path = os.path.join(self.cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
     hit = ref_lib.load_cached(path)
     if hit is None:
@@ -231,9 +228,7 @@ def run_drift(cfg: DriftConfig) -> dict:
       s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
   score_seconds = time.perf_counter() - tic_score
   for s in sets:
-    s.add_episode_signal(
-      "outcome", [np.full(len(e["actions"]), float(np.sum(e["rewards"]))) for e in s.episodes]
-    )
+    s.add_episode_signal("outcome", [np.full(len(e), e.episode_return) for e in s.episodes])
   reader = EpisodeReader(labels)
   models = _learned_baselines(cfg, predictor, reader, run) if cfg.baseline_steps else []
   for m in models:
@@ -284,18 +279,18 @@ def _test_split_set(ctx: _Context, labels, ids: np.ndarray):
   tabular, else the regenerated trajectories relabeled at K_ref with independent keys.
   Returns (EpisodeSet, Trajectory of the episodes)."""
   eps = [labels[int(i)] for i in ids]
-  episodes = [_decode(e) for e in eps]
+  episodes = [Episode.from_example(e) for e in eps]
   fields = ("credit", "credit_stderr", "progress", "phi_hard", "klass", "credit_bounded")
   train_labels = _pad_fields([{k: np.asarray(e[k]) for k in fields} for e in eps], ctx.env.horizon)
-  traj = ref_lib.regenerate(
-    ctx.labeler(), ctx.seed, ids, [e["actions"] for e in episodes], [e["rewards"] for e in episodes]
+  traj = tr.regenerate(
+    ctx.labeler(), ctx.seed, ids, [e.actions for e in episodes], [e.rewards for e in episodes]
   )
 
   def compute():
     what = "reference (DP)" if ctx.tabular else f"reference K={ctx.ref_cfg.num_rollouts}"
     labeler = ctx.labeler(exact_if_tabular=True)
     keys = ref_lib.reference_keys(ctx.seed, ids)
-    return _keep(ref_lib.label_trajectories(labeler, traj, keys, ctx.cfg.progress, what))
+    return _keep(tr.label_trajectories(labeler, traj, keys, ctx.cfg.progress, what))
 
   reference = ctx.cached(
     "reference", compute, data=ctx.digest, ids=ids.tolist(), tabular=ctx.tabular
@@ -310,15 +305,13 @@ def _fresh_set(ctx: _Context, spec: str, ids: np.ndarray):
 
   def compute():
     labeler = ctx.labeler(exact_if_tabular=True)
-    t, lab = ref_lib.sample_and_label(
-      labeler, seed, ids.size, ctx.cfg.progress, f"{spec} reference"
-    )
-    return _keep(lab) | ref_lib.trajectory_arrays(ctx.env, t)
+    t, lab = tr.sample_and_label(labeler, seed, ids.size, ctx.cfg.progress, f"{spec} reference")
+    return _keep(lab) | tr.trajectory_arrays(ctx.env, t)
 
   got = ctx.cached("fresh", compute, env=spec, seed=seed, n=int(ids.size))
   m = min(ctx.cfg.check_episodes, ids.size)
-  traj = ref_lib.sample_trajectories(ctx.labeler(), seed, np.arange(m))
-  return EpisodeSet(spec, ref_lib.episodes_from_arrays(ctx.env, got), got, None), traj
+  traj = tr.sample_trajectories(ctx.labeler(), seed, np.arange(m))
+  return EpisodeSet(spec, tr.episodes_from_arrays(ctx.env, got), got, None), traj
 
 
 def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -> dict:
@@ -330,9 +323,7 @@ def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -
 
   def compute():
     keys = ref_lib.reference_keys(seed, check_ids, 1)
-    labels = ref_lib.label_trajectories(
-      ctx.labeler(), check_traj, keys, ctx.cfg.progress, "check pass"
-    )
+    labels = tr.label_trajectories(ctx.labeler(), check_traj, keys, ctx.cfg.progress, "check pass")
     return _keep(labels)
 
   check = ctx.cached(
@@ -353,13 +344,13 @@ def _shift_set(ctx: _Context, spec: str, j: int):
 
   def compute():
     labeler = ctx.labeler(env, policy, exact_if_tabular=True)
-    t, lab = ref_lib.sample_and_label(
+    t, lab = tr.sample_and_label(
       labeler, seed, ctx.cfg.shift_episodes, ctx.cfg.progress, f"{spec} reference"
     )
-    return _keep(lab) | ref_lib.trajectory_arrays(env, t)
+    return _keep(lab) | tr.trajectory_arrays(env, t)
 
   got = ctx.cached("shift", compute, env=spec, seed=seed, n=ctx.cfg.shift_episodes)
-  return EpisodeSet(spec, ref_lib.episodes_from_arrays(env, got), got, None)
+  return EpisodeSet(spec, tr.episodes_from_arrays(env, got), got, None)
 
 
 def _keep(labels: dict) -> dict:
@@ -399,9 +390,9 @@ def _learned_baselines(cfg, predictor, reader, run) -> list:
   (Retrained on every run: seconds each, and deterministic.)"""
   spec = predictor.spec
   train_ids = np.asarray(run["train"], np.int64)
-  lengths = np.array([len(reader[int(i)]["actions"]) for i in train_ids])
-  returns = np.array([float(np.sum(reader[int(i)]["rewards"])) for i in train_ids])
-  success = np.array([bool(reader[int(i)]["success"]) for i in train_ids])
+  lengths = np.array([len(reader[int(i)]) for i in train_ids])
+  returns = np.array([reader[int(i)].episode_return for i in train_ids])
+  success = np.array([reader[int(i)].success for i in train_ids])
   return_scale = float(max(returns.std(), 1e-6))
   bcfg = bl.BaselineConfig(steps=cfg.baseline_steps, seed=cfg.seed)
   pads = bucket_lengths(lengths, 2)
@@ -442,8 +433,8 @@ def _gradient_learned_sources(env, predictor, models):
 
   def sources(traj, labels):
     del labels
-    arrays = ref_lib.trajectory_arrays(env, traj)
-    episodes = ref_lib.episodes_from_arrays(env, arrays)
+    arrays = tr.trajectory_arrays(env, traj)
+    episodes = tr.episodes_from_arrays(env, arrays)
     H = arrays["actions"].shape[1]
 
     def padded(per_episode):

@@ -3,12 +3,8 @@
 Tabular environments: the exact dynamic programme (stderr 0). Otherwise the *same*
 trajectories relabeled with a large K and keys independent of the training labels' keys.
 
-Regeneration contract (what relabeling needs). A label dataset stores observations, not the
-full environment state (the reasoning environment's latent competence is never observed).
-Episode i of a dataset labeled with seed S was sampled from the key
-`fold_in(episode_key(S, i), 0)` (labeling.engine), so `Labeler.sample` regenerates its full
-state trajectory bit for bit; `regenerate` does so and refuses (one line) when the actions or
-rewards differ from the stored ones (a dataset from another hindsight version or machine).
+Relabeling needs each step's full state, which a dataset does not store: the trajectories are
+regenerated from their seeds (`labeling.trajectories`, the regeneration contract).
 
 Keys. The labels of episode i branch from `fold_in(episode_key(S, i), 1)`; reference pass p
 branches from `fold_in(fold_in(episode_key(S, i), REFERENCE_SALT), p)`, a different stream,
@@ -32,10 +28,7 @@ import jax
 import numpy as np
 from scipy import stats
 
-from hindsight.errors import HindsightError
-from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
-from hindsight.labeling.rollout import Trajectory
-from hindsight.progress import CompileAwareBar
+from hindsight.labeling.engine import LabelConfig, episode_key
 
 REFERENCE_SALT = 0x2EF5A17  # folds the reference's keys off an episode's root key
 # Per-step fields kept from a relabel (all [E, H]).
@@ -82,54 +75,6 @@ def choose_rollouts(
   k = label_rollouts * e2 / (fraction**2 * signal)
   k = max(4 * label_rollouts, k)
   return int(min(MAX_REFERENCE_ROLLOUTS, 1 << math.ceil(math.log2(max(k, 2)))))
-
-
-def sample_trajectories(labeler: Labeler, seed: int, indices: np.ndarray) -> Trajectory:
-  """The full-state trajectories of episodes `indices` of `seed` (NumPy leaves [E, ...]):
-  the same keys the labeling job samples them from."""
-  keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
-  return to_numpy(labeler.sample(keys))
-
-
-def regenerate(
-  labeler: Labeler, seed: int, indices: np.ndarray, actions: list, rewards: list
-) -> Trajectory:
-  """The full-state trajectories of dataset episodes `indices` (leaves [E, H + 1, ...]),
-  checked against their stored actions and rewards (module docstring)."""
-  traj = sample_trajectories(labeler, seed, indices)
-  for row, (i, a, r) in enumerate(zip(indices, actions, rewards, strict=True)):
-    n = len(a)
-    same = np.array_equal(traj.actions[row, :n], a) and int(traj.mask[row].sum()) == n
-    if not same or not np.allclose(traj.rewards[row, :n], r):
-      raise HindsightError(
-        f"episode {int(i)} does not regenerate from its seed (labeled by another hindsight "
-        "version or machine?): its reference cannot be computed; relabel the dataset"
-      )
-  return traj
-
-
-def label_trajectories(
-  labeler: Labeler, traj: Trajectory, keys: jax.Array, progress: bool = True, desc: str = ""
-) -> dict:
-  """Labels of given trajectories (leaves [E, ...]) with the labeler's K, in sharded,
-  micro-batched chunks (Labeler.relabel_program); NumPy fields [E, H] (and rollout_steps
-  [E]). The last chunk is padded by repeating its last episode, whose copies are dropped."""
-  E = int(traj.actions.shape[0])
-  multiple = labeler.chunk_multiple()
-  chunk = multiple * max(1, min(4, math.ceil(E / multiple)))
-  program = labeler.relabel_program(chunk)
-  out: dict[str, list] = {}
-  bar = CompileAwareBar(total=E, desc=desc or "reference", unit="ep", disable=not progress)
-  with bar:
-    for start in range(0, E, chunk):
-      stop = min(start + chunk, E)
-      take = np.minimum(np.arange(start, start + chunk), stop - 1)
-      part = jax.tree.map(lambda x, take=take: x[take], (traj, keys))
-      labels = to_numpy(program(*part))
-      for k, v in labels.items():
-        out.setdefault(k, []).append(np.asarray(v)[: stop - start])
-      bar.update(stop - start)
-  return {k: np.concatenate(v) for k, v in out.items()}
 
 
 def check_passes(a: dict, b: dict, mask: np.ndarray) -> dict:
@@ -189,59 +134,3 @@ def load_cached(path: str) -> dict | None:
 def reference_config(base: LabelConfig, rollouts: int, exact: bool = False) -> LabelConfig:
   """The labels' config (replacement, gamma, tolerance, confidence, stratify) at K."""
   return dataclasses.replace(base, num_rollouts=rollouts, exact=exact)
-
-
-def sample_and_label(
-  labeler: Labeler, seed: int, num_episodes: int, progress: bool = True, desc: str = ""
-) -> tuple[Trajectory, dict]:
-  """Episodes 0..n-1 of `seed` sampled and labeled (the labeling job's sharded chunk
-  program, without the dataset): (Trajectory, labels), NumPy leaves [n, ...]."""
-  multiple = labeler.chunk_multiple()
-  chunk = multiple * max(1, min(4, math.ceil(num_episodes / multiple)))
-  program = labeler.chunk_program(chunk)
-  trajs, labels = [], []
-  bar = CompileAwareBar(total=num_episodes, desc=desc or "sample", unit="ep", disable=not progress)
-  with bar:
-    for start in range(0, num_episodes, chunk):
-      n = min(chunk, num_episodes - start)
-      t, lab = to_numpy(program(np.uint32(seed), np.arange(start, start + chunk, dtype=np.int32)))
-      trajs.append(jax.tree.map(lambda x, n=n: x[:n], t))
-      labels.append({k: v[:n] for k, v in lab.items()})
-      bar.update(n)
-  cat = lambda *xs: np.concatenate(xs)  # noqa: E731
-  return jax.tree.map(cat, *trajs), jax.tree.map(cat, *labels)
-
-
-def trajectory_arrays(env, traj: Trajectory) -> dict:
-  """What an evaluation keeps of trajectories (leaves [n, H + 1, ...]): observations,
-  actions, rewards, mask and tag ids, NumPy [n, H, ...]."""
-  states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
-  params = env.default_params()
-  obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
-  tags = jax.vmap(jax.vmap(env.tag, (0, 0, None)), (0, 0, None))(states, traj.actions, params)
-  return {
-    "observations": np.asarray(obs),
-    "actions": np.asarray(traj.actions),
-    "rewards": np.asarray(traj.rewards),
-    "mask": np.asarray(traj.mask),
-    "tag_ids": np.asarray(tags),
-  }
-
-
-def episodes_from_arrays(env, arrays: dict) -> list[dict]:
-  """The episodes of `trajectory_arrays` as the dicts the model scores (observations,
-  actions, rewards, success, tag names), each cut to its length."""
-  out = []
-  for i in range(arrays["actions"].shape[0]):
-    n = int(arrays["mask"][i].sum())
-    rewards = arrays["rewards"][i, :n]
-    out.append(
-      {
-        "observations": arrays["observations"][i, :n],
-        "actions": arrays["actions"][i, :n],
-        "rewards": rewards,
-        "success": bool(rewards.sum() > env.success_threshold),
-        "tags": [env.tag_names[int(t)] for t in arrays["tag_ids"][i, :n]],
-      }
-    )
-  return out

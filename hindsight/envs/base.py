@@ -96,6 +96,12 @@ class Environment(abc.ABC):
     del final_state
     return episode_return > self.success_threshold
 
+  @property
+  def success_from_return(self) -> bool:
+    """Whether `success` is the default return level (not overridden): only then can an
+    episode's success be derived from its rewards alone (`DataSpec.success_from_return`)."""
+    return type(self).success is Environment.success
+
   def return_bounds(self, state: PyTree, params: PyTree) -> jax.Array:
     """float32 [2]: (lo, hi) with lo <= G_t <= hi for every return-to-go from `state`, under
     any first action and the policy after it, and every gamma in (0, 1].

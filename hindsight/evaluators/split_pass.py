@@ -51,11 +51,12 @@ def predict_split(
     for row, i in enumerate(ids):
       if i >= 0:
         ep = reader[int(i)]
-        ep_tags = np.asarray(ep["tags"] + [""] * pad)[:pad]
+        ep_tags = np.asarray(list(ep.tags) + [""] * pad)[:pad]
         tags.append(ep_tags[sel[row]])
         episodes.append(np.full(int(sel[row].sum()), i))
         ep_bounded = np.zeros(pad, bool)
-        ep_bounded[: len(ep["credit_bounded"])] = ep["credit_bounded"][:pad]
+        n = min(len(ep), pad)
+        ep_bounded[:n] = ep.credit_bounded[:n]
         bounded.append(ep_bounded[sel[row]])
   losses = {k: sums[k] / max(counts[k], 1.0) for k in sums}
   if not with_steps:

@@ -524,7 +524,7 @@ class Labeler:
       exact=exact,
     )
     out["tags"] = jax.vmap(env.tag, (0, 0, None))(states, a, self.env_params)
-    out["success"] = env.success(final_state, out["return"])
+    out["success"] = traj.success  # the trajectory's own (rollout.Trajectory)
     out["rollout_steps"] = steps.sum().astype(jnp.int64 if jax.config.x64_enabled else jnp.int32)
     return out
 

@@ -32,6 +32,7 @@ from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.registry import takes_policy_options
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, atomic_write_text
+from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
@@ -101,6 +102,7 @@ class _JaxSource:
     self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
     self.num_actions, self.null_action = env.num_actions, env.null_action
     self.success_threshold, self.tag_names = env.success_threshold, tuple(env.tag_names)
+    self.success_from_return = env.success_from_return
     state = env.reset(jax.random.key(0), env.default_params())
     obs = jax.eval_shape(lambda: env.observation(state, env.default_params()))
     self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
@@ -166,6 +168,7 @@ class _PySource:
     self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
     self.num_actions, self.null_action = env.num_actions, None
     self.success_threshold = self.py_job.success_threshold
+    self.success_from_return = True  # adapters: success is return > success_threshold
     self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
     self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
     self.with_states = False
@@ -185,17 +188,11 @@ def _chunk_path(work: str, start: int, stop: int) -> str:
 
 
 def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -> dict:
-  """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...])."""
+  """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...]).
+  (The labels carry the tags and success; the trajectory's arrays the rest.)"""
   n = stop - start
-  arrays = {k: np.asarray(v)[:n] for k, v in labels.items()}
-  arrays["actions"] = np.asarray(traj.actions)[:n]
-  arrays["rewards"] = np.asarray(traj.rewards)[:n]
-  arrays["mask"] = np.asarray(traj.mask)[:n]
-  states = jax.tree.map(lambda x: x[:n, : env.horizon], traj.states)
-  flat = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))
-  arrays["observations"] = np.asarray(flat(states, env.default_params()))
-  if env.state_index(jax.tree.map(lambda x: x[0, 0], states)) is not None:
-    arrays["states"] = np.asarray(jax.vmap(jax.vmap(env.state_index))(states))
+  arrays = tr.trajectory_arrays(env, jax.tree.map(lambda x: x[:n], traj), with_tags=False)
+  arrays.update({k: np.asarray(v)[:n] for k, v in labels.items()})
   arrays["episode"] = np.arange(start, stop)
   return arrays
 
@@ -370,6 +367,7 @@ def _finish(job: LabelJob, source, out_dir: str, work: str, ranges, described: d
     num_actions=source.num_actions,
     null_action=-1 if source.null_action is None else source.null_action,
     success_threshold=source.success_threshold,
+    success_from_return=source.success_from_return,
     decorative_tolerance=job.config.decorative_tolerance,
     confidence=job.config.confidence,
     stratify=job.config.stratify,

@@ -38,12 +38,16 @@ class Trajectory:
   actions: int32 [H], a_t (0 on padding).
   rewards: float32 [H], r_t (0 on padding).
   mask:    bool [H], t < T (the step happened).
+  success: bool [], `env.success(states[H], R)` with R = sum_t r_t: whether the episode
+           succeeded, decided once, by the environment, where it was sampled (every
+           episode built from the trajectory carries it).
   """
 
   states: PyTree
   actions: jax.Array
   rewards: jax.Array
   mask: jax.Array
+  success: jax.Array
 
 
 def _where_tree(pred, new, old):
@@ -74,7 +78,9 @@ def sample_episode(
 
   final, (states, actions, rewards, mask) = jax.lax.scan(body, state0, length=env.horizon)
   states = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, final)
-  return Trajectory(states=states, actions=actions, rewards=rewards.astype(jnp.float32), mask=mask)
+  rewards = rewards.astype(jnp.float32)
+  success = jnp.asarray(env.success(final, rewards.sum()), bool)
+  return Trajectory(states=states, actions=actions, rewards=rewards, mask=mask, success=success)
 
 
 # -- random numbers of one step ------------------------------------------------------------

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hindsight.data.batching import DataSpec
+from hindsight.data.spec import DataSpec
 
 NUM_SCALAR_FEATURES = 6
 

@@ -38,7 +38,9 @@ import numpy as np
 from flax import nnx
 
 from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
-from hindsight.data.batching import DataSpec, as_episode, episodes_batch
+from hindsight.data.batching import episodes_batch
+from hindsight.data.episode import Episode
+from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 from hindsight.model.calibration import read_sigma_scale
 from hindsight.model.checkpoints import Checkpoints
@@ -252,9 +254,9 @@ class Predictor:
   def batch(self, episodes: Sequence[dict], pad: int | None = None) -> dict:
     """One padded batch of in-memory episodes (checked: a one-line error names the first
     bad one); pad defaults to the longest episode's length bucket (`pad_length`)."""
-    eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
     if pad is None:
-      pad = pad_length(max(len(e["actions"]) for e in eps))
+      pad = pad_length(max(len(e) for e in eps))
     return episodes_batch(eps, pad, self.spec)
 
   def warmup(self, max_steps: int | None = None) -> int:
@@ -276,15 +278,16 @@ class Predictor:
   def score(self, episodes: Sequence[dict], batch_size: int = ROW_BUCKETS[-1]) -> list[dict]:
     """Per-step outputs of every episode: [{name: array [T_i]}] in input order.
 
-    episodes: dicts in the export format, or a label dataset (`open_labels(DIR)`).
+    episodes: `Episode`s, dicts in the export format, or a label dataset
+      (`open_labels(DIR)`), each checked by `Episode.parse`.
 
     Episodes are grouped into length buckets (`pad_length`) and batches of ROW_BUCKETS rows
     (chunks of at most batch_size), so repeated calls reuse a few compiled programs.
     """
-    eps = [as_episode(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
     if not eps:
       return []
-    lengths = np.array([len(e["actions"]) for e in eps])
+    lengths = np.array([len(e) for e in eps])
     results: list[dict | None] = [None] * len(eps)
     for pad in sorted({pad_length(n) for n in lengths}):
       ids = np.flatnonzero([pad_length(n) == pad for n in lengths])

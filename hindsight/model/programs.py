@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 from ml_collections import ConfigDict
 
-from hindsight.data.batching import DataSpec
+from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import CreditModel, ModelConfig
 from hindsight.model.loss import credit_loss
 from hindsight.model.sharding import replicated, state_shardings

@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from hindsight.credit.estimators import KLASS_NAMES
-from hindsight.data.batching import as_episode
+from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError, one_line
 from hindsight.model.predictor import Predictor
 
@@ -224,7 +224,7 @@ def _trajectories(body, server: Server) -> list[dict]:
     if isinstance(steps, list) and len(steps) > server.max_steps:
       raise _Failure(413, f"{where}: {len(steps)} steps; the limit is {server.max_steps}")
     try:
-      out.append(as_episode(t, spec, where))
+      out.append(Episode.parse(t, spec, where))
     except HindsightError as e:
       raise _Failure(400, one_line(e)) from None
   return out

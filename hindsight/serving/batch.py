@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES
-from hindsight.data.batching import as_episode
+from hindsight.data.episode import Episode
 from hindsight.data.labels import CHECKSUMS, dataset_dir, episode_to_json, job_dir, open_labels
 from hindsight.errors import HindsightError
 from hindsight.files import atomic_open
@@ -78,7 +78,7 @@ def score_file(predictor: Predictor, path: str, out: str, progress: bool = True)
       chunk.clear()
 
     for i, ep in enumerate(episodes):
-      as_episode(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
+      Episode.parse(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
       chunk.append(ep)
       if len(chunk) == CHUNK:
         flush()

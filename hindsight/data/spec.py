@@ -1,0 +1,51 @@
+"""DataSpec: what a credit model must know about the data it was trained on.
+
+Saved as JSON in every checkpoint step (`hindsight.model.predictor.model_files`), so a
+step directory alone says which episodes the model can score and how to read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """What the model must know about a label dataset; saved as JSON beside checkpoints.
+
+  obs_kind: "discrete" (one int id per step, embedded) or "vector" (float [D], an MLP).
+  obs_dim: the number of ids (discrete) or D (vector).
+  obs_mean, obs_std: per-feature statistics of the training split (vector observations).
+  value_scale: the standard deviation of the training split's finite credits; credits,
+    rewards and returns are divided by it inside the model, so one config fits any scale.
+  success_from_return: the environment's success is "return > success_threshold"
+    (`Environment.success_from_return`). Only then may an episode given without `success`
+    (JSON lines, HTTP) have it derived from its rewards; otherwise a missing `success` is
+    an error naming the field (key_to_door's success is the door, not a return level).
+  """
+
+  obs_kind: str
+  obs_dim: int
+  num_actions: int
+  max_length: int
+  num_classes: int
+  obs_mean: tuple[float, ...]
+  obs_std: tuple[float, ...]
+  value_scale: float
+  num_agents: int = 0  # > 0: a multi-agent dataset with agent-level labels (`team`)
+  # The labels' class rule (`credit.estimators.classify`): the Predictor classifies its own
+  # predictive interval by the same tolerance and confidence.
+  decorative_tolerance: float = 0.05
+  confidence: float = 0.95
+  success_threshold: float = 0.0
+  success_from_return: bool = True
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+  @classmethod
+  def from_json(cls, text: str) -> DataSpec:
+    d = json.loads(text)
+    d["obs_mean"], d["obs_std"] = tuple(d["obs_mean"]), tuple(d["obs_std"])
+    return cls(**d)
