@@ -155,12 +155,15 @@ class Episode:
     return cls(**out)
 
   def to_arrays(self) -> dict[str, Any]:
-    """The fields that are set, as a dict of arrays (None fields left out)."""
+    """The fields that are set, as a dict of arrays (None fields and no tags left out)."""
     out = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if value is not None:
-        out[f.name] = list(value) if f.name == "tags" else value
+      if f.name == "tags":
+        if value:
+          out["tags"] = list(value)
+      elif value is not None:
+        out[f.name] = value
     return out
 
   def to_json(self) -> dict[str, Any]:

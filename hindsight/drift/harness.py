@@ -45,9 +45,9 @@ DEFAULT_SHIFTS = {
 # Seeds of fresh episode sets: --seed + this (+ 1 + j for shift j), whatever the run's labels,
 # so every run evaluated with --env SPEC meets the same episodes (a before/after comparison).
 SHIFT_SEED_OFFSET = 1_000_003
-# Part of every cache key: caches of an older layout (fresh sets without `success`) are
-# recomputed, never read.
-CACHE_FORMAT = 2
+# Caches that hold episodes carry their layout in the key: an older layout (fresh sets
+# without the trajectory's `success`) is recomputed, never read.
+EPISODE_CACHES, EPISODE_CACHE_FORMAT = ("fresh", "shift"), 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,8 @@ class _Context:
   def cached(self, name: str, compute, **key) -> dict:
     """compute() once; later runs load OUT/cache/NAME-<digest of key and config>.npz."""
     key["config"] = dataclasses.asdict(self.ref_cfg)
-    key["format"] = CACHE_FORMAT
+    if name in EPISODE_CACHES:
+      key["format"] = EPISODE_CACHE_FORMAT
     path = os.path.join(self.cache, f"{name}-{ref_lib.cache_key(**key)}.npz")
     hit = ref_lib.load_cached(path)
     if hit is None:
