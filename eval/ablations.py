@@ -1,6 +1,6 @@
 """Why the credit model misses the reference: one change at a time, each scored by the harness.
 
-  python eval/ablations.py --config configs/reasoning.py --labels runs/demo/labels \
+  python -m eval.ablations --config configs/reasoning.py --labels runs/demo/labels \
       --reuse baseline=runs/demo [--only beta0,beta1] [--set train.steps=3000] [--out runs/ablate]
 
 Every variant trains the config with one change (a hypothesis about what limits the model:
@@ -19,12 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from hindsight.cli import use_all_cpu_cores
+from hindsight.devices import use_all_cpu_cores
 
 use_all_cpu_cores()
 

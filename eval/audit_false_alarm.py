@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import sys
 import time
 
 from scipy import stats
 from tqdm import tqdm
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.audit import AuditConfig
 from hindsight.audit import pool as pool_lib

@@ -39,8 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 from hindsight.compile_cache import enable_compilation_cache
 from hindsight.envs import TabularEnv, make, random_mdp
 from hindsight.envs.tabular import cdf_table, with_peaked_policy

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 # One XLA CPU device per core, set before JAX starts, as `hindsight label` and training do.
@@ -29,8 +28,6 @@ os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={os.
 import jax
 import numpy as np
 from flax import nnx
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.config_io import load_config
 from hindsight.data.spec import DataSpec

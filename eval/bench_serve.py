@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,8 +21,6 @@ import threading
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.model.predictor import Predictor
 from hindsight.serving import Client

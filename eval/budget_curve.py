@@ -1,6 +1,6 @@
 """How to spend a labeling budget: episodes x K at a fixed number of branch rollouts.
 
-  python eval/budget_curve.py --config configs/reasoning.py --env reasoning \
+  python -m eval.budget_curve --config configs/reasoning.py --env reasoning \
       --points 1024x1024,2048x512,4096x256,8192x128,16384x64
 
 For each point E x K (the same E K branch rollouts per step, so about the same env steps)
@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from hindsight.cli import use_all_cpu_cores
+from hindsight.devices import use_all_cpu_cores
 
 use_all_cpu_cores()
 

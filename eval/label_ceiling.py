@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import numpy as np
 from scipy import stats
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.data import open_labels
 

@@ -18,12 +18,8 @@ dynamic-programming mode, and prints (hindsight.metrics.label_honesty):
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import jax.numpy as jnp
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from hindsight.envs import TabularEnv, peaked_mdp, rare_success_mdp
 from hindsight.labeling import LabelConfig, Labeler, to_numpy

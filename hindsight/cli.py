@@ -28,6 +28,8 @@ import json
 import os
 import sys
 
+from hindsight.devices import use_all_cpu_cores
+
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
   """Shows `(default: X)` where there is a default worth showing (not for required flags,
@@ -49,17 +51,6 @@ class _Parser(argparse.ArgumentParser):
 
   def error(self, message):
     self.exit(2, f"hindsight: error: {message} (see `{self.prog} --help`)\n")
-
-
-def use_all_cpu_cores() -> None:
-  """One XLA CPU device per core, so labeling shards episodes over every core.
-
-  Must run before JAX creates its CPU client; a user's own XLA_FLAGS setting wins.
-  """
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count or 1}".strip()
 
 
 def _return_range(text: str) -> tuple[float, float]:
@@ -178,8 +169,8 @@ def _parser() -> argparse.ArgumentParser:
   ev.add_argument(
     "--gradient-env",
     default=None,
-    help="tabular env spec of the policy-gradient table (default: the bundled key corridor; "
-    "'none' for none)",
+    help="tabular env spec of the policy-gradient table (default: key_corridor, the bundled "
+    "MDP; 'none' for none)",
   )
   ev.add_argument("--gradient-episodes", type=int, default=1024, help="episodes of that table")
   ev.add_argument("--bootstrap", type=int, default=400, help="bootstrap resamples per CI")

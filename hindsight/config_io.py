@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
+import sys
 
+import jax
 from ml_collections import ConfigDict
 
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, make_dir
 
 
 def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
@@ -23,10 +26,20 @@ def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
     raise HindsightError(f"--config {path}: no such file")
   module_spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(module_spec)
+  # A config in a package (configs/__init__.py) imports its siblings (`from configs import
+  # common`): the package's parent is importable while the config runs, from any cwd.
+  folder = os.path.dirname(os.path.abspath(path))
+  root = os.path.dirname(folder) if os.path.isfile(os.path.join(folder, "__init__.py")) else ""
+  added = bool(root) and root not in sys.path
+  if added:
+    sys.path.insert(0, root)
   try:
     module_spec.loader.exec_module(module)
   except Exception as e:
     raise HindsightError(f"--config {path}: {type(e).__name__}: {e}") from e
+  finally:
+    if added:
+      sys.path.remove(root)
   if not hasattr(module, "get_config"):
     raise HindsightError(f"--config {path}: defines no get_config()")
   try:
@@ -70,3 +83,45 @@ def set_field(config: ConfigDict, name: str, text: str) -> None:
       f"--config.{name}={text}: expected {type(old).__name__}, like the default {old!r}"
     )
   node[leaf] = value
+
+
+def _flatten(cfg: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in cfg.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_workdir(config: ConfigDict, workdir: str, launch_fields=()) -> None:
+  """A workdir belongs to one config: WORKDIR/config.json records it on the first run,
+  and a later run with a different config is refused in one line. `launch_fields`
+  (dotted names) may differ between launches of one run (a coordinator address)."""
+  make_dir(workdir, "--workdir")
+  current = {k: v for k, v in _flatten(config.to_dict()).items() if k not in launch_fields}
+  path = os.path.join(workdir, "config.json")
+  if os.path.isfile(path):
+    with open(path) as f:
+      saved = {k: v for k, v in json.load(f).items() if k not in launch_fields}
+    current_json = json.loads(json.dumps(current))
+    # A field added to the configs after the run was made (absent from its config.json)
+    # changes nothing while it holds its off value ("", 0, False: every new field's default).
+    added_off = {k for k, v in current_json.items() if k not in saved and v in ("", 0, False)}
+    diff = sorted(
+      k for k in (set(saved) | set(current_json)) - added_off if saved.get(k) != current_json.get(k)
+    )
+    if diff:
+      raise HindsightError(
+        f"--workdir {workdir} holds a run of a different config ({', '.join(diff[:3])} differ)"
+      )
+  elif _process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(current, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def _process_index() -> int:
+
+  return jax.process_index()

@@ -1,4 +1,4 @@
-"""Test setup: 8 fake CPU devices (DESIGN section 4), set before JAX starts."""
+"""Test setup: 8 fake CPU devices (docs/design.md, section 3), set before JAX starts."""
 
 import os
 import sys

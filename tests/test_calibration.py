@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hindsight.errors import HindsightError
-from hindsight.model.calibration import fit_sigma_scale, read_sigma_scale, write_calibration
+from hindsight.model.calibration import calibration_text, fit_sigma_scale, read_sigma_scale
 
 
 @pytest.mark.parametrize("tau", [0.5, 1.0, 1.7])
@@ -50,7 +50,7 @@ def test_fit_covers_the_truth_where_the_spread_has_the_wrong_shape():
 
 def test_calibration_file_belongs_to_its_step(tmp_path):
   assert read_sigma_scale(str(tmp_path), 100) == 1.0  # none written
-  write_calibration(str(tmp_path), 100, 1.3, 500)
+  (tmp_path / "calibration.json").write_text(calibration_text(100, 1.3, 500))
   assert read_sigma_scale(str(tmp_path), 100) == pytest.approx(1.3)
   assert read_sigma_scale(str(tmp_path), 200) == 1.0  # fitted for another step
   (tmp_path / "calibration.json").write_text("{not json")

@@ -108,11 +108,21 @@ def test_bfloat16_compute_scores_like_float32(tabular_run):
   assert not np.array_equal(a, b)  # it did compute in another precision
 
 
-def test_predictor_applies_the_runs_fitted_sigma_scale(tabular_run):
-  with open(os.path.join(tabular_run, "calibration.json")) as f:
-    fitted = json.load(f)
+def test_predictor_applies_the_steps_fitted_sigma_scale(tabular_run, tmp_path):
   calibrated, raw = Predictor.load(tabular_run), Predictor.load(tabular_run, calibrated=False)
+  step_dir = os.path.join(tabular_run, "checkpoints", str(calibrated.step))
+  with open(os.path.join(step_dir, "calibration.json")) as f:
+    fitted = json.load(f)
   assert fitted["step"] == calibrated.step and raw.sigma_scale == 1.0
+  # The calibration travels with its step: a step copied into another run keeps it, and
+  # the step's manifest covers it.
+  copy = tmp_path / "copy" / "checkpoints"
+  shutil.copytree(os.path.join(tabular_run, "checkpoints"), copy)
+  assert Predictor.load(str(tmp_path / "copy"), calibrated.step).sigma_scale == pytest.approx(
+    fitted["sigma_scale"]
+  )
+  with open(os.path.join(step_dir, "hindsight_manifest.json")) as f:
+    assert "calibration.json" in json.load(f)["sha256"]
   assert calibrated.sigma_scale == pytest.approx(fitted["sigma_scale"]) != 1.0
   labels, ids = _test_episodes(tabular_run, 8)
   episodes = [episode_to_json(labels[int(i)]) for i in ids]

@@ -54,14 +54,14 @@ def test_label_ceiling_smoke(synthetic_labels):
 
 
 def test_ablations_table_prints_a_study(tmp_path):
-  """`eval/ablations.py --table` prints the README's table from a study's JSON (the study
+  """`python -m eval.ablations --table` prints the README's table from a study's JSON (the study
   itself trains real models: minutes, not a test)."""
   est = {"value": 0.5, "lo": 0.4, "hi": 0.6}
   row = {"hypothesis": "h", "spearman": est, "mae": est, "rmse": est, "mean_gap": est,
          "k_star": {"value": 150.0, "lo": 130.0, "hi": 180.0}, "coverage_95": est,
          "worst_tag": {"tag": "fact", "gap": {"value": -0.001}}, "seconds": 40.0}  # fmt: skip
   (tmp_path / "reasoning.json").write_text(json.dumps({"variants": {"beta1": row, "zzz": row}}))
-  out = _run("eval/ablations.py", "--config", "configs/reasoning.py", "--labels", "unused",
+  out = _run("-m", "eval.ablations", "--config", "configs/reasoning.py", "--labels", "unused",
              "--out", tmp_path, "--table")  # fmt: skip
   lines = [line for line in out.splitlines() if line.startswith("| beta1")]
   assert len(lines) == 1 and "150 [130, 180]" in lines[0] and "fact -0.0010" in lines[0]

@@ -42,7 +42,7 @@ def _array_record_bytes(out):
 
 
 def test_dataset_fields_and_chunk_size_invariance(tmp_path, mdp_file):
-  """Every DESIGN field is stored; one chunk or three give identical datasets."""
+  """Every field of docs/design.md is stored; one chunk or three give identical datasets."""
   config = LabelConfig(num_rollouts=8, replacement="uniform")
   # 8 fake devices x micro-batch 16: chunk sizes round up to multiples of 128.
   a = run_label_job(

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from hindsight.credit import interaction, shapley, shapley_sampled
-from hindsight.credit.agents import coalition_values
 from hindsight.credit.coalition import memberships_to_index
 from hindsight.envs import make
 from hindsight.envs.team import CRITIC, PLANNER, RESEARCHER, SOLVER
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, sample_episode, to_numpy
+from hindsight.labeling.agents import coalition_values
 
 
 def _episodes(env, policy, count, seed=0):
@@ -144,8 +144,8 @@ def test_ten_agents_get_sampled_shapley_values_with_stderrs(tmp_path, capsys):
   1024 coalitions: Shapley values and stderrs only, the planners' exactly 0, and within
   their stderrs of the enumerated values of the same episodes (independent rollouts)."""
   from hindsight.cli import main
-  from hindsight.credit.agents import agent_credit
   from hindsight.data import open_labels
+  from hindsight.labeling.agents import agent_credit
 
   out = str(tmp_path / "team10")
   argv = ["label", "--env", "team:agents=10", "--episodes", "4", "--rollouts", "4"]

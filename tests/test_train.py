@@ -325,10 +325,11 @@ def test_bad_config_input_is_one_line(capsys, tmp_path):
 def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
   """A run made before a config field existed resumes while the field is off; the
   coordinator address and process id change with every launch and are not the run's."""
-  from train.train import _check_workdir
+  from hindsight.config_io import check_workdir
+  from train.train import RESTART_FREE
 
   config = load_config("configs/generic.py:smoke")
-  _check_workdir(config, str(tmp_path))
+  check_workdir(config, str(tmp_path), RESTART_FREE)
   path = tmp_path / "config.json"
   saved = json.loads(path.read_text())
   assert "distributed.coordinator" not in saved
@@ -338,10 +339,10 @@ def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
     "configs/generic.py:smoke",
     ["distributed.coordinator=localhost:1234", "distributed.process_id=1"],
   )
-  _check_workdir(relaunch, str(tmp_path))  # accepted
+  check_workdir(relaunch, str(tmp_path), RESTART_FREE)  # accepted
   tuned = load_config("configs/generic.py:smoke", ["init_from=/some/run"])
   with pytest.raises(Exception, match="init_from differ"):
-    _check_workdir(tuned, str(tmp_path))
+    check_workdir(tuned, str(tmp_path), RESTART_FREE)
 
 
 @pytest.mark.xdist_group("train_inprocess")

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
       return 2
     overrides.append(item[len("--config.") :])
   logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-  from hindsight.cli import use_all_cpu_cores
+  from hindsight.devices import use_all_cpu_cores
 
   use_all_cpu_cores()  # before JAX starts: labeling and data parallelism use every core
 

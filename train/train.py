@@ -8,9 +8,9 @@
   4. every `train.eval_every` steps: validation loss, a checkpoint (last N kept + the best by
      validation loss), metrics to TensorBoard (WORKDIR/tensorboard);
   5. the spread of the best checkpoint's predictions calibrated on the validation split
-     (WORKDIR/calibration.json, `hindsight.model.calibration`), then the test split scored
-     by it against its training labels (the `label_fit` evaluator): WORKDIR/report.json
-     and a scatter plot. `hindsight eval --checkpoint WORKDIR` then scores it against the
+     (calibration.json in its step directory, `hindsight.model.calibration`), then the
+     test split scored by it against its training labels (the `label_fit` evaluator):
+     WORKDIR/report.json and a scatter plot. `hindsight eval --checkpoint WORKDIR` then scores it against the
      reference credit.
 
 Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose best
@@ -30,6 +30,7 @@ when the signal reaches only one of them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,9 +39,11 @@ import threading
 import time
 
 import jax
+import numpy as np
 from ml_collections import ConfigDict
 
 from hindsight import evaluators
+from hindsight.config_io import check_workdir
 from hindsight.data.batching import (
   BatchPlan,
   EpisodeReader,
@@ -51,12 +54,12 @@ from hindsight.data.batching import (
 )
 from hindsight.data.labels import is_complete, open_training_labels
 from hindsight.distributed import CONFIG_NAMES, any_process, check_processes, initialize
-from hindsight.errors import HindsightError, make_dir
+from hindsight.errors import HindsightError
 from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import write_json
 from hindsight.labeling.engine import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
-from hindsight.model.calibration import write_calibration
+from hindsight.model.calibration import CALIBRATION_FILE, calibration_text
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
@@ -75,41 +78,6 @@ RESTART_FREE = (
   "distributed.coordinator",
   "distributed.process_id",
 )
-
-
-def _flatten(cfg: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in cfg.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def _check_workdir(config: ConfigDict, workdir: str) -> None:
-  """A workdir belongs to one config: refuse to resume a run with a different one."""
-  make_dir(workdir, "--workdir")
-  current = {k: v for k, v in _flatten(config.to_dict()).items() if k not in RESTART_FREE}
-  path = os.path.join(workdir, "config.json")
-  if os.path.isfile(path):
-    with open(path) as f:
-      saved = {k: v for k, v in json.load(f).items() if k not in RESTART_FREE}
-    current_json = json.loads(json.dumps(current))
-    # A field added to the configs after the run was made (absent from its config.json)
-    # changes nothing while it holds its off value ("", 0, False: every new field's default).
-    added_off = {k for k, v in current_json.items() if k not in saved and v in ("", 0, False)}
-    diff = sorted(
-      k for k in (set(saved) | set(current_json)) - added_off if saved.get(k) != current_json.get(k)
-    )
-    if diff:
-      raise HindsightError(
-        f"--workdir {workdir} holds a run of a different config ({', '.join(diff[:3])} differ)"
-      )
-  elif jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(current, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
 
 
 def _validate(config: ConfigDict) -> None:
@@ -187,32 +155,47 @@ def _init_model(config: ConfigDict, spec) -> Predictor:
   return init
 
 
-class _MetricsLog:
-  """WORKDIR/metrics.jsonl, one JSON line per logged step (process 0 writes). A resumed run
-  first drops the lines of steps after its checkpoint, so the file reads as one clean run."""
+class _Logs:
+  """WORKDIR/metrics.jsonl (one JSON line per logged step) and TensorBoard
+  (WORKDIR/tensorboard), written by process 0. A resumed run first drops the lines of steps
+  after its checkpoint, so the file reads as one clean run."""
 
-  def __init__(self, path: str, start: int):
-    self.path = path
+  def __init__(self, workdir: str, start: int):
+    self.path = os.path.join(workdir, "metrics.jsonl")
     self.active = jax.process_index() == 0
+    self.writer = None
     if not self.active:
       return
     kept = []
-    if os.path.isfile(path):
-      with open(path) as f:
+    if os.path.isfile(self.path):
+      with open(self.path) as f:
         for line in f:
           try:
             if json.loads(line)["step"] <= start:
               kept.append(line)
           except (ValueError, KeyError):
             break  # a line cut short by a kill
-    with open(path + ".tmp", "w") as f:
+    with open(self.path + ".tmp", "w") as f:
       f.writelines(kept)
-    os.replace(path + ".tmp", path)
+    os.replace(self.path + ".tmp", self.path)
+    from tensorboardX import SummaryWriter
 
-  def write(self, record: dict) -> None:
-    if self.active:
-      with open(self.path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, split: str, step: int, metrics: dict) -> None:
+    if not self.active:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": step, "split": split, **metrics}, sort_keys=True) + "\n")
+    for k, v in metrics.items():
+      self.writer.add_scalar(f"{split}/{k}", v, step)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    if self.writer:
+      self.writer.close()
 
 
 def read_metrics(workdir: str, split: str = "train") -> list[dict]:
@@ -222,26 +205,69 @@ def read_metrics(workdir: str, split: str = "train") -> list[dict]:
   return [r for r in records if r["split"] == split]
 
 
+@dataclasses.dataclass
+class _Data:
+  """The run's labels, split by episode, and what the model must know about them."""
+
+  labels_dir: str
+  labels: object  # Labels or MixedLabels
+  reader: EpisodeReader
+  splits: dict  # {split: int64 [n] episode ids}
+  lengths: np.ndarray  # int [N] episode lengths
+  spec: object  # DataSpec (the init model's when fine-tuning)
+  init: Predictor | None  # the model `init_from` names
+
+
+@dataclasses.dataclass
+class _Layout:
+  """Where the computation runs and in which batches."""
+
+  mesh: jax.sharding.Mesh
+  rows: slice  # this process's rows of every global batch
+  train_seed: int  # the batch order's and initialisation's seed (per ensemble member)
+  plans: dict  # {split: BatchPlan}
+
+
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   """Runs (or resumes) training; returns the report also written to WORKDIR/report.json."""
   _validate(config)
   d = config.distributed
   initialize(d.coordinator, d.num_processes, d.process_id)
-  _check_workdir(config, workdir)
+  check_workdir(config, workdir, RESTART_FREE)
+  data = _load_data(config, workdir)
+  layout = _layout(config, data)
+  programs = train_programs(config, data.spec, layout.mesh)
+  _write_splits(config, workdir, data)
+  ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
+  start, state = _restore_or_init(config, ckpt, programs, data.init, layout.train_seed)
+  try:
+    outcome = _train(config, workdir, data, layout, programs, ckpt, start, state)
+    if outcome["preempted"]:
+      return {"preempted": True, "step": outcome["step"]}
+    return _evaluate(config, workdir, data, layout, programs, ckpt, outcome)
+  finally:
+    ckpt.close()
+
+
+def _load_data(config: ConfigDict, workdir: str) -> _Data:
+  """The labels (made first by `data.label` if needed), the split and the DataSpec."""
   labels_dir = _labels_dir(config, workdir)
-  mix_dir = config.data.mix_labels_dir
-  labels = open_training_labels(labels_dir, mix_dir, int(config.data.mix_episodes))
-  reader = EpisodeReader(labels)
-  seed = int(config.seed)
-  splits = split_episodes(
-    len(labels), (config.data.validation_fraction, config.data.test_fraction), seed
+  labels = open_training_labels(
+    labels_dir, config.data.mix_labels_dir, int(config.data.mix_episodes)
   )
+  reader = EpisodeReader(labels)
+  fractions = (config.data.validation_fraction, config.data.test_fraction)
+  splits = split_episodes(len(labels), fractions, int(config.seed))
   lengths, spec = reader.scan(splits["train"], labels.metadata.get("horizon"))
   init = None
   if config.init_from:
     init = _init_model(config, spec)
     spec = init.spec  # the model's normalisation stays the one it was trained with
-  pads = bucket_lengths(lengths, config.data.num_buckets)
+  return _Data(labels_dir, labels, reader, splits, lengths, spec, init)
+
+
+def _layout(config: ConfigDict, data: _Data) -> _Layout:
+  """The device mesh, this process's rows and the batch plan of every split."""
   batch_size = int(config.data.batch_size)
   devices = jax.devices()
   if config.mesh.devices == -1:
@@ -256,70 +282,92 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
       f"data.batch_size={batch_size} is not a multiple of the {mesh.size} devices"
     )
   rows = process_rows(batch_size, jax.process_index(), jax.process_count())
-
   # An ensemble member (config.member = m > 0) shares the split (a function of seed alone)
   # and varies the initialisation, dropout and batch order: keys folded from m.
-  member = int(config.get("member", 0))
+  seed, member = int(config.seed), int(config.get("member", 0))
   member_key = jax.random.fold_in(jax.random.key(seed), MEMBER_FOLD + member)
   train_seed = seed if member == 0 else int(jax.random.randint(member_key, (), 0, 2**31 - 1))
+  pads = bucket_lengths(data.lengths, config.data.num_buckets)
+  plans = {
+    split: BatchPlan(ids, data.lengths[ids], batch_size, pads, train_seed, split == "train")
+    for split, ids in data.splits.items()
+  }
+  return _Layout(mesh, rows, train_seed, plans)
 
-  def plan(split, shuffle):
-    ids = splits[split]
-    return BatchPlan(ids, lengths[ids], batch_size, pads, train_seed, shuffle)
 
-  train_plan, val_plan, test_plan = (
-    plan("train", True),
-    plan("validation", False),
-    plan("test", False),
+def _write_splits(config: ConfigDict, workdir: str, data: _Data) -> None:
+  """WORKDIR/splits.json: the labels and the episodes of each split (the drift harness
+  evaluates the test split; `hindsight.drift.test_split` reads it)."""
+  if jax.process_index() != 0:
+    return
+  mix_dir = config.data.mix_labels_dir
+  write_json(
+    os.path.join(workdir, "splits.json"),
+    {
+      "labels": os.path.abspath(data.labels_dir),
+      "mix_labels": os.path.abspath(mix_dir) if mix_dir else "",
+      "mix_episodes": int(config.data.mix_episodes),
+      "init_from": os.path.abspath(config.init_from) if config.init_from else "",
+      **{k: v.tolist() for k, v in data.splits.items()},
+    },
   )
-  programs = train_programs(config, spec, mesh)
-  step_files = model_files(ModelConfig(**config.model.to_dict()), spec)
-  if jax.process_index() == 0:
-    write_json(
-      os.path.join(workdir, "splits.json"),
-      {
-        "labels": os.path.abspath(labels_dir),
-        "mix_labels": os.path.abspath(mix_dir) if mix_dir else "",
-        "mix_episodes": int(config.data.mix_episodes),
-        "init_from": os.path.abspath(config.init_from) if config.init_from else "",
-        **{k: v.tolist() for k, v in splits.items()},
-      },
-    )
-  validation = evaluators.get("validation_loss")(programs, val_plan, reader, spec, mesh, rows)
 
-  ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-  key = jax.random.key(train_seed)
-  if ckpt.steps() and not os.path.isfile(os.path.join(ckpt.step_dir(ckpt.steps()[-1]), MODEL_FILE)):
+
+def _restore_or_init(config, ckpt: Checkpoints, programs, init, train_seed: int):
+  """(start step, state): the last good checkpoint, else a fresh state (the parameters of
+  `init_from` where given)."""
+  steps = ckpt.steps()
+  if steps and not os.path.isfile(os.path.join(ckpt.step_dir(steps[-1]), MODEL_FILE)):
     raise HindsightError(
       f"{ckpt.directory} holds checkpoints of an older hindsight (no {MODEL_FILE}): retrain "
       "in a new --workdir"
     )
   start, state = ckpt.restore(programs.abstract_state, fallback=config.checkpoint.fallback)
   if state is None:
-    start, state = 0, programs.init(jax.random.fold_in(key, 0))
+    start, state = 0, programs.init(jax.random.fold_in(jax.random.key(train_seed), 0))
     if init is not None:
       state["model"] = jax.tree.map(
         lambda new, old: jax.device_put(old, new.sharding), state["model"], init.state
       )
-  dropout_root = jax.random.fold_in(key, 1)
+  return start, state
 
-  writer = None
-  if jax.process_index() == 0:
-    from tensorboardX import SummaryWriter
 
-    writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
-  curve = _MetricsLog(os.path.join(workdir, "metrics.jsonl"), start)
-  stop = {"requested": False}
+class _Sigterm:
+  """SIGTERM asks the loop to stop after a checkpoint (signal handlers can only be set from
+  the main thread; elsewhere SIGTERM keeps its default)."""
 
-  def on_sigterm(signum, frame):
+  def __init__(self):
+    self.requested = False
+    self._in_main = threading.current_thread() is threading.main_thread()
+    self._previous = None
+
+  def __enter__(self):
+    if self._in_main:
+      self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+    return self
+
+  def _on_signal(self, signum, frame):
     del signum, frame
-    stop["requested"] = True
+    self.requested = True
 
-  # Signal handlers can only be set from the main thread; elsewhere SIGTERM keeps its default.
-  in_main = threading.current_thread() is threading.main_thread()
-  previous_handler = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
-  total, spe = int(config.train.steps), train_plan.steps_per_epoch
-  preempted, train_seconds, last = False, 0.0, {}
+  def __exit__(self, *exc):
+    if self._in_main:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start, state) -> dict:
+  """The training loop from `start`: a step per batch of the train plan, validation and a
+  checkpoint every `train.eval_every` steps. Returns {preempted, step, state, seconds,
+  last (the last logged train metrics), start}."""
+  spec, mesh, rows, plan = data.spec, layout.mesh, layout.rows, layout.plans["train"]
+  validation = evaluators.get("validation_loss")(
+    programs, layout.plans["validation"], data.reader, spec, mesh, rows
+  )
+  step_files = model_files(ModelConfig(**config.model.to_dict()), spec)
+  dropout_root = jax.random.fold_in(jax.random.key(layout.train_seed), 1)
+  logs = _Logs(workdir, start)
+  total, per_epoch = int(config.train.steps), plan.steps_per_epoch
+  preempted, seconds, last, done = False, 0.0, {}, start
   bar = CompileAwareBar(
     total=total,
     initial=start,
@@ -327,79 +375,69 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     unit="step",
     disable=not config.train.progress or jax.process_index() != 0,
   )
-  try:
+  with _Sigterm() as sigterm, bar, logs:
     epoch_batches, epoch_index = None, -1
     for step in range(start, total):
-      epoch, i = divmod(step, spe)
+      epoch, i = divmod(step, per_epoch)
       if epoch != epoch_index:
-        epoch_batches, epoch_index = train_plan.epoch(epoch), epoch
+        epoch_batches, epoch_index = plan.epoch(epoch), epoch
       pad, ids = epoch_batches[i]
       tic = time.perf_counter()
-      batch = global_batch(make_batch(reader, ids[rows], pad, spec), mesh)
+      batch = global_batch(make_batch(data.reader, ids[rows], pad, spec), mesh)
       state, metrics = programs.train_step(state, batch, jax.random.fold_in(dropout_root, step))
       done = step + 1
       bar.update(1)
       if done % config.train.log_every == 0 or done == total:
         last = {k: float(v) for k, v in jax.device_get(metrics).items()}
         bar.set_postfix(loss=f"{last['loss']:.3f}", mae=f"{last['mae']:.3g}")
-        curve.write({"step": done, "split": "train", **last})
-        if writer:
-          for k, v in last.items():
-            writer.add_scalar(f"train/{k}", v, done)
-      train_seconds += time.perf_counter() - tic
+        logs.write("train", done, last)
+      seconds += time.perf_counter() - tic
       # Every process must stop at the same step (a checkpoint is a collective save): the
       # SIGTERM may reach one process, or each at another step. One tiny all-gather per step
       # agrees on it.
-      stopping = any_process(stop["requested"])
+      stopping = any_process(sigterm.requested)
       if done % config.train.eval_every == 0 or done == total or stopping:
         val_losses = validation.run(state)
-        curve.write({"step": done, "split": "validation", **val_losses})
-        if writer:
-          for k, v in val_losses.items():
-            writer.add_scalar(f"validation/{k}", v, done)
+        logs.write("validation", done, val_losses)
         ckpt.save(done, state, val_losses["loss"], files=step_files)
       if stopping:
         preempted = True
         log.warning("SIGTERM: saved the checkpoint of step %d; exiting", done)
         break
-  finally:
-    bar.close()
-    if in_main:
-      signal.signal(signal.SIGTERM, previous_handler)
-    if writer:
-      writer.close()
+  return {"preempted": preempted, "step": done, "state": state, "seconds": seconds,
+          "last": last, "start": start}  # fmt: skip
 
-  if preempted:
-    ckpt.close()
-    return {"preempted": True, "step": done}
-  final_digest = state_digest(state)
+
+def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, outcome) -> dict:
+  """The evaluated checkpoint (best or last): its sigma scale fitted on the validation
+  split (written into its step directory), then the test split scored against its labels:
+  WORKDIR/report.json and plots (`label_fit`)."""
+  spec, mesh, rows, plans = data.spec, layout.mesh, layout.rows, layout.plans
+  final_digest = state_digest(outcome["state"])
   eval_step = ckpt.best_step() if config.checkpoint.evaluate == "best" else ckpt.steps()[-1]
   eval_step, state = ckpt.restore(programs.abstract_state, step=eval_step, fallback=False)
-  ckpt.close()
-  # The predicted spread's post-hoc scale, fitted on the validation split (the Predictor
-  # applies it to this step; `hindsight.model.calibration`).
   sigma_scale, calibration_steps = evaluators.get("sigma_scale")(
-    programs, val_plan, reader, spec, mesh, rows
+    programs, plans["validation"], data.reader, spec, mesh, rows
   ).run(state)
-  if jax.process_index() == 0:
-    write_calibration(workdir, eval_step, sigma_scale, calibration_steps)
-  fit = evaluators.get("label_fit")(programs, test_plan, reader, spec, mesh, rows)
+  ckpt.add_files(eval_step, {CALIBRATION_FILE: calibration_text(eval_step, sigma_scale,
+                                                                calibration_steps)})  # fmt: skip
+  fit = evaluators.get("label_fit")(programs, plans["test"], data.reader, spec, mesh, rows)
   report, steps = fit.run(state, sigma_scale)
   report.update(
-    labels=os.path.abspath(labels_dir),
-    env=labels.metadata.get("env"),
-    replacement=labels.metadata.get("replacement"),
-    episodes={k: int(v.size) for k, v in splits.items()},
+    labels=os.path.abspath(data.labels_dir),
+    env=data.labels.metadata.get("env"),
+    replacement=data.labels.metadata.get("replacement"),
+    episodes={k: int(v.size) for k, v in data.splits.items()},
     evaluated_checkpoint=eval_step,
     sigma_scale=sigma_scale,  # fitted on the validation split, applied in this report
     evaluated_by=config.checkpoint.evaluate,  # "best" (validation loss) or "last"
     data_spec=json.loads(spec.to_json()),
   )
   report["train"] = {
-    "steps": total,
-    "resumed_from": start,
-    "seconds": round(train_seconds, 2),
-    "final_loss": last.get("loss"),
+    "steps": int(config.train.steps),
+    "resumed_from": outcome["start"],
+    "seconds": round(outcome["seconds"], 2),
+    "final_loss": outcome["last"].get("loss"),
     "params_sha256": final_digest,
   }
   report["summary"] = summary_text(report)

@@ -1,6 +1,6 @@
 """The audited trajectories: a pool of steps the audit may branch from.
 
-Branching needs each step's *full* state (DESIGN section 1), which a log of observations
+Branching needs each step's *full* state (docs/design.md, section 1), which a log of observations
 does not hold (the reasoning environment's competence is never observed). The pool is
 therefore made of trajectories hindsight can regenerate bit for bit from their key
 (`labeling.trajectories`, the regeneration contract: episode i of seed S is sampled from

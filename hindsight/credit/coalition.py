@@ -1,7 +1,7 @@
 """Credit among agents: Shapley values, interactions, dividends, COMA's baseline.
 
 A cooperative game over n agents is a value per coalition, `values` float [2^n], indexed by
-bitmask (bit i set = agent i present; DESIGN section 1). Everything here is for one game;
+bitmask (bit i set = agent i present; docs/design.md section 1). Everything here is for one game;
 vmap outside for a batch of them (rlax style).
 
   Shapley value       phi_i   = sum_{S not containing i} |S|! (n-|S|-1)! / n! [v(S+i) - v(S)]

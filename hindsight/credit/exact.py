@@ -1,4 +1,4 @@
-"""Exact credit by dynamic programming for tabular MDPs (DESIGN section 2): the oracle.
+"""Exact credit by dynamic programming for tabular MDPs (docs/design.md, section 2): the oracle.
 
   Q_t(s, a) = r[s, a] + gamma * sum_s' P[s, a, s'] * c_{t+1}(s') * V_{t+1}(s')
   V_t(s)    = sum_a pi[s, a] Q_t(s, a)
@@ -7,9 +7,12 @@ with c_{t+1}(s') = 0 if terminal[s'] or t + 1 == H, else 1 (no value after the e
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from hindsight.envs.tabular import TabularMDP
+if TYPE_CHECKING:  # the math takes the MDP's arrays; it imports no environment
+  from hindsight.envs.tabular import TabularMDP
 
 
 def tabular_values(mdp: TabularMDP, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

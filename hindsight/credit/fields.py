@@ -1,4 +1,4 @@
-"""Every per-step label field of DESIGN section 1 from one episode's branch returns.
+"""Every per-step label field of docs/design.md section 1 from one episode's branch returns.
 
 Shared by the JAX labeler and the adapters' process-pool labeler (NumPy arrays in, JAX
 arrays out; jit- and vmap-safe). Written for one episode; vmap outside.

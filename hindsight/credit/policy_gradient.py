@@ -22,10 +22,14 @@ shows from N samples alone: a bias_db near its floor is not resolved from sampli
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from hindsight.credit.exact import tabular_values
-from hindsight.envs.tabular import TabularMDP
+
+if TYPE_CHECKING:  # the math takes the MDP's arrays; it imports no environment
+  from hindsight.envs.tabular import TabularMDP
 
 
 def occupancy(mdp: TabularMDP, pi: np.ndarray | None = None) -> np.ndarray:

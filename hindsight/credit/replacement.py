@@ -1,6 +1,6 @@
 """Replacement distributions q(a' | s_t, a_t) for the intervention do(a_t <- a').
 
-DESIGN section 1:
+docs/design.md section 1:
   policy        a' ~ pi(. | s_t)                    (may redraw a_t itself)
   policy_other  pi restricted to a' != a_t, renormalised; undefined if pi(a_t | s_t) = 1
   uniform       a' uniform over the legal actions

@@ -1,4 +1,4 @@
-"""Labels on disk: a TFDS array_record dataset, one example per episode (DESIGN section 2).
+"""Labels on disk: a TFDS array_record dataset, one example per episode (docs/design.md, section 2).
 
 Layout of a labeling job's `--out DIR`:
   DIR/hindsight_labels/1.0.0/   the finished dataset (TFDS writes it under an
@@ -129,7 +129,7 @@ def _builder_class():
 
     VERSION = tfds.core.Version(VERSION)
     RELEASE_NOTES: ClassVar[dict[str, str]] = {
-      str(VERSION): "Interventional credit labels (DESIGN section 1)."
+      str(VERSION): "Interventional credit labels (docs/design.md, section 1)."
     }
 
     def __init__(self, *, features, metadata: dict, episodes: Iterator[dict] | None = None, **kw):

@@ -37,7 +37,6 @@ from hindsight.labeling import trajectories as tr
 from hindsight.labeling.engine import LabelConfig, Labeler
 from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
-REPO_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
 DEFAULT_SHIFTS = {
   "reasoning": ("reasoning:decorative_rate=0.25", "reasoning:horizon=30"),
   "key_to_door": ("key_to_door:p_key=0.9",),
@@ -64,7 +63,7 @@ class DriftConfig:
   shifts: tuple[str, ...] | None = None  # OOD env specs (None: DEFAULT_SHIFTS of the env)
   shift_episodes: int = 128
   baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
-  gradient_env: str = f"tabular:{os.path.join(REPO_DATA, 'key_corridor.npz')}"  # "" = none
+  gradient_env: str = "key_corridor"  # tabular env spec of the gradient table; "" = none
   gradient_episodes: int = 1024
   gradient_rollouts: int = 16
   bootstrap: int = 400  # bootstrap resamples per CI
@@ -420,12 +419,18 @@ def _learned_baselines(cfg, predictor, reader, run) -> list:
 
 
 def _same_env(a: str, b: str) -> bool:
-  """Two env specs name the same environment (tabular files compared by real path)."""
-  ka, _, pa = a.partition(":")
-  kb, _, pb = b.partition(":")
-  if ka == kb == "tabular":
-    return os.path.realpath(pa) == os.path.realpath(pb)
-  return a == b
+  """Two env specs name the same environment: the same spec, or tabular MDPs with equal
+  arrays (`key_corridor` is `tabular:data/key_corridor.npz`)."""
+  if a == b:
+    return True
+  ea, eb = make(a)[0], make(b)[0]
+  if not (isinstance(ea, TabularEnv) and isinstance(eb, TabularEnv)):
+    return False
+  ma, mb = ea.mdp, eb.mdp
+  fields = ("P", "r", "pi", "mu0", "terminal")
+  return ma.horizon == mb.horizon and all(
+    np.array_equal(getattr(ma, f), getattr(mb, f)) for f in fields
+  )
 
 
 def _gradient_learned_sources(env, predictor, models):

@@ -1,4 +1,4 @@
-"""Reference credit: what "true credit" means in every evaluation (DESIGN section 2).
+"""Reference credit: what "true credit" means in every evaluation (docs/design.md, section 2).
 
 Tabular environments: the exact dynamic programme (stderr 0). Otherwise the *same*
 trajectories relabeled with a large K and keys independent of the training labels' keys.

@@ -51,7 +51,7 @@ class Environment(abc.ABC):
   num_step_uniforms: int = 0
   has_action_classes: bool = False
   # Multi-agent environments declare their agents: then every labeling job also writes
-  # agent-level credit (hindsight.credit.agents), turns ablated to `null_action`.
+  # agent-level credit (hindsight.labeling.agents), turns ablated to `null_action`.
   num_agents: int = 0
   agent_names: tuple[str, ...] = ()
 
@@ -90,7 +90,7 @@ class Environment(abc.ABC):
   def success(self, final_state: PyTree, episode_return: jax.Array) -> jax.Array:
     """bool []: did the episode that ended in `final_state` with this return succeed?
 
-    Default: return > success_threshold (DESIGN section 1). Environments whose success is
+    Default: return > success_threshold (docs/design.md, section 1). Environments whose success is
     an event rather than a return level (a door opened) override this.
     """
     del final_state

@@ -20,7 +20,7 @@ state and never shown in the observations. Actions (their tags in brackets):
 Facts held before the draft is written are forgotten with probability 0.05 per step each
 (context overflow), and the behaviour policy re-gathers missing facts: so a fact step is
 partly redundant under the `policy` replacement (the policy would have fetched it later)
-but not under `policy_no_repeat` (DESIGN section 1), which forbids the continuation that
+but not under `policy_no_repeat` (docs/design.md, section 1), which forbids the continuation that
 content class. The horizon (20 steps) makes wasted steps cost something near the end.
 
 The behaviour policy (`ReasoningPolicy`) reads the latent: a competent agent gathers facts

@@ -1,18 +1,19 @@
 """`--env` specs -> (environment, behaviour policy).
 
-tabular:PATH.npz     a tabular MDP file (DESIGN section 2) with its policy pi
+tabular:PATH.npz     a tabular MDP file (docs/design.md, section 2) with its policy pi
 """
 
 from __future__ import annotations
 
 from hindsight.envs.base import Environment
-from hindsight.envs.tabular import TabularEnv, load_tabular
+from hindsight.envs.tabular import TabularEnv, key_corridor_mdp, load_tabular
 from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
 from hindsight.policies.tabular import TabularPolicy
 
 KNOWN_SPECS = (
   "tabular:PATH.npz",
+  "key_corridor",
   "key_to_door[:p_key=P]",
   "reasoning[:decorative_rate=D,horizon=H,competence_min=C,competence_max=C,show_competence=1]",
   "team[:agents=N,rounds=R,p_error=E]",
@@ -53,6 +54,9 @@ def make(
     if not sep or not arg:
       raise HindsightError("--env tabular needs a file: tabular:PATH.npz")
     mdp = load_tabular(arg)
+    return TabularEnv(mdp), TabularPolicy(mdp.pi)
+  if kind == "key_corridor" and not sep:  # the bundled MDP, from code (no data file needed)
+    mdp = key_corridor_mdp()
     return TabularEnv(mdp), TabularPolicy(mdp.pi)
   if kind == "key_to_door":
     from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy

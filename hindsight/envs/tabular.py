@@ -1,4 +1,4 @@
-"""Tabular MDPs loaded from an .npz file (DESIGN section 2), validated on load.
+"""Tabular MDPs loaded from an .npz file (docs/design.md, section 2), validated on load.
 
 File contract (`--env tabular:PATH.npz`):
   P        float [S, A, S]  transition probabilities, rows sum to 1

@@ -11,7 +11,7 @@ Extra agents (n > 4) are planners: the scalable variant for sampled Shapley valu
 Actions: 0 = null (a turn that does nothing), 1 = act (the role's work), 2 = chatter.
 The episode pays 1 at its end if the draft is written and error-free (success).
 
-Coalition values v(S) for one episode (`hindsight.credit.agents.coalition_values`): agents in
+Coalition values v(S) for one episode (`hindsight.labeling.agents.coalition_values`): agents in
 S replay their actual actions, the others' turns are replaced (a null turn, or a fresh draw
 from their own policy), and the rollout is repeated K times from the episode's true initial
 state with common random numbers across coalitions. With p_error = 1 the game is a

@@ -1,4 +1,4 @@
-"""The labeling engine: every field of DESIGN section 1 for every step of a trajectory.
+"""The labeling engine: every field of docs/design.md section 1 for every step of a trajectory.
 
 For each step t and branch k = 1..K three arms start from the saved state s_t and share the
 continuation key c_{t,k} (common random numbers):
@@ -305,7 +305,7 @@ class Labeler:
   def _label_step(self, traj: Trajectory, t: jax.Array, key: jax.Array) -> dict[str, jax.Array]:
     """The credit of step t of one trajectory alone (the audit's spot check).
 
-    The keep and replace arms of DESIGN section 1 (no phi arm): K branches, branch k with
+    The keep and replace arms of docs/design.md section 1 (no phi arm): K branches, branch k with
     keys split from fold_in(key, k), the same estimator as `label` (stratified replacement,
     common random numbers, tie bounds). Returns float32 [] credit, credit_stderr, bool []
     credit_bounded and undefined, int32 [] klass and rollout_steps (env steps simulated).

@@ -22,7 +22,6 @@ import shutil
 import jax
 import numpy as np
 
-from hindsight.credit.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
@@ -33,6 +32,7 @@ from hindsight.envs.registry import takes_policy_options
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling import trajectories as tr
+from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory

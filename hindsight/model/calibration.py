@@ -20,9 +20,10 @@ tau_cov 0.78 covered 0.886 of the DP; tau_ml 1.02 covers 0.937).
 
 Both use the validation steps whose label is not exactly 0 (those belong to the atom at 0)
 and whose stderr is a sample stderr: a nearly tied label carries the conservative tie bound
-as its e_t, no noise level (such an interval covers its label whatever tau is). Written to
-WORKDIR/calibration.json with the checkpoint step it belongs to; `Predictor.load` applies it
-to that step (sigma, std) and reports it.
+as its e_t, no noise level (such an interval covers its label whatever tau is). Written into
+the directory of the checkpoint step it was fitted for (`calibration.json`, covered by the
+step's manifest), so a copied step keeps it; `Predictor.load` applies it (sigma, std) and
+reports it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import numpy as np
 from scipy import optimize, stats
 
 from hindsight.errors import HindsightError
-from hindsight.files import write_json
 
 CALIBRATION_FILE = "calibration.json"
 MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
@@ -75,17 +75,16 @@ def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL, bounded=None) ->
   return max(tau_ml, tau_cov)
 
 
-def write_calibration(workdir: str, step: int, sigma_scale: float, steps: int) -> None:
-  write_json(
-    os.path.join(workdir, CALIBRATION_FILE),
-    {"step": int(step), "sigma_scale": float(sigma_scale), "validation_steps": int(steps)},
-  )
+def calibration_text(step: int, sigma_scale: float, steps: int) -> str:
+  """The calibration.json of checkpoint `step` (fitted on `steps` validation steps)."""
+  record = {"step": int(step), "sigma_scale": float(sigma_scale), "validation_steps": int(steps)}
+  return json.dumps(record, indent=1, sort_keys=True)
 
 
-def read_sigma_scale(workdir: str, step: int) -> float:
-  """The scale fitted for `step` of the run in `workdir`, or 1 (none fitted, or for another
-  step). A damaged file is a one-line error."""
-  path = os.path.join(workdir, CALIBRATION_FILE)
+def read_sigma_scale(step_dir: str, step: int) -> float:
+  """The scale fitted for checkpoint `step`, from its step directory `step_dir`, or 1 (none
+  fitted, or the file names another step). A damaged file is a one-line error."""
+  path = os.path.join(step_dir, CALIBRATION_FILE)
   if not os.path.isfile(path):
     return 1.0
   try:

@@ -130,6 +130,19 @@ class Checkpoints:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"hindsight_manifest_{step}")
 
+  def add_files(self, step: int, files: dict[str, str]) -> None:
+    """Writes {name: text} into a finished step's directory and extends its manifest (the
+    step must verify first: a manifest never vouches for files it did not check)."""
+    if jax.process_index() != 0:
+      return
+    step_dir = self.step_dir(step)
+    bad = verify_manifest(step_dir)
+    if bad is not None:
+      raise HindsightError(f"checkpoint step {step} does not verify ({bad or 'no manifest'})")
+    for name, text in files.items():
+      atomic_write_text(os.path.join(step_dir, name), text)
+    write_manifest(step_dir)
+
   def best_step(self) -> int:
     """The kept step with the lowest validation loss (a one-line error if no kept step
     carries one: never a silent fallback to the latest)."""

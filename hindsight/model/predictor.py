@@ -1,4 +1,4 @@
-"""`Predictor`: the one way to use a trained credit model (DESIGN section 2).
+"""`Predictor`: the one way to use a trained credit model (docs/design.md, section 2).
 
     predictor = Predictor.load("runs/demo")           # the best checkpoint, model only
     scores = predictor.score(episodes)                # in-memory episodes -> per-step arrays
@@ -19,7 +19,7 @@ else N(mu_t, s_t^2). The outputs, in label units, float [T] per episode (or [B, 
   klass_head  int, the class head's argmax: what a K-rollout label would be called (its
            classes depend on the labels' K: at K=64 most decorative steps are undetermined)
 A checkpoint step directory carries `hindsight_model.json` (model config + DataSpec), so
-loading needs neither the training config nor its optimizer. The run's WORKDIR/calibration.json
+loading needs neither the training config nor its optimizer. The step's calibration.json
 (a scale on sigma fitted on the validation split, `model.calibration`) is applied to the step
 it was fitted for.
 """
@@ -42,7 +42,7 @@ from hindsight.data.batching import episodes_batch
 from hindsight.data.episode import Episode
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
-from hindsight.model.calibration import read_sigma_scale
+from hindsight.model.calibration import CALIBRATION_FILE, read_sigma_scale
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.programs import model_graph, state_digest
@@ -208,9 +208,16 @@ class Predictor:
       got, restored = ckpt.restore({"model": abstract}, step=chosen, partial=True)
       if got != chosen:
         raise HindsightError(f"checkpoint step {chosen} could not be restored")
+      step_dir = ckpt.step_dir(chosen)
     finally:
       ckpt.close()
-    scale = read_sigma_scale(os.path.dirname(directory), chosen) if calibrated else 1.0
+    scale = 1.0
+    if calibrated:
+      # Runs trained before the calibration moved into its step kept it at WORKDIR level
+      # (for the step it names): still applied there.
+      legacy = os.path.dirname(directory)
+      has_own = os.path.isfile(os.path.join(step_dir, CALIBRATION_FILE))
+      scale = read_sigma_scale(step_dir if has_own else legacy, chosen)
     return cls(graphdef, restored["model"], spec, model_cfg, chosen, scale)
 
   @classmethod
