@@ -10,8 +10,8 @@
   5. the spread of the best checkpoint's predictions calibrated on the validation split
      (calibration.json in its step directory, `hindsight.model.calibration`), then the
      test split scored by it against its training labels (the `label_fit` evaluator):
-     WORKDIR/report.json and a scatter plot. `hindsight eval --checkpoint WORKDIR` then scores it against the
-     reference credit.
+     WORKDIR/report.json and a scatter plot. `hindsight eval --checkpoint WORKDIR` then
+     scores it against the reference credit.
 
 Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose best
 checkpoint the model starts from (its parameters and DataSpec; a fresh optimizer and
@@ -297,7 +297,7 @@ def _layout(config: ConfigDict, data: _Data) -> _Layout:
 
 def _write_splits(config: ConfigDict, workdir: str, data: _Data) -> None:
   """WORKDIR/splits.json: the labels and the episodes of each split (the drift harness
-  evaluates the test split; `hindsight.drift.test_split` reads it)."""
+  evaluates the test split; `hindsight.drift.held_out_split` reads it)."""
   if jax.process_index() != 0:
     return
   mix_dir = config.data.mix_labels_dir

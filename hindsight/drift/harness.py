@@ -152,60 +152,123 @@ class _Context:
     return hit
 
 
-def run_drift(cfg: DriftConfig) -> dict:
-  """The whole harness; returns the report (also written under cfg.out)."""
-  cfg.check()
-  tic = time.perf_counter()
-  predictor = load_predictor(cfg.checkpoint, cfg.step)
-  workdirs = checkpoint_workdirs(cfg.checkpoint)
-  run = training_run(workdirs[0])
+@dataclasses.dataclass
+class _Run:
+  """A training run as the harness reads it: its model, labels and test split."""
+
+  workdirs: list[str]
+  record: dict  # splits.json of the first member
+  labels: object  # the label dataset it trained on
+  base: LabelConfig  # the labels' config
+  test_ids: np.ndarray  # int64 [n] the test split's episode ids
+
+
+def _open_run(checkpoint: str) -> _Run:
+  """The run (or ensemble) behind a --checkpoint, refusing what cannot be relabeled."""
+  workdirs = checkpoint_workdirs(checkpoint)
+  record = training_run(workdirs[0])
   for w in workdirs[1:]:  # an ensemble is scored on its members' one test split
     other = training_run(w)
-    if other["labels"] != run["labels"] or other["test"] != run["test"]:
+    if other["labels"] != record["labels"] or other["test"] != record["test"]:
       raise HindsightError(f"--checkpoint {w}: trained on other labels or another split")
   labels = open_training_labels(
-    run["labels"], run.get("mix_labels", ""), run.get("mix_episodes", 0)
+    record["labels"], record.get("mix_labels", ""), record.get("mix_episodes", 0)
   )
-  meta = labels.metadata
-  env_spec = meta.get("env", "")
+  env_spec = labels.metadata.get("env", "")
   if is_adapter_spec(env_spec) or not env_spec:
     raise HindsightError(
       f"labels of '{env_spec}' cannot be relabeled from their seed (a Gymnasium/dm_env "
       "adapter): the drift harness needs a JAX environment"
     )
-  default_out = "drift" if len(workdirs) == 1 else f"drift_ensemble{len(workdirs)}"
-  out = make_dir(cfg.out or os.path.join(workdirs[0], default_out), "--out")
-  base = LabelConfig.from_metadata(meta)
-  test_ids = np.asarray(run["test"], np.int64)
-  k_ref = cfg.reference_rollouts or _auto_rollouts(labels, test_ids[:256], base, cfg)
-  main_env = cfg.env or env_spec
-  env, policy = make(main_env)
-  ctx = _Context(
+  base = LabelConfig.from_metadata(labels.metadata)
+  return _Run(workdirs, record, labels, base, np.asarray(record["test"], np.int64))
+
+
+def _default_out(run: _Run) -> str:
+  name = "drift" if len(run.workdirs) == 1 else f"drift_ensemble{len(run.workdirs)}"
+  return os.path.join(run.workdirs[0], name)
+
+
+def _context(cfg: DriftConfig, run: _Run, out: str) -> _Context:
+  """What every stage shares: the evaluated environment, K_ref and the cache."""
+  meta = run.labels.metadata
+  k_ref = cfg.reference_rollouts or _auto_rollouts(run.labels, run.test_ids[:256], run.base, cfg)
+  env, policy = make(cfg.env or meta.get("env", ""))
+  return _Context(
     cfg=cfg,
     env=env,
     policy=policy,
-    base=base,
-    ref_cfg=ref_lib.reference_config(base, k_ref),
+    base=run.base,
+    ref_cfg=ref_lib.reference_config(run.base, k_ref),
     seed=int(meta.get("seed", 0)),
-    digest=sha256_file(os.path.join(labels.path, "hindsight_checksums.json")),
+    digest=sha256_file(os.path.join(run.labels.path, "hindsight_checksums.json")),
     cache=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
   )
+
+
+def _test_ids(cfg: DriftConfig, run: _Run) -> np.ndarray:
+  if run.labels.metadata.get("partial") or run.record.get("mix_labels"):
+    raise HindsightError(
+      f"{cfg.checkpoint} trained on an audit's labels, whose test split cannot be "
+      "regenerated from one seed: evaluate it on fresh episodes with --env SPEC"
+    )
+  return run.test_ids[: cfg.episodes] if cfg.episodes else run.test_ids
+
+
+def held_out_split(workdir: str) -> tuple[object, np.ndarray]:
+  """(label dataset, int64 [n] episode ids) of a training run's test split: the episodes
+  `hindsight eval` scores (`Episode.from_example(labels[i])` for each id)."""
+  run = _open_run(workdir)
+  return run.labels, run.test_ids
+
+
+def reference_credit(
+  checkpoint: str,
+  episodes: int = 0,
+  reference_rollouts: int = 0,
+  cache: str = "",
+  progress: bool = True,
+) -> EpisodeSet:
+  """The reference credit of a run's test split, as `hindsight eval` computes it (the DP on
+  tabular environments, else the regenerated trajectories relabeled at K_ref with
+  independent keys), from the same cache (default CHECKPOINT/drift/cache): after an eval,
+  this loads its arrays. Returns the EpisodeSet: `.episodes`, `.reference` (fields [n, H]),
+  `.cols` (per valid step: `ref_credit`, `label_credit`, tags, ...)."""
+  cfg = DriftConfig(
+    checkpoint=checkpoint,
+    episodes=episodes,
+    reference_rollouts=reference_rollouts,
+    cache=cache,
+    progress=progress,
+  )
+  cfg.check()
+  run = _open_run(checkpoint)
+  ctx = _context(cfg, run, _default_out(run))
+  return _test_split_set(ctx, run.labels, _test_ids(cfg, run))[0]
+
+
+def run_drift(cfg: DriftConfig) -> dict:
+  """The whole harness; returns the report (also written under cfg.out)."""
+  cfg.check()
+  tic = time.perf_counter()
+  predictor = load_predictor(cfg.checkpoint, cfg.step)
+  run = _open_run(cfg.checkpoint)
+  workdirs, labels, base = run.workdirs, run.labels, run.base
+  out = make_dir(cfg.out or _default_out(run), "--out")
+  ctx = _context(cfg, run, out)
+  env, k_ref = ctx.env, ctx.ref_cfg.num_rollouts
+  main_env = cfg.env or labels.metadata.get("env", "")
   report: dict = {
     "checkpoint": ",".join(os.path.abspath(w) for w in workdirs),
     "model": predictor.describe(),
-    "labels": os.path.abspath(run["labels"]),
+    "labels": os.path.abspath(run.record["labels"]),
     "env": main_env,
     "replacement": base.replacement,
     "label_rollouts": base.num_rollouts,
     "reference": {"kind": "exact DP" if ctx.tabular else "MC relabel", "rollouts": k_ref},
   }
   if cfg.env is None:
-    if meta.get("partial") or run.get("mix_labels"):
-      raise HindsightError(
-        f"{cfg.checkpoint} trained on an audit's labels, whose test split cannot be "
-        "regenerated from one seed: evaluate it on fresh episodes with --env SPEC"
-      )
-    ids = test_ids[: cfg.episodes] if cfg.episodes else test_ids
+    ids = _test_ids(cfg, run)
     main, traj = _test_split_set(ctx, labels, ids)
     check_seed = ctx.seed
   else:
@@ -217,23 +280,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
   shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
 
-  # Signals on every set: the model (timed after one untimed pass that compiles), the
-  # outcome, and the learned baselines.
-  sets = [main, *shift_sets]
-  predictor.score(main.episodes)
-  tic_score = time.perf_counter()
-  for s in sets:
-    scores = predictor.score(s.episodes)
-    for name in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
-      s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
-  score_seconds = time.perf_counter() - tic_score
-  for s in sets:
-    s.add_episode_signal("outcome", [np.full(len(e), e.episode_return) for e in s.episodes])
-  reader = EpisodeReader(labels)
-  models = _learned_baselines(cfg, predictor, reader, run) if cfg.baseline_steps else []
-  for m in models:
-    for s in sets:
-      s.add_episode_signal(m.kind, m.credit(predictor.batch, s.episodes))
+  score_seconds, models = _add_signals(cfg, predictor, run, [main, *shift_sets])
 
   from hindsight.drift.report import build_report, write_report
 
@@ -258,6 +305,27 @@ def run_drift(cfg: DriftConfig) -> dict:
   write_report(out, report, main, shift_sets)
   report["out"] = out
   return report
+
+
+def _add_signals(cfg: DriftConfig, predictor, run: _Run, sets: list[EpisodeSet]):
+  """Signals on every set: the model (timed after one untimed pass that compiles), the
+  outcome, and the learned baselines. Returns (model scoring seconds, learned baselines)."""
+  predictor.score(sets[0].episodes)
+  tic = time.perf_counter()
+  for s in sets:
+    scores = predictor.score(s.episodes)
+    for name in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
+      s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
+  seconds = time.perf_counter() - tic
+  for s in sets:
+    s.add_episode_signal("outcome", [np.full(len(e), e.episode_return) for e in s.episodes])
+  models = []
+  if cfg.baseline_steps:
+    models = _learned_baselines(cfg, predictor, EpisodeReader(run.labels), run.record)
+  for m in models:
+    for s in sets:
+      s.add_episode_signal(m.kind, m.credit(predictor.batch, s.episodes))
+  return seconds, models
 
 
 def _auto_rollouts(labels, ids: np.ndarray, base: LabelConfig, cfg: DriftConfig) -> int:
@@ -457,4 +525,4 @@ def _gradient_learned_sources(env, predictor, models):
   return sources
 
 
-__all__ = ["DriftConfig", "EpisodeSet", "run_drift"]
+__all__ = ["DriftConfig", "EpisodeSet", "held_out_split", "reference_credit", "run_drift"]

@@ -1,0 +1,158 @@
+"""The README and docs/ against the code: every command they show names a program, flag and
+config field that exists, every link resolves, the pages speak to users (no history), and
+the README's Python example runs."""
+
+import argparse
+import ast
+import os
+import re
+import shlex
+
+import pytest
+from conftest import ROOT
+
+from hindsight import cli
+from hindsight.config_io import load_config
+
+PAGES = ["README.md"] + sorted(
+  os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")
+)
+# What a page for users does not say: issue numbers, targets met or missed, first person,
+# the history of the code. (The CHANGELOG and the closing notes keep that.)
+NOT_FOR_USERS = re.compile(
+  r"\bissue \d+|\btarget (met|missed)\b|\(target\b|\bI (did|have|left|kept|checked|think)\b|"
+  r"previous commit|\bthe old\b|\bthe new default\b|\bbefore the work queue\b|\.\./shared"
+)
+
+
+def _read(page: str) -> str:
+  with open(os.path.join(ROOT, page)) as f:
+    return f.read()
+
+
+def _code_lines(text: str):
+  """Lines of fenced code blocks, with continuation backslashes joined ('$ ' dropped)."""
+  for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+    joined = re.sub(r"\\\n\s*", " ", block)
+    for line in joined.splitlines():
+      line = line.strip()
+      yield line[2:] if line.startswith("$ ") else line
+
+
+def _commands(text: str):
+  """(program, argv) of every shell command in code blocks and `inline code`."""
+  inline = re.findall(r"`((?:hindsight|python -m train\.main|python eval/|make) [^`]+)`", text)
+  for line in [*_code_lines(text), *inline]:
+    line = line.split("#")[0].split("|")[0].strip()
+    for prefix in ("hindsight ", "python -m train.main ", "python eval/", "make "):
+      if line.startswith(prefix) and "=" not in line.split()[0]:
+        try:
+          words = shlex.split(line)
+        except ValueError:
+          continue
+        yield prefix.strip(), words
+        break
+
+
+def _flags(words) -> list[str]:
+  return [w.split("=")[0] for w in words if w.startswith("--")]
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+  parser = cli._parser()
+  action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+  return dict(action.choices)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_command_names_what_exists(page):
+  text = _read(page)
+  subs = _subparsers()
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    targets = set(re.findall(r"^([a-z][a-z-]*):", f.read(), flags=re.M))
+  checked = 0
+  for program, words in _commands(text):
+    checked += 1
+    if program == "hindsight":
+      assert words[1] in subs, (page, words)
+      known = {o for a in subs[words[1]]._actions for o in a.option_strings}
+      unknown = [f for f in _flags(words[2:]) if f not in known]
+      assert not unknown, (page, " ".join(words), unknown)
+    elif program == "make":
+      assert words[1] in targets, (page, words)
+    elif program == "python -m train.main":
+      config = next(w.split("=", 1)[-1] for w in words if w.startswith("--config") and
+                    not w.startswith("--config."))  # fmt: skip
+      if config.endswith("X.py") or "NAME" in config:
+        continue  # a placeholder
+      path = config.split(":")[0]
+      assert os.path.isfile(os.path.join(ROOT, path)), (page, path)
+      fields = [w[len("--config.") :].split("=")[0] for w in words if w.startswith("--config.")]
+      cfg = load_config(os.path.join(ROOT, path))
+      for name in fields:
+        node = cfg
+        for part in name.split("."):
+          assert part in node, (page, name)
+          node = node[part]
+    else:  # python eval/NAME.py
+      script = os.path.join(ROOT, "eval", words[1][len("eval/") :])
+      assert os.path.isfile(script), (page, words[1])
+      with open(script) as f:
+        source = f.read()
+      unknown = [f for f in _flags(words[2:]) if f'"{f}"' not in source]
+      assert not unknown, (page, " ".join(words), unknown)
+  if page in ("README.md", "docs/labeling.md", "docs/evaluation.md", "docs/serving.md"):
+    assert checked >= 3, page  # the parser above found this page's commands
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_resolve_and_pages_speak_to_users(page):
+  text = _read(page)
+  for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+    if not target.startswith("http"):
+      path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), target))
+      assert os.path.exists(path), (page, target)
+  found = [m.group(0) for m in NOT_FOR_USERS.finditer(text)]
+  assert not found, (page, found)
+
+
+def test_readme_is_a_front_page():
+  text = _read("README.md")
+  lines = text.splitlines()
+  assert len(lines) <= 250, len(lines)
+  first_block = text[text.index("```") : text.index("```", text.index("```") + 3)]
+  assert "make demo" in first_block and "make test" in first_block
+  # One current results table, and where it came from.
+  assert text.count("| signal |") == 1
+  assert re.search(r"commit [0-9a-f]{7}", text), "the table names the commit it came from"
+
+
+def _readme_example() -> str:
+  text = _read("README.md")
+  start = text.index("```python", text.index("## In Python"))
+  return text[start + len("```python") : text.index("```", start + 3)]
+
+
+def test_readme_example_is_python():
+  ast.parse(_readme_example())
+
+
+@pytest.mark.slow
+def test_readme_example_runs(tmp_path, monkeypatch):
+  """The README's Python example as written, at smoke size (64 episodes, the :smoke
+  config) and under tmp_path: label, train, load, score, credit_fn in a jit."""
+  code = _readme_example()
+  for big, small in (("episodes=2048", "episodes=64"), ("num_rollouts=64", "num_rollouts=8"),
+                     ('"configs/generic.py"', '"configs/generic.py:smoke"')):  # fmt: skip
+    assert big in code, big
+    code = code.replace(big, small)
+  code = code.replace('"runs/', f'"{tmp_path}/runs/').replace("=runs/", f"={tmp_path}/runs/")
+  monkeypatch.chdir(ROOT)
+  namespace: dict = {}
+  exec(compile(code, "README.md", "exec"), namespace)
+  scores, out = namespace["scores"], namespace["out"]
+  assert len(scores) == 8
+  for i, sc in enumerate(scores):
+    n = len(namespace["episodes"][i])
+    assert sc["credit"].shape == (n,)
+    assert abs(float(out["credit"][i, :n].sum()) - float(sc["credit"].sum())) < 1e-4
