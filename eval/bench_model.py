@@ -104,7 +104,7 @@ def main() -> None:
 
   @jax.jit
   def score(state, batch):
-    return nnx.merge(graphdef, state)["model"](batch)["mean"]
+    return nnx.merge(graphdef, state)["model"](batch)["mu"]
 
   big = global_batch(
     random_batch(spec, args.score_batch - args.score_batch % count, length, rng), mesh

@@ -40,7 +40,7 @@ _HOMES = {
   "Labeler": "hindsight.labeling",
   "Trajectory": "hindsight.labeling",
   "episode_key": "hindsight.labeling.engine",
-  "LabelJob": "hindsight.labeling.job",
+  "LabelJob": "hindsight.labeling.config",
   "run_label_job": "hindsight.labeling.job",
   "prediction_metrics": "hindsight.metrics",
   "summarize": "hindsight.metrics",

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 
+from hindsight.cli_options import build, option
 from hindsight.devices import use_all_cpu_cores
 
 
@@ -64,60 +65,54 @@ def _return_range(text: str) -> tuple[float, float]:
     raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
 
 
+ENV_HELP = (
+  "tabular:PATH.npz | key_corridor | key_to_door[:p_key=P] | "
+  "reasoning[:decorative_rate=D,horizon=H,competence_max=C] | "
+  "team[:agents=N,rounds=R,p_error=E] | gymnax:ID | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
+  "(docs/environments.md)"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
+  from hindsight.audit.config import AuditConfig
   from hindsight.credit.replacement import REPLACEMENTS
+  from hindsight.drift.config import DriftConfig
+  from hindsight.labeling.config import LabelConfig, LabelJob
+  from hindsight.serving.config import ServeConfig
 
   p = _Parser(prog="hindsight", description="Interventional credit for every step.")
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
   lab = sub.add_parser("label", help="label episodes with interventional credit")
-  lab.add_argument(
-    "--env",
-    required=True,
-    help="tabular:PATH.npz | key_to_door[:p_key=P] | "
-    "reasoning[:decorative_rate=D,horizon=H,competence_max=C] | "
-    "team[:agents=N,rounds=R,p_error=E] | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
-    "(README: Environments)",
-  )
-  lab.add_argument("--episodes", type=int, required=True, help="number of episodes N")
-  lab.add_argument("--rollouts", type=int, default=32, help="branches K per arm and step")
-  lab.add_argument("--replacement", default="policy", choices=REPLACEMENTS, help="q(a'|s,a)")
-  lab.add_argument("--seed", type=int, default=0, help="root of every random key")
+  option(lab, LabelJob, "env", ENV_HELP, required=True)
+  option(lab, LabelJob, "episodes", "number of episodes N", required=True, type=int)
+  option(lab, LabelConfig, "num_rollouts", "branches K per arm and step", flag="--rollouts")
+  option(lab, LabelConfig, "replacement", "q(a'|s,a)", choices=REPLACEMENTS)
+  option(lab, LabelJob, "seed", "root of every random key")
   lab.add_argument("--out", required=True, help="output directory (resumable)")
-  lab.add_argument("--exact", action="store_true", help="dynamic programming (tabular only)")
-  lab.add_argument("--chunk-size", type=int, default=256, help="episodes per saved chunk")
-  lab.add_argument("--gamma", type=float, default=1.0, help="discount (1 = undiscounted)")
-  lab.add_argument(
-    "--tolerance", type=float, default=0.05, help="|credit| under this is decorative"
-  )
-  lab.add_argument("--confidence", type=float, default=0.95, help="level of the klass interval")
-  lab.add_argument(
-    "--policy",
-    help="gymnax: a JAX policy MODULE:FN(obs, key) or FN(params, obs, key) -> probs or logits;"
-    " gymnasium/dm_env: MODULE:FN(obs, rng) -> action (default: uniform)",
-  )
-  lab.add_argument("--horizon", type=int, help="gymnax/gymnasium/dm_env: cap on episode length")
-  lab.add_argument("--workers", type=int, default=1, help="gymnasium/dm_env: processes")
-  lab.add_argument(
-    "--return-range",
-    type=_return_range,
-    metavar="LO:HI",
-    help="gymnax/gymnasium/dm_env: bounds of any return-to-go, for honest stderrs of tied "
-    "estimates (default: gymnax unknown; gymnasium/dm_env the range each episode's branches "
-    "show)",
-  )
+  option(lab, LabelConfig, "exact", "dynamic programming (tabular only)")
+  option(lab, LabelJob, "chunk_size", "episodes per saved chunk")
+  option(lab, LabelConfig, "gamma", "discount (1 = undiscounted)")
+  option(lab, LabelConfig, "decorative_tolerance", "|credit| under this is decorative",
+         flag="--tolerance")  # fmt: skip
+  option(lab, LabelConfig, "confidence", "level of the klass interval")
+  option(lab, LabelJob, "policy",
+         "gymnax: a JAX policy MODULE:FN(obs, key) or FN(params, obs, key) -> probs or logits;"
+         " gymnasium/dm_env: MODULE:FN(obs, rng) -> action (default: uniform)")  # fmt: skip
+  option(lab, LabelJob, "horizon", "gymnax/gymnasium/dm_env: cap on episode length", type=int)
+  option(lab, LabelJob, "workers", "gymnasium/dm_env: processes")
+  option(lab, LabelJob, "return_range",
+         "gymnax/gymnasium/dm_env: bounds of any return-to-go, for honest stderrs of tied "
+         "estimates (default: gymnax unknown; gymnasium/dm_env the range each episode's "
+         "branches show)", type=_return_range, metavar="LO:HI")  # fmt: skip
   lab.add_argument(
     "--unstratified",
     action="store_true",
     help="draw replacements from q itself, a_t included (the plain estimator, for comparison)",
   )
-  lab.add_argument(
-    "--permutations",
-    type=int,
-    default=0,
-    help="multi-agent envs: sampled Shapley values over this many agent orders (even, >= 4); "
-    "0: every coalition up to 8 agents, 64 orders beyond",
-  )
+  option(lab, LabelJob, "permutations",
+         "multi-agent envs: sampled Shapley values over this many agent orders (even, >= 4); "
+         "0: every coalition up to 8 agents, 64 orders beyond")  # fmt: skip
   lab.add_argument("--no-progress", action="store_true", help="no progress bar")
   multi = lab.add_argument_group(
     "several processes (jax.distributed; the training config's distributed.* fields)"
@@ -147,46 +142,32 @@ def _parser() -> argparse.ArgumentParser:
   ev = sub.add_parser(
     "eval", help="drift report: a trained model and every baseline against the reference"
   )
-  ev.add_argument("--checkpoint", required=True, help="a training run's --workdir")
-  ev.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
-  ev.add_argument("--env", help="evaluate fresh episodes of this env spec (default: test split)")
-  ev.add_argument("--episodes", type=int, default=0, help="episodes (0: the whole test split)")
-  ev.add_argument(
-    "--reference-rollouts",
-    type=int,
-    default=0,
-    help="K of the reference relabel (0: RMS stderr about --reference-fraction of the spread)",
-  )
-  ev.add_argument("--reference-fraction", type=float, default=0.1, help="see above")
-  ev.add_argument("--check-episodes", type=int, default=64, help="episodes of the check pass")
+  option(ev, DriftConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(ev, DriftConfig, "step", "checkpoint step: best, last or a number")
+  option(ev, DriftConfig, "env", "evaluate fresh episodes of this env spec (default: test split)")
+  option(ev, DriftConfig, "episodes", "episodes (0: the whole test split)")
+  option(ev, DriftConfig, "reference_rollouts",
+         "K of the reference relabel (0: RMS stderr about --reference-fraction of the "
+         "spread)")  # fmt: skip
+  option(ev, DriftConfig, "reference_fraction", "see above")
+  option(ev, DriftConfig, "check_episodes", "episodes of the check pass")
   ev.add_argument(
     "--shift",
     action="append",
     help="OOD env spec to slice by (repeatable; default per environment, 'none' for none)",
   )
-  ev.add_argument("--shift-episodes", type=int, default=128, help="episodes per shifted set")
-  ev.add_argument("--baseline-steps", type=int, default=1000, help="steps per learned baseline")
-  ev.add_argument(
-    "--gradient-env",
-    default=None,
-    help="tabular env spec of the policy-gradient table (default: key_corridor, the bundled "
-    "MDP; 'none' for none)",
-  )
-  ev.add_argument("--gradient-episodes", type=int, default=1024, help="episodes of that table")
-  ev.add_argument("--bootstrap", type=int, default=400, help="bootstrap resamples per CI")
-  ev.add_argument(
-    "--seed",
-    type=int,
-    default=0,
-    help="seed of fresh episode sets (--env, shifts), the bootstrap and baselines",
-  )
-  ev.add_argument("--out", default="", help="report directory (default: CHECKPOINT/drift)")
-  ev.add_argument(
-    "--cache",
-    default="",
-    help="directory of cached episodes and references (default: OUT/cache); share one "
-    "between models evaluated on the same episodes",
-  )
+  option(ev, DriftConfig, "shift_episodes", "episodes per shifted set")
+  option(ev, DriftConfig, "baseline_steps", "steps per learned baseline")
+  option(ev, DriftConfig, "gradient_env",
+         "tabular env spec of the policy-gradient table ('none' for none)")  # fmt: skip
+  option(ev, DriftConfig, "gradient_episodes", "episodes of that table")
+  option(ev, DriftConfig, "bootstrap", "bootstrap resamples per CI")
+  option(ev, DriftConfig, "seed", "seed of fresh episode sets (--env, shifts), the bootstrap and "
+         "baselines")  # fmt: skip
+  option(ev, DriftConfig, "out", "report directory (default: CHECKPOINT/drift)")
+  option(ev, DriftConfig, "cache",
+         "directory of cached episodes and references (default: OUT/cache); share one "
+         "between models evaluated on the same episodes")  # fmt: skip
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
 
   sc = sub.add_parser("score", help="batch-score a JSONL file or a label dataset")
@@ -197,50 +178,39 @@ def _parser() -> argparse.ArgumentParser:
   sc.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   sv = sub.add_parser("serve", help="serve credit over HTTP (POST /v1/credit)")
-  sv.add_argument("--checkpoint", required=True, help="a training run's --workdir")
-  sv.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  option(sv, ServeConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(sv, ServeConfig, "step", "checkpoint step: best, last or a number")
   sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   sv.add_argument("--port", type=int, default=8000, help="port")
-  sv.add_argument("--window-ms", type=float, default=2.0, help="batching window")
-  sv.add_argument("--max-batch", type=int, default=64, help="trajectories per scored batch")
-  sv.add_argument("--max-body-bytes", type=int, default=8 << 20, help="request body limit")
-  sv.add_argument("--max-trajectories", type=int, default=256, help="per request")
-  sv.add_argument("--max-steps", type=int, default=0, help="per trajectory (0: 4 x max_length)")
+  option(sv, ServeConfig, "window_ms", "batching window")
+  option(sv, ServeConfig, "max_batch", "trajectories per scored batch")
+  option(sv, ServeConfig, "max_body_bytes", "request body limit")
+  option(sv, ServeConfig, "max_trajectories", "per request")
+  option(sv, ServeConfig, "max_steps", "per trajectory (0: 4 x max_length)")
   au = sub.add_parser(
     "audit", help="spot-check a model against rollouts: drift alarm and labels to fine-tune on"
   )
-  au.add_argument("--checkpoint", required=True, help="a training run's --workdir")
-  au.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
+  option(au, AuditConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(au, AuditConfig, "step", "checkpoint step: best, last or a number")
   where = au.add_mutually_exclusive_group(required=True)
-  where.add_argument("--env", help="audit fresh episodes of this env spec (its policy)")
-  where.add_argument(
-    "--trajectories",
-    help="a label dataset dir, or JSONL with seed and episode per line (README: Auditing)",
-  )
-  au.add_argument("--budget", type=int, required=True, help="env steps the rollouts may spend")
-  au.add_argument(
-    "--tolerance",
-    type=float,
-    default=0.0,
-    help="|mean gap| allowed, in credit units (0: a tenth of the model's credit scale)",
-  )
-  au.add_argument("--alpha", type=float, default=0.05, help="false-alarm rate, any duration")
-  au.add_argument("--coverage-level", type=float, default=0.9, help="interval level checked")
-  au.add_argument(
-    "--coverage-tolerance", type=float, default=0.1, help="coverage allowed below the level"
-  )
-  au.add_argument("--episodes", type=int, default=256, help="pool size (--env) or most read")
-  au.add_argument("--rollouts", type=int, default=32, help="K branches per arm and step")
-  au.add_argument(
-    "--shares",
-    type=_shares,
-    default=(0.5, 0.25, 0.25),
-    metavar="U:S:D",
-    help="draw shares: uniform, most uncertain, most disagreeing with the outcome",
-  )
-  au.add_argument("--stop-at-alarm", action="store_true", help="stop spending once it fires")
-  au.add_argument("--seed", type=int, default=0, help="root of the pool, draws and rollouts")
-  au.add_argument("--out", required=True, help="report directory")
+  option(where, AuditConfig, "env", "audit fresh episodes of this env spec (its policy)")
+  option(where, AuditConfig, "trajectories",
+         "a label dataset dir, or JSONL with seed and episode per line "
+         "(docs/audit.md)")  # fmt: skip
+  option(au, AuditConfig, "budget", "env steps the rollouts may spend", required=True, type=int)
+  option(au, AuditConfig, "tolerance",
+         "|mean gap| allowed, in credit units (0: a tenth of the model's credit "
+         "scale)")  # fmt: skip
+  option(au, AuditConfig, "alpha", "false-alarm rate, any duration")
+  option(au, AuditConfig, "coverage_level", "interval level checked")
+  option(au, AuditConfig, "coverage_tolerance", "coverage allowed below the level")
+  option(au, AuditConfig, "episodes", "pool size (--env) or most read")
+  option(au, AuditConfig, "rollouts", "K branches per arm and step")
+  option(au, AuditConfig, "shares", "draw shares: uniform, most uncertain, most disagreeing "
+         "with the outcome", type=_shares, metavar="U:S:D")  # fmt: skip
+  option(au, AuditConfig, "stop_at_alarm", "stop spending once it fires")
+  option(au, AuditConfig, "seed", "root of the pool, draws and rollouts")
+  option(au, AuditConfig, "out", "report directory", required=True)
   au.add_argument("--no-progress", action="store_true", help="no progress bar")
   return p
 
@@ -257,28 +227,10 @@ def _shares(text: str) -> tuple[float, float, float]:
 
 
 def _audit(args) -> int:
-  from hindsight.audit import AuditConfig, run_audit
+  from hindsight.audit import run_audit
+  from hindsight.audit.config import AuditConfig
 
-  report = run_audit(
-    AuditConfig(
-      checkpoint=args.checkpoint,
-      step=args.step,
-      env=args.env,
-      trajectories=args.trajectories,
-      budget=args.budget,
-      tolerance=args.tolerance,
-      alpha=args.alpha,
-      coverage_level=args.coverage_level,
-      coverage_tolerance=args.coverage_tolerance,
-      episodes=args.episodes,
-      rollouts=args.rollouts,
-      shares=args.shares,
-      stop_at_alarm=args.stop_at_alarm,
-      seed=args.seed,
-      out=args.out,
-      progress=not args.no_progress,
-    )
-  )
+  report = run_audit(build(AuditConfig, args, progress=not args.no_progress))
   print(verdict_text(report))
   print(f"report: {os.path.join(report['out'], 'report.md')}")
   return 0
@@ -314,52 +266,24 @@ def _score(args) -> int:
 
 
 def _serve(args) -> int:
-  from hindsight.serving.app import ServeConfig, serve
+  from hindsight.serving.app import serve
+  from hindsight.serving.config import ServeConfig
 
-  cfg = ServeConfig(
-    checkpoint=args.checkpoint,
-    step=args.step,
-    window_ms=args.window_ms,
-    max_batch=args.max_batch,
-    max_body_bytes=args.max_body_bytes,
-    max_trajectories=args.max_trajectories,
-    max_steps=args.max_steps,
-  )
+  cfg = build(ServeConfig, args)
   print(f"hindsight: serving {args.checkpoint} on http://{args.host}:{args.port}", flush=True)
   serve(cfg, args.host, args.port)
   return 0
 
 
 def _eval(args) -> int:
-  from hindsight.drift import DriftConfig, run_drift
+  from hindsight.drift import run_drift
+  from hindsight.drift.config import DriftConfig
 
-  kw = {}
-  if args.gradient_env is not None:
-    kw["gradient_env"] = "" if args.gradient_env == "none" else args.gradient_env
-  shifts = None
-  if args.shift:
-    shifts = tuple(s for s in args.shift if s != "none")
-  report = run_drift(
-    DriftConfig(
-      checkpoint=args.checkpoint,
-      step=args.step,
-      env=args.env,
-      episodes=args.episodes,
-      reference_rollouts=args.reference_rollouts,
-      reference_fraction=args.reference_fraction,
-      check_episodes=args.check_episodes,
-      shifts=shifts,
-      shift_episodes=args.shift_episodes,
-      baseline_steps=args.baseline_steps,
-      gradient_episodes=args.gradient_episodes,
-      bootstrap=args.bootstrap,
-      seed=args.seed,
-      out=args.out,
-      cache=args.cache,
-      progress=not args.no_progress,
-      **kw,
-    )
-  )
+  shifts = None if not args.shift else tuple(s for s in args.shift if s != "none")
+  gradient_env = "" if args.gradient_env == "none" else args.gradient_env
+  cfg = build(DriftConfig, args, shifts=shifts, gradient_env=gradient_env,
+              progress=not args.no_progress)  # fmt: skip
+  report = run_drift(cfg)
   print(headline_text(report))
   print(f"report: {os.path.join(report['out'], 'report.md')}")
   return 0
@@ -383,33 +307,13 @@ def headline_text(report: dict) -> str:
 
 def _label(args) -> int:
   from hindsight import distributed
-  from hindsight.labeling.engine import LabelConfig
-  from hindsight.labeling.job import LabelJob, run_label_job
+  from hindsight.labeling.config import LabelConfig, LabelJob
+  from hindsight.labeling.job import run_label_job
 
   distributed.check_processes(args.coordinator, args.num_processes, args.process_id)
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-
-  config = LabelConfig(
-    num_rollouts=args.rollouts,
-    replacement=args.replacement,
-    gamma=args.gamma,
-    exact=args.exact,
-    decorative_tolerance=args.tolerance,
-    confidence=args.confidence,
-    stratify=not args.unstratified,
-  )
-  job = LabelJob(
-    env=args.env,
-    episodes=args.episodes,
-    config=config,
-    seed=args.seed,
-    chunk_size=args.chunk_size,
-    policy=args.policy,
-    horizon=args.horizon,
-    workers=args.workers,
-    return_range=args.return_range,
-    permutations=args.permutations,
-  )
+  config = build(LabelConfig, args, stratify=not args.unstratified)
+  job = build(LabelJob, args, config=config)
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")
   return 0

@@ -9,7 +9,8 @@ import pytest
 from hindsight.envs.adapters import make_py_env
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig
-from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.labeling.config import LabelJob
+from hindsight.labeling.job import run_label_job
 from hindsight.labeling.py_labeler import PyJob, episode_root, label_episode, replay
 
 sys.path.insert(0, os.path.dirname(__file__))  # adapter_policies, for --policy

@@ -32,7 +32,8 @@ from hindsight.drift import DriftConfig, run_drift
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
-from hindsight.labeling.engine import LabelConfig, Labeler, episode_key
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler, episode_key
 from hindsight.model.predictor import Predictor
 
 # Only the tests that share the module's trained run need one worker (xdist loadgroup);
@@ -294,7 +295,8 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   # A server of the old model hot-reloads the repaired one.
   from starlette.testclient import TestClient
 
-  from hindsight.serving.app import ServeConfig, create_app
+  from hindsight.serving.app import create_app
+  from hindsight.serving.config import ServeConfig
 
   with TestClient(create_app(ServeConfig(checkpoint=tabular_run))) as client:
     reply = client.post("/v1/reload", json={"checkpoint": tuned})

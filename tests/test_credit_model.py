@@ -69,7 +69,7 @@ def test_padding_and_batch_neighbours_do_not_change_a_step_score(data):
   b = _score(model, {k: jnp.asarray(v) for k, v in long.items()})
   for row in range(4):
     n = short["mask"][row].sum()
-    np.testing.assert_allclose(a["mean"][row, :n], b["mean"][3 - row, :n], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a["mu"][row, :n], b["mu"][3 - row, :n], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a["logits"][row, :n], b["logits"][3 - row, :n], rtol=1e-5, atol=1e-5)
 
 
@@ -121,7 +121,7 @@ def test_exact_zero_target_counts_tied_labels_unless_told_otherwise():
   np.testing.assert_allclose(ties["zero_bce"], (bce(1, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
   np.testing.assert_allclose(exact["zero_bce"], (bce(0, 2) + bce(1, 2) + bce(0, -2)) / 3, rtol=1e-5)
   _, exact_labels = credit_loss(out, batch, scale, class_weight=0.0, label_noise=False)
-  want = gaussian_nll(out["mean"], out["log_var"], credit, jnp.zeros_like(stderr), scale).mean()
+  want = gaussian_nll(out["mu"], out["log_var"], credit, jnp.zeros_like(stderr), scale).mean()
   np.testing.assert_allclose(exact_labels["nll"], want, rtol=1e-6)
   assert float(exact_labels["nll"]) != float(ties["nll"])
 

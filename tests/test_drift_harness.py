@@ -23,7 +23,8 @@ from hindsight.drift import reference as ref_lib
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
-from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.model.predictor import MODEL_FILE, Predictor, load_predictor
 
 pytestmark = pytest.mark.xdist_group("drift")
@@ -258,7 +259,7 @@ def test_noise_ceiling_is_what_the_true_credit_scores_against_one_pass():
 
 
 def _base():
-  from hindsight.labeling.engine import LabelConfig
+  from hindsight.labeling.config import LabelConfig
 
   return LabelConfig(num_rollouts=8)
 

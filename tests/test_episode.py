@@ -12,8 +12,9 @@ from hindsight.data.spec import DataSpec
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
-from hindsight.labeling.engine import LabelConfig, Labeler
-from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.labeling.config import LabelConfig, LabelJob
+from hindsight.labeling.engine import Labeler
+from hindsight.labeling.job import run_label_job
 
 BUILT_IN = ("tabular:data/key_corridor.npz", "key_to_door", "reasoning", "team")
 

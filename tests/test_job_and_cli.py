@@ -16,7 +16,8 @@ from hindsight.data import open_labels
 from hindsight.envs import random_mdp
 from hindsight.errors import HindsightError
 from hindsight.labeling import STEP_FIELDS, LabelConfig
-from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.labeling.config import LabelJob
+from hindsight.labeling.job import run_label_job
 
 
 def _examples(path):

@@ -29,7 +29,8 @@ from hindsight.data import episode_to_json, open_labels
 from hindsight.errors import HindsightError
 from hindsight.model.predictor import Predictor
 from hindsight.serving import Client
-from hindsight.serving.app import ServeConfig, create_app
+from hindsight.serving.app import create_app
+from hindsight.serving.config import ServeConfig
 
 pytestmark = pytest.mark.xdist_group("serving")
 MAX_STEPS = 24
@@ -268,8 +269,8 @@ def test_serve_bad_checkpoint_is_one_line(tmp_path):
 
 
 def test_readme_policy_gradient_example_runs(run, episodes):
-  """The README's in-process example, run as written (on this module's model)."""
-  with open(os.path.join(ROOT, "README.md")) as f:
+  """The serving page's in-process example, run as written (on this module's model)."""
+  with open(os.path.join(ROOT, "docs", "serving.md")) as f:
     text = f.read()
   start = text.index("```python", text.index("<!-- pg-example"))
   code = text[start + len("```python") : text.index("```", start + 3)]

@@ -57,13 +57,13 @@ from hindsight.distributed import CONFIG_NAMES, any_process, check_processes, in
 from hindsight.errors import HindsightError
 from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import write_json
-from hindsight.labeling.engine import LabelConfig
-from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.labeling.config import LabelConfig, LabelJob
+from hindsight.labeling.job import run_label_job
 from hindsight.model.calibration import CALIBRATION_FILE, calibration_text
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
-from hindsight.model.programs import state_digest, train_programs
+from hindsight.model.programs import ProgramsConfig, state_digest, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
 
@@ -236,7 +236,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   check_workdir(config, workdir, RESTART_FREE)
   data = _load_data(config, workdir)
   layout = _layout(config, data)
-  programs = train_programs(config, data.spec, layout.mesh)
+  programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
   _write_splits(config, workdir, data)
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   start, state = _restore_or_init(config, ckpt, programs, data.init, layout.train_seed)
@@ -366,7 +366,7 @@ def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start,
   step_files = model_files(ModelConfig(**config.model.to_dict()), spec)
   dropout_root = jax.random.fold_in(jax.random.key(layout.train_seed), 1)
   logs = _Logs(workdir, start)
-  total, per_epoch = int(config.train.steps), plan.steps_per_epoch
+  total = int(config.train.steps)
   preempted, seconds, last, done = False, 0.0, {}, start
   bar = CompileAwareBar(
     total=total,
@@ -376,12 +376,8 @@ def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start,
     disable=not config.train.progress or jax.process_index() != 0,
   )
   with _Sigterm() as sigterm, bar, logs:
-    epoch_batches, epoch_index = None, -1
     for step in range(start, total):
-      epoch, i = divmod(step, per_epoch)
-      if epoch != epoch_index:
-        epoch_batches, epoch_index = plan.epoch(epoch), epoch
-      pad, ids = epoch_batches[i]
+      pad, ids = plan.at(step)
       tic = time.perf_counter()
       batch = global_batch(make_batch(data.reader, ids[rows], pad, spec), mesh)
       state, metrics = programs.train_step(state, batch, jax.random.fold_in(dropout_root, step))

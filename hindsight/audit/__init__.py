@@ -1,7 +1,14 @@
 """Auditing a served credit model: spot checks by rollouts, an anytime-valid drift alarm,
 and the audited steps as labels to repair the model with (`hindsight audit`)."""
 
-from hindsight.audit.runner import AuditConfig, run_audit
-from hindsight.audit.sequential import AlarmConfig, drift_alarm, eb_confidence_sequence
+from hindsight._lazy import lazy_exports
 
-__all__ = ["AlarmConfig", "AuditConfig", "drift_alarm", "eb_confidence_sequence", "run_audit"]
+_HOMES = {
+  "AlarmConfig": "hindsight.audit.sequential",
+  "AuditConfig": "hindsight.audit.config",
+  "drift_alarm": "hindsight.audit.sequential",
+  "eb_confidence_sequence": "hindsight.audit.sequential",
+  "run_audit": "hindsight.audit.runner",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

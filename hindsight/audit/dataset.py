@@ -20,7 +20,8 @@ import numpy as np
 from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
 from hindsight.credit.fields import STEP_FIELDS
 from hindsight.data import labels as label_io
-from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler
 
 
 def _combined(draws, steps) -> dict[tuple[int, int], dict]:

@@ -142,6 +142,17 @@ class BatchPlan:
     counts = np.bincount(self.buckets, minlength=len(self.pad_lengths))
     return int(sum(math.ceil(c / self.batch_size) for c in counts))
 
+  def at(self, step: int) -> tuple[int, np.ndarray]:
+    """(pad_length, int [batch_size] episode ids) of global step `step`, batch
+    step % steps_per_epoch of epoch step // steps_per_epoch. The epoch's order is made once
+    and kept while its steps are read (a training loop's access pattern)."""
+    epoch, i = divmod(step, self.steps_per_epoch)
+    cached = self.__dict__.get("_epoch_cache")
+    if cached is None or cached[0] != epoch:
+      cached = (epoch, self.epoch(epoch))
+      object.__setattr__(self, "_epoch_cache", cached)  # a cache, not part of the plan
+    return cached[1][i]
+
   def epoch(self, epoch: int) -> list[tuple[int, np.ndarray]]:
     """[(pad_length, int [batch_size] episode ids)] in the order they are used."""
     key = jax.random.fold_in(jax.random.key(self.seed), epoch)

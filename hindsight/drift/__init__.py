@@ -5,12 +5,14 @@
 reference credit from the same cache the report uses.
 """
 
-from hindsight.drift.harness import (
-  DriftConfig,
-  EpisodeSet,
-  held_out_split,
-  reference_credit,
-  run_drift,
-)
+from hindsight._lazy import lazy_exports
 
-__all__ = ["DriftConfig", "EpisodeSet", "held_out_split", "reference_credit", "run_drift"]
+_HOMES = {
+  "DriftConfig": "hindsight.drift.config",
+  "EpisodeSet": "hindsight.drift.harness",
+  "held_out_split": "hindsight.drift.harness",
+  "reference_credit": "hindsight.drift.harness",
+  "run_drift": "hindsight.drift.harness",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

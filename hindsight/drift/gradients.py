@@ -17,7 +17,8 @@ from hindsight.credit.replacement import REPLACEMENTS
 from hindsight.envs import make
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
-from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler
 from hindsight.labeling.trajectories import sample_and_label
 
 # Replacements of the table (policy_no_repeat needs action content classes; tabular has none).

@@ -27,6 +27,7 @@ from hindsight.data.episode import Episode
 from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
+from hindsight.drift.config import DriftConfig
 from hindsight.drift.gradients import gradient_table
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
@@ -34,7 +35,8 @@ from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, sha256_file
 from hindsight.labeling import trajectories as tr
-from hindsight.labeling.engine import LabelConfig, Labeler
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler
 from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
 DEFAULT_SHIFTS = {
@@ -47,45 +49,6 @@ SHIFT_SEED_OFFSET = 1_000_003
 # Caches that hold episodes carry their layout in the key: an older layout (fresh sets
 # without the trajectory's `success`) is recomputed, never read.
 EPISODE_CACHES, EPISODE_CACHE_FORMAT = ("fresh", "shift"), 2
-
-
-@dataclasses.dataclass(frozen=True)
-class DriftConfig:
-  """What `hindsight eval` evaluates and how hard (CLI flags map onto these)."""
-
-  checkpoint: str  # a training run's workdir (or its checkpoint directory); A,B,C an ensemble
-  step: str = "best"  # checkpoint step: best, last or a number
-  env: str | None = None  # evaluate fresh episodes of this spec instead of the test split
-  episodes: int = 0  # evaluated episodes (0: the whole test split, or 256 with --env)
-  reference_rollouts: int = 0  # K_ref (0: chosen so the reference's stderr is small)
-  reference_fraction: float = 0.1  # ... its RMS stderr / the credit spread
-  check_episodes: int = 64  # episodes of the second, independent reference pass
-  shifts: tuple[str, ...] | None = None  # OOD env specs (None: DEFAULT_SHIFTS of the env)
-  shift_episodes: int = 128
-  baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
-  gradient_env: str = "key_corridor"  # tabular env spec of the gradient table; "" = none
-  gradient_episodes: int = 1024
-  gradient_rollouts: int = 16
-  bootstrap: int = 400  # bootstrap resamples per CI
-  seed: int = 0
-  out: str = ""  # default: CHECKPOINT/drift
-  # Cached episodes and references ("" = OUT/cache); one directory shared by several models
-  # evaluated on the same episodes computes the reference once (keys name what it depends on).
-  cache: str = ""
-  progress: bool = True
-
-  def check(self) -> None:
-    for name in ("episodes", "reference_rollouts", "shift_episodes", "baseline_steps"):
-      if getattr(self, name) < 0:
-        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0")
-    if self.reference_rollouts == 1:
-      raise HindsightError("--reference-rollouts must be >= 2 (or 0: chosen automatically)")
-    if self.bootstrap < 10:
-      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
-    if not 0 < self.reference_fraction < 1:
-      raise HindsightError("--reference-fraction must be in (0, 1)")
-    if self.check_episodes < 2:
-      raise HindsightError("--check-episodes must be >= 2")
 
 
 class EpisodeSet:
@@ -282,7 +245,8 @@ def run_drift(cfg: DriftConfig) -> dict:
 
   score_seconds, models = _add_signals(cfg, predictor, run, [main, *shift_sets])
 
-  from hindsight.drift.report import build_report, write_report
+  from hindsight.drift.render import write_report
+  from hindsight.drift.report import build_report
 
   report["seconds"] = {"model_scoring": round(score_seconds, 2)}
   report.update(
@@ -465,15 +429,9 @@ def _learned_baselines(cfg, predictor, reader, run) -> list:
   bcfg = bl.BaselineConfig(steps=cfg.baseline_steps, seed=cfg.seed)
   pads = bucket_lengths(lengths, 2)
   plan = BatchPlan(train_ids, lengths, bcfg.batch_size, pads, cfg.seed, shuffle=True)
-  per_epoch = plan.steps_per_epoch
-  epochs: dict[int, list] = {}
 
   def batches(step):
-    epoch, i = divmod(step, per_epoch)
-    if epoch not in epochs:
-      epochs.clear()
-      epochs[epoch] = plan.epoch(epoch)
-    pad, ids = epochs[epoch][i]
+    pad, ids = plan.at(step)
     return make_batch(reader, ids, pad, spec)
 
   bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}

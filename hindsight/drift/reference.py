@@ -28,7 +28,8 @@ import jax
 import numpy as np
 from scipy import stats
 
-from hindsight.labeling.engine import LabelConfig, episode_key
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import episode_key
 
 REFERENCE_SALT = 0x2EF5A17  # folds the reference's keys off an episode's root key
 # Per-step fields kept from a relabel (all [E, H]).

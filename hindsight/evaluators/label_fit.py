@@ -30,7 +30,7 @@ class SigmaScaleEvaluator:
   def run(self, state) -> tuple[float, int]:
     _, steps = predict_split(self.programs, state, *self.args)
     scale = fit_sigma_scale(
-      steps["pred_mean"],
+      steps["pred_mu"],
       np.sqrt(steps["pred_var"]),
       steps["label"],
       steps["stderr"],
@@ -53,7 +53,7 @@ class LabelFitEvaluator:
     steps["pred_var"] = steps["pred_var"] * sigma_scale**2
     out = prediction_metrics(
       steps["pred"],
-      steps["pred_mean"],
+      steps["pred_mu"],
       steps["pred_var"],
       steps["label"],
       steps["stderr"],
@@ -82,7 +82,7 @@ def summary_text(r: dict) -> str:
     "training labels (Monte Carlo, noisy; `hindsight eval` scores it against the reference):",
     f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
     f"(best constant: {r['constant_mae']:.4g})  "
-    f"(of the continuous mean: Spearman {r['spearman_mean']:.3f})",
+    f"(of the continuous part's mu: Spearman {r['spearman_mu']:.3f})",
     f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
     f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
     f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "

@@ -9,7 +9,7 @@ from hindsight.data.batching import make_batch
 from hindsight.model.sharding import global_batch
 
 # Per-step columns predict_split returns (valid steps with a finite label only).
-COLUMNS = ("pred", "pred_mean", "pred_var", "label", "stderr", "progress", "klass", "pred_klass")
+COLUMNS = ("pred", "pred_mu", "pred_var", "label", "stderr", "progress", "klass", "pred_klass")
 
 
 def predict_split(
@@ -37,7 +37,7 @@ def predict_split(
       continue
     sel = labels["label_mask"]
     cols["pred"].append(out["credit"][sel])
-    cols["pred_mean"].append(out["mean"][sel])
+    cols["pred_mu"].append(out["mu"][sel])
     cols["pred_var"].append(np.exp(out["log_var"][sel]))
     cols["label"].append(labels["credit"][sel])
     cols["stderr"].append(labels["credit_stderr"][sel])

@@ -14,7 +14,6 @@ P labels chunks p, p + P, ... and process 0 alone prepares --out and writes the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -33,7 +32,8 @@ from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
-from hindsight.labeling.engine import LabelConfig, Labeler, episode_key, to_numpy
+from hindsight.labeling.config import LabelJob
+from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.labeling.py_labeler import PyJob, label_episodes
 from hindsight.labeling.rollout import Trajectory
 from hindsight.progress import CompileAwareBar
@@ -42,28 +42,6 @@ CHUNKS = "_chunks"
 JOB_FILE = "job.json"
 AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
 DEFAULT_PERMUTATIONS = 64  # sampled Shapley values, beyond MAX_ENUMERATED_AGENTS agents
-
-
-@dataclasses.dataclass(frozen=True)
-class LabelJob:
-  """Everything that determines a label dataset (all of it goes into its metadata)."""
-
-  env: str
-  episodes: int
-  config: LabelConfig
-  seed: int = 0
-  chunk_size: int = 256
-  policy: str | None = None  # adapters only: MODULE:FN
-  horizon: int | None = None  # adapters only: cap on episode length
-  workers: int = 1  # adapters only: processes (labels do not depend on it)
-  return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
-  permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
-
-  def describe(self) -> dict:
-    d = dataclasses.asdict(self)
-    d.update(d.pop("config"))
-    d.pop("workers")
-    return d
 
 
 def _check(job: LabelJob) -> None:

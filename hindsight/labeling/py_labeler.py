@@ -36,7 +36,8 @@ from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.fields import continuation_totals, step_fields
 from hindsight.envs.adapters import PyEnv, load_policy, make_py_env
 from hindsight.errors import HindsightError
-from hindsight.labeling.engine import LabelConfig, episode_key
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import episode_key
 
 TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
 log = logging.getLogger(__name__)

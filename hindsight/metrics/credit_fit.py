@@ -2,7 +2,7 @@
 
 Inputs are flat per-step arrays [N] over valid steps with a finite label. The headline
 Spearman / Pearson / MAE / RMSE score the point prediction (the model's median, which is exactly 0
-where it expects an exact tie); `spearman_mean` scores its continuous mean instead. Besides
+where it expects an exact tie); `spearman_mu` scores its continuous part's mean mu instead. Besides
 them it reports what bounds them:
   label_reliability = 1 - mean(e_t^2) / var(y_t): the share of the labels' variance that is
     signal rather than Monte Carlo noise; a perfect predictor's Pearson is about its root.
@@ -31,7 +31,7 @@ def correlation(fn, x, y) -> float:
 
 def prediction_metrics(
   pred: np.ndarray,
-  pred_mean: np.ndarray,
+  pred_mu: np.ndarray,
   pred_var: np.ndarray,
   label: np.ndarray,
   stderr: np.ndarray,
@@ -39,7 +39,7 @@ def prediction_metrics(
 ) -> dict:
   """The metrics of the module docstring, as a flat dict of floats."""
   total_var = pred_var + np.square(stderr)
-  z = (label - pred_mean) / np.sqrt(np.maximum(total_var, 1e-12))
+  z = (label - pred_mu) / np.sqrt(np.maximum(total_var, 1e-12))
   var_y = float(np.var(label))
   return {
     "steps": int(label.size),
@@ -48,7 +48,7 @@ def prediction_metrics(
     "mae": float(np.mean(np.abs(pred - label))),
     "constant_mae": float(np.mean(np.abs(label - np.median(label)))),
     "rmse": float(np.sqrt(np.mean(np.square(pred - label)))),
-    "spearman_mean": correlation(stats.spearmanr, pred_mean, label),
+    "spearman_mu": correlation(stats.spearmanr, pred_mu, label),
     "exact_zero_share": float(np.mean(label == 0)),
     "z_rms": float(np.sqrt(np.mean(np.square(z)))),
     "coverage_95": float(np.mean(np.abs(z) < stats.norm.ppf(0.975))),

@@ -122,9 +122,10 @@ class CreditModel(nnx.Module):
   def __call__(self, batch: dict, *, dropout_key: jax.Array | None = None) -> dict:
     """Scores every step of `batch` (see `hindsight.data.batching.make_batch`).
 
-    Returns, in label units, float [B, T] each: "mean" mu_t, "log_var" log s_t^2,
-    "zero_logit" logit p0_t and "credit" the point prediction (0 where p0_t > 1/2, else mu_t);
-    and "logits" [B, T, C]. Values at padded steps are meaningless: mask them.
+    Returns, in label units, float [B, T] each: "mu" mu_t (the continuous part's mean),
+    "log_var" log s_t^2, "zero_logit" logit p0_t and "credit" the point prediction (0 where
+    p0_t > 1/2, else mu_t); and "logits" [B, T, C]. Values at padded steps are meaningless:
+    mask them.
     """
     mask = batch["mask"]
     B, T = mask.shape
@@ -158,13 +159,13 @@ class CreditModel(nnx.Module):
       x = block(x, mask, rngs=rngs)
     h = self.norm(x)
     out = self.head(h)
-    mean = out[..., 0] * scale
+    mu = out[..., 0] * scale
     zero_logit = out[..., 2]
     result = {
-      "mean": mean,
+      "mu": mu,
       "log_var": out[..., 1] + 2.0 * jnp.log(scale),
       "zero_logit": zero_logit,
-      "credit": jnp.where(zero_logit > 0.0, 0.0, mean),
+      "credit": jnp.where(zero_logit > 0.0, 0.0, mu),
       "logits": out[..., 3:],
     }
     if self.spec.num_agents:

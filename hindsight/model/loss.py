@@ -28,6 +28,8 @@ did exactly that on key_to_door. beta = 0.5 keeps the variance head and removes 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -54,6 +56,29 @@ def masked_mean(x, mask):
   return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """The loss's weights and switches (config.loss; configs/common.py comments each)."""
+
+  class_weight: float = 0.1  # the klass cross-entropy beside the Gaussian NLL
+  beta: float = 0.5  # beta-NLL exponent (0: the plain NLL)
+  zero_weight: float = 0.1  # the P(credit exactly 0) cross-entropy
+  agent_weight: float = 1.0  # the agent-level Shapley NLL (multi-agent datasets)
+  no_label_noise: bool = False  # labels treated as exact (no e_t^2 in the NLL; ablation)
+  zero_ties: bool = False  # P(exactly 0) also learns labels whose branch pairs all tied
+
+  def loss_kwargs(self) -> dict:
+    """The keyword arguments of `credit_loss`."""
+    return {
+      "class_weight": float(self.class_weight),
+      "beta": float(self.beta),
+      "zero_weight": float(self.zero_weight),
+      "agent_weight": float(self.agent_weight),
+      "label_noise": not self.no_label_noise,
+      "zero_ties": bool(self.zero_ties),
+    }
+
+
 def credit_loss(
   out: dict,
   batch: dict,
@@ -73,7 +98,7 @@ def credit_loss(
   zero_ties: z_t = 1 for every label exactly 0 (all K branch pairs tied, or a step whose
   replacement cannot differ); False: only labels 0 with stderr 0 (the latter alone)."""
   stderr = batch["credit_stderr"] if label_noise else jnp.zeros_like(batch["credit_stderr"])
-  nll = gaussian_nll(out["mean"], out["log_var"], batch["credit"], stderr, scale)
+  nll = gaussian_nll(out["mu"], out["log_var"], batch["credit"], stderr, scale)
   weight = jax.lax.stop_gradient(total_variance(out["log_var"], stderr, scale) ** beta)
   ce = optax.softmax_cross_entropy_with_integer_labels(out["logits"], batch["klass"])
   nll_mean = masked_mean(nll, batch["label_mask"])

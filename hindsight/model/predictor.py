@@ -109,7 +109,7 @@ def ensemble_outputs(graphdef, states, batch: dict, sigma_scales: jax.Array, spe
 def _member_parts(out: dict, sigma_scale):
   """(p0, mu, s^2, class probabilities) of one model's raw outputs, [B, T] (probs [B, T, C])."""
   var = jnp.exp(out["log_var"]) * jnp.square(sigma_scale)
-  return jax.nn.sigmoid(out["zero_logit"]), out["mean"], var, jax.nn.softmax(out["logits"])
+  return jax.nn.sigmoid(out["zero_logit"]), out["mu"], var, jax.nn.softmax(out["logits"])
 
 
 def _mixture(p0s, mus, vars_, probs, spec: DataSpec) -> dict:

@@ -20,7 +20,7 @@ from ml_collections import ConfigDict
 
 from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import CreditModel, ModelConfig
-from hindsight.model.loss import credit_loss
+from hindsight.model.loss import LossConfig, credit_loss
 from hindsight.model.sharding import replicated, state_shardings
 
 # The label fields an eval step hands back beside the model's outputs.
@@ -35,9 +35,45 @@ EVAL_LABELS = (
 )
 
 
-def make_optimizer(config: ConfigDict) -> optax.GradientTransformation:
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
   """AdamW with linear warmup, cosine decay and global-norm clipping (config.optim)."""
-  o, steps = config.optim, config.train.steps
+
+  learning_rate: float = 1e-3  # peak
+  warmup_steps: int = 100  # linear warmup from 0
+  final_lr_ratio: float = 0.01  # cosine decay ends at this share of the peak
+  weight_decay: float = 1e-4  # decoupled
+  clip_norm: float = 1.0  # global gradient norm
+  b1: float = 0.9
+  b2: float = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramsConfig:
+  """What the training programs depend on, typed where the config enters the library."""
+
+  model: ModelConfig
+  optim: OptimConfig
+  loss: LossConfig
+  steps: int  # optimizer steps (the learning-rate schedule's length)
+  min_fsdp_size: int = 2**14  # arrays smaller than this stay replicated
+
+  @classmethod
+  def from_config(cls, config: ConfigDict) -> ProgramsConfig:
+    """From an experiment's ConfigDict (configs/common.py): model, optim, loss, train.steps
+    and mesh.min_fsdp_size; unknown fields are an error, missing ones take the defaults."""
+    return cls(
+      model=ModelConfig(**config.model.to_dict()),
+      optim=OptimConfig(**config.optim.to_dict()),
+      loss=LossConfig(**config.loss.to_dict()),
+      steps=int(config.train.steps),
+      min_fsdp_size=int(config.mesh.min_fsdp_size),
+    )
+
+
+def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
+  """AdamW with linear warmup over `o.warmup_steps`, cosine decay over `steps` and
+  global-norm clipping."""
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=o.learning_rate,
@@ -97,25 +133,21 @@ class TrainPrograms:
   eval_step: Callable
 
 
-def train_programs(config: ConfigDict, spec: DataSpec, mesh) -> TrainPrograms:
-  model_cfg = ModelConfig(**config.model.to_dict())
-  tx = make_optimizer(config)
-  loss = functools.partial(
-    credit_loss,
-    class_weight=float(config.loss.class_weight),
-    beta=float(config.loss.beta),
-    zero_weight=float(config.loss.zero_weight),
-    agent_weight=float(config.loss.agent_weight),
-    label_noise=not config.loss.get("no_label_noise", False),
-    zero_ties=bool(config.loss.get("zero_ties", False)),
-  )
+def train_programs(config: ProgramsConfig | ConfigDict, spec: DataSpec, mesh) -> TrainPrograms:
+  """The programs of `config` (a ProgramsConfig, or an experiment's ConfigDict) for data
+  described by `spec`, sharded over `mesh`."""
+  if isinstance(config, ConfigDict):
+    config = ProgramsConfig.from_config(config)
+  model_cfg = config.model
+  tx = make_optimizer(config.optim, config.steps)
+  loss = functools.partial(credit_loss, **config.loss.loss_kwargs())
 
   def build(key):
     model = CreditModel(model_cfg, spec, rngs=nnx.Rngs(params=key))
     return {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
 
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(jax.random.key(0))))
-  shardings = state_shardings(abstract, mesh, config.mesh.min_fsdp_size)
+  shardings = state_shardings(abstract, mesh, config.min_fsdp_size)
   abstract = jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )

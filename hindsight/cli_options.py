@@ -1,0 +1,46 @@
+"""CLI flags made from the dataclasses the library takes: one source for each option's default.
+
+`option(parser, Cls, "field", "help")` adds `--field` (underscores as dashes, or `flag=`)
+whose default is `Cls.field`'s and whose type is the default's; `build(Cls, args, ...)`
+makes the dataclass from every parsed flag that names one of its fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+
+def field_default(cls, name: str) -> Any:
+  """The default of dataclass `cls`'s field `name` (KeyError if it has none)."""
+  field = {f.name: f for f in dataclasses.fields(cls)}[name]
+  if field.default is not dataclasses.MISSING:
+    return field.default
+  if field.default_factory is not dataclasses.MISSING:
+    return field.default_factory()
+  raise KeyError(f"{cls.__name__}.{name} has no default")
+
+
+def option(parser, cls, name: str, help: str, *, flag: str | None = None, **kwargs) -> None:
+  """`--name` for field `name` of `cls`, defaulting to the field's default. A bool field
+  that defaults to False becomes a switch; other types parse as their default's type (pass
+  `type=` for anything else, `required=True` for a field without a default)."""
+  flag = flag or "--" + name.replace("_", "-")
+  if kwargs.get("required"):
+    parser.add_argument(flag, dest=name, help=help, **kwargs)
+    return
+  default = field_default(cls, name)
+  if default is False and "type" not in kwargs:
+    parser.add_argument(flag, dest=name, action="store_true", help=help, **kwargs)
+    return
+  if default is not None and "type" not in kwargs and "action" not in kwargs:
+    kwargs["type"] = type(default)
+  parser.add_argument(flag, dest=name, default=default, help=help, **kwargs)
+
+
+def build(cls, args: argparse.Namespace, **values):
+  """`cls(**fields)` from the parsed flags that name its fields, then `values` on top."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  given = {k: v for k, v in vars(args).items() if k in names}
+  return cls(**{**given, **values})

@@ -1,0 +1,47 @@
+"""What `hindsight eval` evaluates and how hard (light on imports: the CLI's flags come from
+these fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hindsight.errors import HindsightError
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftConfig:
+  """What `hindsight eval` evaluates and how hard (CLI flags map onto these)."""
+
+  checkpoint: str  # a training run's workdir (or its checkpoint directory); A,B,C an ensemble
+  step: str = "best"  # checkpoint step: best, last or a number
+  env: str | None = None  # evaluate fresh episodes of this spec instead of the test split
+  episodes: int = 0  # evaluated episodes (0: the whole test split, or 256 with --env)
+  reference_rollouts: int = 0  # K_ref (0: chosen so the reference's stderr is small)
+  reference_fraction: float = 0.1  # ... its RMS stderr / the credit spread
+  check_episodes: int = 64  # episodes of the second, independent reference pass
+  shifts: tuple[str, ...] | None = None  # OOD env specs (None: DEFAULT_SHIFTS of the env)
+  shift_episodes: int = 128
+  baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
+  gradient_env: str = "key_corridor"  # tabular env spec of the gradient table; "" = none
+  gradient_episodes: int = 1024
+  gradient_rollouts: int = 16
+  bootstrap: int = 400  # bootstrap resamples per CI
+  seed: int = 0
+  out: str = ""  # default: CHECKPOINT/drift
+  # Cached episodes and references ("" = OUT/cache); one directory shared by several models
+  # evaluated on the same episodes computes the reference once (keys name what it depends on).
+  cache: str = ""
+  progress: bool = True
+
+  def check(self) -> None:
+    for name in ("episodes", "reference_rollouts", "shift_episodes", "baseline_steps"):
+      if getattr(self, name) < 0:
+        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0")
+    if self.reference_rollouts == 1:
+      raise HindsightError("--reference-rollouts must be >= 2 (or 0: chosen automatically)")
+    if self.bootstrap < 10:
+      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+    if not 0 < self.reference_fraction < 1:
+      raise HindsightError("--reference-fraction must be in (0, 1)")
+    if self.check_episodes < 2:
+      raise HindsightError("--check-episodes must be >= 2")

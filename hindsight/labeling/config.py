@@ -1,0 +1,84 @@
+"""What a labeling job is: how to label (`LabelConfig`) and which episodes (`LabelJob`).
+
+Light on imports (no JAX): the `hindsight` command builds its flags from these fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hindsight.errors import HindsightError
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelConfig:
+  """How to label. Static: every field shapes the compiled program.
+
+  num_rollouts: K branches per arm and step (>= 2, for a standard error).
+  replacement: q, one of hindsight.credit.REPLACEMENTS.
+  gamma: discount of returns (1 = undiscounted, the default everywhere).
+  exact: dynamic programming for credit, credit_realized and progress (tabular only).
+  decorative_tolerance: |credit| below this counts as decorative (see credit.classify).
+  confidence: level of the interval that decides klass (and of the tie bound,
+    credit.estimators).
+  stratify: draw the replace arm from q restricted to a' != a_t and scale by 1 - q(a_t)
+    (the identity in credit.fields.step_fields): no branch is spent on a' = a_t and the
+    variance can only fall. False keeps the plain estimator (a' ~ q), for comparisons.
+  """
+
+  num_rollouts: int = 32
+  replacement: str = "policy"
+  gamma: float = 1.0
+  exact: bool = False
+  decorative_tolerance: float = 0.05
+  confidence: float = 0.95
+  stratify: bool = True
+
+  def __post_init__(self):
+    """One-line errors for values outside their range (the CLI flags map onto these)."""
+    least = 1 if self.exact else 2
+    if self.num_rollouts < least:
+      why = "" if self.exact else " for a standard error"
+      raise HindsightError(f"--rollouts must be >= {least}{why}, got {self.num_rollouts}")
+    if not 0.0 < self.gamma <= 1.0:
+      raise HindsightError(f"--gamma must be in (0, 1], got {self.gamma}")
+    if not (np.isfinite(self.decorative_tolerance) and self.decorative_tolerance >= 0):
+      raise HindsightError(f"--tolerance must be finite and >= 0, got {self.decorative_tolerance}")
+    if not 0.0 < self.confidence < 1.0:
+      raise HindsightError(f"--confidence must be in (0, 1), got {self.confidence}")
+
+  @classmethod
+  def from_metadata(cls, meta: dict, num_rollouts: int | None = None) -> LabelConfig:
+    """The config a label dataset was made with (its metadata), optionally at another K."""
+    return cls(
+      num_rollouts=num_rollouts or max(int(meta.get("rollouts", 2)), 2),
+      replacement=meta.get("replacement", "policy"),
+      gamma=float(meta.get("gamma", 1.0)),
+      decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
+      confidence=float(meta.get("confidence", 0.95)),
+      stratify=bool(meta.get("stratify", True)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelJob:
+  """Everything that determines a label dataset (all of it goes into its metadata)."""
+
+  env: str
+  episodes: int
+  config: LabelConfig
+  seed: int = 0
+  chunk_size: int = 256
+  policy: str | None = None  # adapters only: MODULE:FN
+  horizon: int | None = None  # adapters only: cap on episode length
+  workers: int = 1  # adapters only: processes (labels do not depend on it)
+  return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
+  permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
+
+  def describe(self) -> dict:
+    d = dataclasses.asdict(self)
+    d.update(d.pop("config"))
+    d.pop("workers")
+    return d
