@@ -46,6 +46,14 @@ class Uncopyable(dm_env.Environment):
     return specs.DiscreteArray(2)
 
 
+class Copyable(Uncopyable):
+  """Uncopyable's twin without the lock: branched by deepcopy."""
+
+  def __init__(self, seed: int = 0):
+    super().__init__(seed)
+    del self._lock
+
+
 class Drifting(Uncopyable):
   def _draw(self) -> float:
     return float(np.random.default_rng([self._seed, next(_SHARED)]).random())

@@ -105,6 +105,13 @@ def test_replay_fallback_when_deepcopy_really_fails():
   labels = label_episode(PyJob(spec, None, 8, config, seed=0), 1)
   T = int(labels["length"])
   assert T >= 2 and np.isfinite(labels["credit"][:T]).all()
+  # Its twin that deepcopy can copy gives the same labels: replay restored the same states.
+  twin = "dm_env:adapter_envs:Copyable"
+  assert make_py_env(twin, 8).clone() is not None
+  copied = label_episode(PyJob(twin, None, 8, config, seed=0), 1)
+  assert int(copied["length"]) == T and np.any(copied["credit"][:T] != 0)
+  for name in ("credit", "credit_stderr", "progress", "actions", "rewards"):
+    np.testing.assert_array_equal(labels[name][:T], copied[name][:T], err_msg=name)
   with pytest.raises(HindsightError, match=r"episode 1 cannot be branched at step \d+.*diverged"):
     label_episode(PyJob("dm_env:adapter_envs:Drifting", None, 8, config, seed=0), 1)
 

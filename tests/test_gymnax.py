@@ -38,7 +38,14 @@ def test_memory_chain_credit_is_at_the_last_step():
   _, _, traj, lab = _label("gymnax:MemoryChain-bsuite", 16, 4, horizon=8)
   T = int(traj.mask[0].sum())
   assert T == 6 and np.all(traj.mask.sum(1) == T)  # memory_length 5: six steps
-  np.testing.assert_array_equal(np.abs(lab["credit"][:, T - 1]), 1.0)
+  # Under `uniform` on two actions credit is the last step's reward: +1 where the answer
+  # a_{T-1} is the queried context bit, -1 where it is not (computed here from the state).
+  es = traj.states.env_state
+  context, query = np.asarray(es.context)[:, 0], np.asarray(es.query)[:, 0]
+  answer = np.take_along_axis(context, query[:, None], 1)[:, 0] if context.ndim > 1 else context
+  want = np.where(traj.actions[:, T - 1] == answer, 1.0, -1.0)
+  assert 0 < (want > 0).sum() < want.size  # both outcomes occur among the episodes
+  np.testing.assert_array_equal(lab["credit"][:, T - 1], want)
   assert np.all(lab["credit"][:, : T - 1] == 0.0)
 
 

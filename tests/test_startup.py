@@ -42,8 +42,14 @@ def test_the_label_path_imports_neither_tfds_nor_matplotlib(module):
 def test_the_flat_api_resolves_every_name():
   import hindsight
 
+  import importlib
+
+  assert sorted(hindsight.__all__) == sorted(hindsight._HOMES)
   for name in hindsight.__all__:
-    assert getattr(hindsight, name) is not None, name
+    # Each flat name is its home module's own object (or the module itself).
+    home = importlib.import_module(hindsight._HOMES[name])
+    want = home if home.__name__ == f"hindsight.{name}" else getattr(home, name)
+    assert getattr(hindsight, name) is want, name
   with pytest.raises(AttributeError):
     _ = hindsight.no_such_name
 

@@ -79,9 +79,18 @@ def test_step_credit_inside_agents_shows_the_one_turn_that_mattered():
   names = env.tag_names
   planner = np.isin(tags, [names.index("planner_act"), names.index("planner_chatter")])
   np.testing.assert_array_equal(credit[planner], 0.0)
-  # The critic's acts are mostly wasted (before any draft) but one per success repairs it.
+  # A critic act matters exactly where it repairs: a draft exists and carries the error
+  # (read from the state before the act). Every other act is decorative (nothing to repair),
+  # every repair load-bearing; the docs' 90/10 split of the critic's acts follows.
   critic_act = tags == names.index("critic_act")
-  assert np.any(klass[critic_act] == 1) and np.any(klass[critic_act] == 0)
+  before = jax.tree.map(lambda x: np.asarray(x)[:, : env.horizon][traj.mask], traj.states)
+  repair = before.drafted & before.error
+  assert repair[critic_act].sum() >= 3
+  np.testing.assert_array_equal(klass[critic_act & ~repair], 0)  # decorative
+  np.testing.assert_array_equal(klass[critic_act & repair], 1)  # load-bearing
+  assert np.all(credit[critic_act & repair] > 0.05)
+  decorative_share = float(np.mean(klass[critic_act] == 0))
+  assert 0.82 <= decorative_share <= 0.96, decorative_share
 
 
 def test_team_spec_errors():

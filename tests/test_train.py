@@ -287,8 +287,13 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
 
 @pytest.mark.parametrize("name", ["tabular", "key_to_door", "reasoning", "team", "generic"])
 def test_every_config_and_its_smoke_variant_load(name):
+  from configs import common
+
   full, smoke = load_config(f"configs/{name}.py"), load_config(f"configs/{name}.py:smoke")
-  assert smoke.train.steps < full.train.steps and smoke.model.width < full.model.width
+  # The smoke variant is the experiment with exactly the smoke sizes on top, nothing else.
+  episodes = smoke.data.label.episodes
+  assert smoke.to_dict() == common.smoke(full.copy_and_resolve_references(), episodes).to_dict()
+  assert smoke.train.steps == 40 and full.train.steps >= 1000 and episodes <= 64
   assert bool(full.data.label.env) == (name != "generic")
 
 
