@@ -40,9 +40,9 @@ def test_the_label_path_imports_neither_tfds_nor_matplotlib(module):
 
 
 def test_the_flat_api_resolves_every_name():
-  import hindsight
-
   import importlib
+
+  import hindsight
 
   assert sorted(hindsight.__all__) == sorted(hindsight._HOMES)
   for name in hindsight.__all__:
