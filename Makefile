@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint format clean
+.PHONY: demo test test-fast bench lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+
+# The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
+# while working. CI runs `make test`, everything.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/python eval/bench_labeler.py

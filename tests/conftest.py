@@ -84,6 +84,38 @@ def flip_byte_in_largest_file(directory) -> str:
   return victim
 
 
+def shared_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
+  """A training run made once per test session and shared by every module and xdist
+  worker that asks for the same `name` (a lock serialises its training; later askers find
+  it finished). Tests read it and never write into it."""
+  import fcntl
+
+  from hindsight.config_io import load_config
+  from train.train import train_and_evaluate
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # shared by the session's workers
+  workdir = root / f"shared_{name}"
+  with open(root / f"shared_{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (workdir / "report.json").is_file():
+      train_and_evaluate(load_config(config, list(overrides)), str(workdir))
+  return str(workdir)
+
+
+# The tabular :smoke run the harness, audit and serving tests share: K=32 labels (enough with
+# a sample stderr for the sigma scale's fit, and a model of the original policy close enough
+# to its credit that a shifted policy's gap shows), 200 steps, checkpoints every 50.
+TABULAR_RUN = ("tabular_k32", "configs/tabular.py:smoke",
+               ("train.steps=200", "train.eval_every=50", "data.label.rollouts=32"))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tabular_run(tmp_path_factory):
+  return shared_run(tmp_path_factory, *TABULAR_RUN)
+
+
 def trained_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
   """A training run of `config` (with --config overrides) in a fresh directory; its path."""
   from hindsight.config_io import load_config

@@ -15,7 +15,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_one_line_error, run_cli, trained_run
+from conftest import ROOT, assert_one_line_error, run_cli
 from scipy import stats
 
 from hindsight.audit import (
@@ -237,14 +237,6 @@ def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
 
 
 # -- end to end: a trained model, its shift, the repair -----------------------------------
-
-
-@pytest.fixture(scope="module")
-def tabular_run(tmp_path_factory):
-  # K=32 labels: a model of the original policy close enough to its credit that the
-  # shifted policy's gap shows.
-  overrides = ["train.steps=200", "train.eval_every=50", "data.label.rollouts=32"]
-  return trained_run(tmp_path_factory, "audit_run", "configs/tabular.py:smoke", overrides)
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def test_exact_zero_target_counts_tied_labels_unless_told_otherwise():
   mask = jnp.ones((1, 3), bool)
   batch = {"credit": credit, "credit_stderr": stderr, "klass": jnp.zeros((1, 3), jnp.int32),
            "mask": mask, "label_mask": mask}  # fmt: skip
-  out = {"mean": jnp.full((1, 3), 0.1), "log_var": jnp.full((1, 3), -4.0),
+  out = {"mu": jnp.full((1, 3), 0.1), "log_var": jnp.full((1, 3), -4.0),
          "zero_logit": jnp.array([[2.0, 2.0, -2.0]]), "logits": jnp.zeros((1, 3, 4)),
          "credit": jnp.zeros((1, 3))}  # fmt: skip
 

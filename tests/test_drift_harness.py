@@ -31,13 +31,6 @@ pytestmark = pytest.mark.xdist_group("drift")
 
 
 @pytest.fixture(scope="module")
-def tabular_run(tmp_path_factory):
-  # K=32: enough labels with a sample stderr (not tie-bounded) for the sigma scale's fit.
-  overrides = ["train.steps=200", "train.eval_every=50", "data.label.rollouts=32"]
-  return trained_run(tmp_path_factory, "tabular_run", "configs/tabular.py:smoke", overrides)
-
-
-@pytest.fixture(scope="module")
 def reasoning_run(tmp_path_factory):
   return trained_run(tmp_path_factory, "reasoning_run", "configs/reasoning.py:smoke")
 

@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import jax
+import numpy as np
 from conftest import FAST_COMPILE, ROOT
 
 
@@ -45,13 +47,39 @@ def test_bench_model_smoke():
   out = _run("eval/bench_model.py", "--config", "configs/reasoning.py:smoke", "--steps", 2,
              "--score-batch", 8, "--repeats", 1)  # fmt: skip
   report = json.loads(out[out.index("{") :])
-  assert report["train_steps_per_s"] > 0 and report["scored_env_steps_per_s"] > 0
+  # The model it timed is the config's: its parameter count, built here independently.
+  from hindsight.config_io import load_config
+  from hindsight.data.spec import DataSpec
+  from hindsight.model.credit_model import ModelConfig
+  from hindsight.model.programs import model_graph
+
+  config = load_config("configs/reasoning.py:smoke")
+  spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)  # the bench's default
+  _, abstract = model_graph(ModelConfig(**config.model.to_dict()), spec)
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract))
+  assert report["model_params"] == params
+  assert report["spec"] == {"obs": "vector[7]", "actions": 10, "T": 20}
+  # Env steps trained per optimizer step: the real (unpadded) steps of one batch of 8
+  # episodes of 10 to 20 steps.
+  per_step = report["train_env_steps_per_s"] / report["train_steps_per_s"]
+  assert 8 * 10 <= round(per_step) <= 8 * 20, per_step
+  assert report["train_gflops_per_call"] > 0 and report["score_gflops_per_call"] > 0
 
 
 def test_label_ceiling_smoke(synthetic_labels):
   out = _run("eval/label_ceiling.py", synthetic_labels)
   row = json.loads(out.strip().splitlines()[-1])
-  assert row["steps"] > 0 and -1 <= row["noisy_copy"] <= 1 and 0 <= row["exact_zero_share"] <= 1
+  # Its figures, recomputed here from the dataset.
+  from hindsight.data import open_labels
+
+  labels = open_labels(synthetic_labels)
+  y = np.concatenate([ex["credit"] for ex in labels])
+  e = np.concatenate([ex["credit_stderr"] for ex in labels])
+  ok = np.isfinite(y) & np.isfinite(e)
+  assert row["steps"] == int(ok.sum()) > 100
+  assert row["exact_zero_share"] == round(float(np.mean((y[ok] == 0) & (e[ok] == 0))), 3)
+  assert row["reliability"] == round(float(1 - np.mean(e[ok] ** 2) / np.var(y[ok])), 3)
+  assert row["continuous"] > row["noisy_copy"]  # label noise lowers the ceiling
 
 
 def test_ablations_table_prints_a_study(tmp_path):

@@ -65,3 +65,29 @@ def test_bad_gymnax_specs_are_one_line_errors(tmp_path):
   proc = run_cli("label", "--env", "gymnax:CartPole-v1", "--episodes", "2", "--out", out,
                  "--policy", "adapter_policies:no_such_fn")  # fmt: skip
   assert_one_line_error(proc, "--policy")
+
+
+def test_gymnax_label_through_the_cli_reruns_and_resumes_with_a_return_range(tmp_path):
+  """`hindsight label --env gymnax:...` end to end, and the rerun of the identical command
+  (a return range in it) into the same --out is accepted and changes nothing."""
+  import json
+
+  from hindsight.data import open_labels
+  from hindsight.labeling import LabelJob
+
+  job = LabelJob("gymnax:MemoryChain-bsuite", 4, LabelConfig(), return_range=(-1.0, 1.0))
+  assert job.describe() == json.loads(json.dumps(job.describe()))  # survives its metadata
+  out = str(tmp_path / "memory")
+  argv = ["label", "--env", "gymnax:MemoryChain-bsuite", "--episodes", "8", "--rollouts", "4",
+          "--replacement", "uniform", "--horizon", "8", "--return-range=-1:1", "--out", out,
+          "--no-progress"]  # fmt: skip
+  first = run_cli(*argv)
+  assert first.returncode == 0, first.stderr
+  labels = open_labels(out)
+  credit = np.stack([np.asarray(labels[i]["credit"]) for i in range(8)])
+  assert credit.shape == (8, 6) and np.all(np.abs(credit[:, 5]) == 1.0)
+  assert np.all(credit[:, :5] == 0.0)
+  again = run_cli(*argv)
+  assert again.returncode == 0, again.stderr
+  same = np.stack([np.asarray(open_labels(out)[i]["credit"]) for i in range(8)])
+  np.testing.assert_array_equal(same, credit)

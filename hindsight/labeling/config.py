@@ -78,7 +78,12 @@ class LabelJob:
   permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
 
   def describe(self) -> dict:
+    """The job as plain JSON types (what the dataset's metadata and a resumed job's check
+    compare: equal to its own JSON round trip, so a rerun with the same arguments matches).
+    `workers` is left out: labels do not depend on it."""
     d = dataclasses.asdict(self)
     d.update(d.pop("config"))
     d.pop("workers")
+    if d["return_range"] is not None:
+      d["return_range"] = [float(x) for x in d["return_range"]]
     return d
