@@ -198,6 +198,7 @@ class _ExactPredictor:
     return out
 
 
+@pytest.mark.slow
 def test_audit_false_alarm_rate_on_an_exact_model_at_the_boundary():
   env, policy = make(f"tabular:{MDP}")
   labeler = Labeler(env, policy, LabelConfig(num_rollouts=16))
@@ -252,6 +253,7 @@ def shifted_mdp(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_a_model_exact_for_the_old_policy_fires_under_the_new_one(shifted_mdp):
   old_env, old_policy = make(f"tabular:{MDP}")
   env, policy = make(f"tabular:{shifted_mdp}")
@@ -302,6 +304,7 @@ def test_damaged_model_fires_and_the_report_says_what_it_cost(tabular_run, tmp_p
   assert report["verdict"]["fired_after_env_steps"] < report["spent_env_steps"]
 
 
+@pytest.mark.slow
 @shares_the_run
 def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_path):
   """Audit under the shifted policy, fine-tune on the audited steps, and the drift
@@ -384,6 +387,7 @@ def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
     train_and_evaluate(bad, str(tmp_path / "bad"))
 
 
+@pytest.mark.slow
 @shares_the_run
 def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
   env_arg = f"tabular:{MDP}"
@@ -421,6 +425,7 @@ def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
     assert not (tmp_path / d / "report.json").exists()
 
 
+@pytest.mark.slow
 @shares_the_run
 def test_audit_of_logged_trajectories_regenerates_them(tabular_run, tmp_path):
   """An RL loop's log (JSONL with the keys it sampled from) is audited like --env."""

@@ -270,6 +270,7 @@ def test_choose_rollouts_scales_with_the_labels_noise():
   assert ref_lib.choose_rollouts(credit, stderr, 32, 0.1, bounded=np.arange(n) % 2 == 0) == 1024
 
 
+@pytest.mark.slow
 def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
   out = tmp_path / "drift"
   proc = run_cli(
@@ -320,6 +321,7 @@ def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
     np.testing.assert_allclose(got.reference["credit"][row, : len(a_t)], want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run, tmp_path):
   cfg = DriftConfig(
     checkpoint=reasoning_run,

@@ -11,6 +11,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from conftest import FAST_COMPILE, ROOT
 
 
@@ -28,6 +29,7 @@ def _run(*args, timeout=300):
   return proc.stdout
 
 
+@pytest.mark.slow
 def test_bench_labeler_smoke():
   out = _run("eval/bench_labeler.py", "--episodes", 10, "--rollouts", 4, "--states", 6,
              "--horizon", 6, "--repeats", 1, "--env-episodes", 8)  # fmt: skip

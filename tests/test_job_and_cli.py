@@ -80,6 +80,7 @@ def test_rerun_is_noop_and_other_args_are_refused(tmp_path, mdp_file):
     )
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path, mdp_file):
   args = ["--env", f"tabular:{mdp_file}", "--episodes", 96, "--rollouts", 16,
           "--replacement", "policy", "--seed", 3, "--chunk-size", 8, "--no-progress"]  # fmt: skip

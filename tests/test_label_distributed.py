@@ -61,6 +61,7 @@ def _assert_same_dataset(a, b):
       assert np.asarray(x[k]).tobytes() == np.asarray(y[k]).tobytes(), (i, k)
 
 
+@pytest.mark.slow
 def test_two_processes_killed_then_rerun_equal_one_process(tmp_path, long_mdp):
   ref, out = str(tmp_path / "one"), str(tmp_path / "two")
   proc = run_cli(*_args(long_mdp, ref))

@@ -130,6 +130,7 @@ def test_bounded_mean_stderr_rule():
   assert float(se_x) == pytest.approx(float(np.std(np.asarray(x), ddof=1) / np.sqrt(K)), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("return_range", [(0.0, 1.0), None], ids=["declared", "from-data"])
 def test_frozen_lake_through_the_adapter(return_range):
   """Slippery FrozenLake (the uniform policy succeeds 1.4% of the time) through the Gymnasium

@@ -89,6 +89,7 @@ def test_http_answer_equals_score_and_credit_fn(client, run, episodes):
   assert msgspec.msgpack.decode(r.content)["credit"] == answer["credit"]
 
 
+@pytest.mark.slow
 def test_a_steady_stream_never_recompiles(run):
   predictor = Predictor.load(run)
   compiled = predictor.warmup(MAX_STEPS)
@@ -229,6 +230,7 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
   client.post("/v1/reload", json={"step": "best"})  # the module's other tests serve the best
 
 
+@pytest.mark.slow
 def test_score_command_on_jsonl_and_a_dataset(run, episodes, tmp_path):
   src = tmp_path / "in.jsonl"
   src.write_text("".join(json.dumps(e) + "\n" for e in episodes[:10]))
@@ -313,6 +315,7 @@ def test_readme_policy_gradient_example_runs(run, episodes):
   np.testing.assert_allclose(w[moved], -1e-3 * np.sign(g[moved]), rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_bench_serve_smoke(run):
   port = 19000 + os.getpid() % 1000
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
@@ -330,3 +333,25 @@ def test_bench_serve_smoke(run):
     # steps/s is the requests' steps (16 each) over the 0.5 s row, as printed.
     assert abs(int(rate.replace(",", "")) - int(requests) * 16 / 0.5) <= 1
   assert rows[0][5] == "1.0"
+
+
+def test_a_missing_success_is_a_400_where_success_is_an_event(run, episodes):
+  """A model whose DataSpec says success is not a return level (key_to_door's door) answers
+  a trajectory without `success` with a 400 naming the field, and scores it with one."""
+  import dataclasses as dc
+
+  served = Predictor.load(run)
+  event = dc.replace(served.spec, success_from_return=False)
+  predictor = Predictor(served.graphdef, served.state, event, served.model_config, served.step)
+  bare = _bare(episodes[0])
+  with pytest.raises(HindsightError, match="missing field 'success'"):
+    predictor.score([bare])
+  assert len(predictor.score([{**bare, "success": True}])) == 1
+  cfg = ServeConfig(checkpoint=run, max_steps=MAX_STEPS, warmup=False)
+  with TestClient(create_app(cfg, predictor)) as c:
+    for _ in range(600):
+      if c.get("/readyz").status_code == 200:
+        break
+      time.sleep(0.05)
+    r = c.post("/v1/credit", json={"trajectories": [bare]})
+    assert r.status_code == 400 and "'success'" in r.json()["error"], r.text

@@ -121,6 +121,7 @@ def test_label_job_writes_agent_and_step_labels(tmp_path, capsys):
   assert "agent-level credit" in text and "2:critic x 3:solver" in text
 
 
+@pytest.mark.slow
 def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
   """The credit model's agent head, end to end on a tiny team dataset (generic:smoke)."""
   from hindsight.cli import main

@@ -105,6 +105,7 @@ def reference(tmp_path_factory, synthetic_labels):
   return workdir, _report(workdir), read_metrics(str(workdir))
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train")
 def test_sigterm_then_sigkill_then_resume_ends_bitwise_identical(
   tmp_path, synthetic_labels, reference
@@ -154,6 +155,7 @@ def test_damaged_checkpoint_is_refused_with_one_line_naming_the_file(
   # (Falling back to the previous good step: tests/test_credit_model.py, in-process.)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train")
 def test_two_processes_preempted_together_resume_and_match_one(
   tmp_path, synthetic_labels, reference
@@ -200,6 +202,7 @@ def test_two_processes_preempted_together_resume_and_match_one(
   )
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train_inprocess")
 def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
   """8 devices as data 4 x fsdp 2 (parameters split too) against 1 device.
@@ -244,6 +247,7 @@ def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
   assert {str(x.dtype) for x in params} <= {"float32", "int32", "uint32", "key<fry>"}
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train")
 def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labels):
   """A learning rate that overshoots late makes the last validation loss not the lowest:
@@ -258,6 +262,7 @@ def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labe
   assert report["evaluated_checkpoint"] == best and report["evaluated_by"] == "best", val
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train_inprocess")
 def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
   """A config's whole path on :smoke: label (discrete observations), train, evaluate, report.
@@ -350,6 +355,7 @@ def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
     check_workdir(tuned, str(tmp_path), RESTART_FREE)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("train_inprocess")
 def test_ensemble_members_share_the_split_not_the_parameters(tmp_path, synthetic_labels):
   """config.member = m > 0: the same split (from seed alone), another initialisation and

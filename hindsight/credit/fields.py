@@ -133,40 +133,70 @@ def step_fields(
   lo, hi = bounds[:H, 0], bounds[:H, 1]
   g_tau = returns_to_go(r, gamma)
   if exact is not None:
-    phi, phi_se, phi_bounded = _bounded_rows(G[None, ..., -1], lo[None], hi[None], upper_rates, z)
-    phi, phi_se, phi_bounded = phi[0], phi_se[0], phi_bounded[0]
-    credit, realized, progress = exact
-    credit_se = realized_se = progress_se = jnp.zeros((H,), jnp.float32)
-    credit_bounded = realized_bounded = progress_bounded = jnp.zeros((H,), bool)
+    est = _exact_estimates(G, lo, hi, upper_rates, z, exact)
   else:
-    w = keep_share
-    # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
-    scale = jnp.where(w >= DEGENERATE, 0.0, 1.0 - w)
-    # The baseline mixes the arms with weights (w, 1 - w). A rare event in the heavier arm
-    # can hide behind the spread of the other, so a nearly tied arm bounds the mixture by
-    # the sum of the arms' stderrs (sd(aX + bY) <= a sd(X) + b sd(Y)).
-    mix = w[:, None] * G[..., 0] + (1.0 - w[:, None]) * G[..., 1]
-    # Five estimates of [H, K] samples, reduced together: phi, the paired difference (range
-    # [lo - hi, hi - lo]), the mixture, the keep arm, the replace arm.
-    rows = jnp.stack([G[..., -1], G[..., 0] - G[..., 1], mix, G[..., 0], G[..., 1]])
-    los = jnp.stack([lo, lo - hi, lo, lo, lo])
-    his = jnp.stack([hi, hi - lo, hi, hi, hi])
-    means, ses, bnds = _bounded_rows(rows, los, his, upper_rates, z)
-    phi, phi_se, phi_bounded = means[0], ses[0], bnds[0]
-    credit, credit_se, credit_bounded = _scaled_credit(w, means[1], ses[1], bnds[1])
-    rep_mean, mix_se, mix_bounded = means[2], ses[2], bnds[2]
-    keep_se, keep_bounded, rep_se, rep_bounded = ses[3], bnds[3], ses[4], bnds[4]
-    arm_bounded = (keep_bounded & (w > 0)) | (rep_bounded & (scale > 0))
-    arm_sum = jnp.where(w > 0, w * keep_se, 0.0) + jnp.where(scale > 0, scale * rep_se, 0.0)
-    realized_se = jnp.where(arm_bounded, jnp.maximum(mix_se, arm_sum), mix_se)
-    realized_bounded = mix_bounded | arm_bounded
-    realized = g_tau - rep_mean
-    phi_next = jnp.append(phi[1:], 0.0)  # Phi after the end is 0: those states are done
-    phi_next_se = jnp.append(phi_se[1:], 0.0)
-    progress = r + gamma * phi_next - phi
-    progress_se = jnp.sqrt(phi_se**2 + (gamma * phi_next_se) ** 2)
-    progress_bounded = phi_bounded | jnp.append(phi_bounded[1:], False)
+    est = _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma)
+  phi_hard, phi_hard_se = _hard_estimate(success, bounds, upper_rates)
+  return _label_fields(est, phi_hard, phi_hard_se, g_tau, mask, undefined, tolerance, z)
 
+
+def _exact_estimates(G, lo, hi, upper_rates, z, exact) -> dict:
+  """credit, credit_realized and progress from the DP (stderr 0); Phi still from the
+  branches (for its own fields)."""
+  H = G.shape[0]
+  phi, phi_se, phi_bounded = _bounded_rows(G[None, ..., -1], lo[None], hi[None], upper_rates, z)
+  credit, realized, progress = exact
+  zeros, no = jnp.zeros((H,), jnp.float32), jnp.zeros((H,), bool)
+  return {
+    "credit": (credit, zeros, no),
+    "realized": (realized, zeros, no),
+    "progress": (progress, zeros, no),
+    "phi": (phi[0], phi_se[0], phi_bounded[0]),
+  }
+
+
+def _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma) -> dict:
+  """(value, stderr, bounded) [H] of credit, credit_realized, progress and Phi from the
+  branch returns G [H, K, 3] (arms keep, replace, phi): step_fields' equations."""
+  w = keep_share
+  # w = 1: a_t is the only action q can draw, so the arms are identical by construction.
+  scale = jnp.where(w >= DEGENERATE, 0.0, 1.0 - w)
+  # The baseline mixes the arms with weights (w, 1 - w). A rare event in the heavier arm
+  # can hide behind the spread of the other, so a nearly tied arm bounds the mixture by
+  # the sum of the arms' stderrs (sd(aX + bY) <= a sd(X) + b sd(Y)).
+  mix = w[:, None] * G[..., 0] + (1.0 - w[:, None]) * G[..., 1]
+  # Five estimates of [H, K] samples, reduced together: phi, the paired difference (range
+  # [lo - hi, hi - lo]), the mixture, the keep arm, the replace arm.
+  rows = jnp.stack([G[..., -1], G[..., 0] - G[..., 1], mix, G[..., 0], G[..., 1]])
+  los = jnp.stack([lo, lo - hi, lo, lo, lo])
+  his = jnp.stack([hi, hi - lo, hi, hi, hi])
+  means, ses, bnds = _bounded_rows(rows, los, his, upper_rates, z)
+  phi, phi_se, phi_bounded = means[0], ses[0], bnds[0]
+  credit = _scaled_credit(w, means[1], ses[1], bnds[1])
+  rep_mean, mix_se, mix_bounded = means[2], ses[2], bnds[2]
+  keep_se, keep_bounded, rep_se, rep_bounded = ses[3], bnds[3], ses[4], bnds[4]
+  arm_bounded = (keep_bounded & (w > 0)) | (rep_bounded & (scale > 0))
+  arm_sum = jnp.where(w > 0, w * keep_se, 0.0) + jnp.where(scale > 0, scale * rep_se, 0.0)
+  realized_se = jnp.where(arm_bounded, jnp.maximum(mix_se, arm_sum), mix_se)
+  realized = (g_tau - rep_mean, realized_se, mix_bounded | arm_bounded)
+  phi_next = jnp.append(phi[1:], 0.0)  # Phi after the end is 0: those states are done
+  phi_next_se = jnp.append(phi_se[1:], 0.0)
+  progress = (
+    r + gamma * phi_next - phi,
+    jnp.sqrt(phi_se**2 + (gamma * phi_next_se) ** 2),
+    phi_bounded | jnp.append(phi_bounded[1:], False),
+  )
+  return {
+    "credit": credit,
+    "realized": realized,
+    "progress": progress,
+    "phi": (phi, phi_se, phi_bounded),
+  }
+
+
+def _hard_estimate(success, bounds, upper_rates):
+  """phi_hard [H] (any of K continuations from s_{t+1} succeeds) and its plug-in stderr."""
+  K = success.shape[1]
   hits = success.sum(-1)
   p_success = hits / K
   tie_rate = upper_rates[0]
@@ -175,8 +205,17 @@ def step_fields(
   p_spread = jnp.where(can_vary & (hits == K), 1.0 - tie_rate, p_spread)
   phi_hard = (hits > 0).astype(jnp.float32)
   h = 1.0 - (1.0 - p_spread) ** K
-  phi_hard_se = jnp.sqrt(h * (1.0 - h))
+  return phi_hard, jnp.sqrt(h * (1.0 - h))
 
+
+def _label_fields(est, phi_hard, phi_hard_se, g_tau, mask, undefined, tolerance, z) -> dict:
+  """The estimates as step_fields' output: NaN on padding and where q is undefined, the
+  class of each step, the bounded flags."""
+  H = mask.shape[0]
+  credit, credit_se, credit_bounded = est["credit"]
+  realized, realized_se, realized_bounded = est["realized"]
+  progress, progress_se, progress_bounded = est["progress"]
+  phi, phi_se, _ = est["phi"]
   credit = jnp.where(undefined, jnp.nan, credit)
   realized = jnp.where(undefined, jnp.nan, realized)
   values = (
