@@ -2,12 +2,11 @@
 
   python -m train.main --config configs/key_to_door.py --workdir runs/key_to_door
 
-Expected (2-core CPU, 1m22s of training on existing labels): on 205 held-out episodes,
-scored with the best checkpoint (step 1500), against the training labels Spearman 0.833,
-Pearson 0.992, MAE 0.0407; against the reference (`hindsight eval`, K=1024) Spearman 0.788
-[0.771, 0.805] (its labels 0.791; two reference passes agree at 0.800), MAE 0.0106 (labels
-0.0396), equivalent rollouts K = 2240, 95% coverage 0.941; key 9.993 -> 10.007, apples
-5.415 -> 5.405 (README, "What limits the model against the reference").
+Expected (2-core CPU, 2m46s with labeling): on 205 held-out episodes, scored with the best
+checkpoint (step 1000), against the training labels Spearman 0.822, Pearson 0.992, MAE
+0.0446; against the reference (`hindsight eval`, K=1024) Spearman 0.776 [0.759, 0.795]
+(its labels 0.801; two reference passes agree at 0.816), MAE 0.0147 (labels 0.0407),
+equivalent rollouts K = 771 [663, 908], 95% coverage 0.938 (docs/results.md).
 The :smoke variant (32 episodes, K=8, 40 steps) is for tests.
 """
 
@@ -23,7 +22,7 @@ def get_config(arg: str = ""):
   c.data.num_buckets = 1  # every episode runs to the door: lengths barely differ
   c.data.batch_size = 16
   # Most steps tie in every branch, in the labels and in the truth: the exact-zero head
-  # learns the ties (Spearman against the reference 0.467 -> 0.788, README).
+  # learns the ties (Spearman against the reference 0.467 -> 0.788, docs/results.md).
   c.loss.zero_ties = True
   c.train.steps = 3000
   return common.with_variant(c, arg, smoke_episodes=32)

@@ -3,11 +3,11 @@
   python -m train.main --config configs/reasoning.py --workdir runs/reasoning
   (`make demo` runs this config into runs/demo.)
 
-Expected (2-core CPU, `make demo` 5m38s): on the 1639 held-out episodes, scored with the best
-checkpoint (step 8250), against the training labels Spearman 0.629, Pearson 0.918, MAE
-0.0336; against the reference on 512 of them (`hindsight eval --episodes 512`, K=1024,
-independent keys) Spearman 0.888 [0.878, 0.896] (noise ceiling 0.946), the labels
-themselves 0.654, equivalent rollouts K = 153.6 [133.3, 179.0], 95% coverage 0.944.
+Expected (2-core CPU, `make demo` 6m49s): on the 1639 held-out episodes, scored with the best
+checkpoint (step 5500), against the training labels Spearman 0.609, Pearson 0.916, MAE
+0.0340; against the reference on 512 of them (`hindsight eval --episodes 512`, K=1024,
+independent keys) Spearman 0.881 [0.870, 0.890] (noise ceiling 0.946), the labels
+themselves 0.625, equivalent rollouts K = 148.0 [129.1, 168.7], 95% coverage 0.963.
 The :smoke variant (64 episodes, K=8, 40 steps) is for tests.
 """
 
@@ -17,10 +17,10 @@ from configs import common
 def get_config(arg: str = ""):
   c = common.base_config()
   c.data.label.env = "reasoning"
-  # The labeling budget spent on episodes (README, "How to spend a labeling budget"): at the
-  # same branch rollouts as 4096 x 256, 16384 x 64 trains a model worth K* = 140 rollouts
-  # per step against the reference instead of 104 (its labels alone are noisier; the model
-  # averages their noise over 4x the situations).
+  # The labeling budget spent on episodes (docs/results.md, "How to spend a labeling budget"):
+  # at the same branch rollouts as 4096 x 256, 16384 x 64 trains a model worth K* = 140
+  # rollouts per step against the reference instead of 104 (its labels alone are noisier;
+  # the model averages their noise over 4x the situations).
   c.data.label.episodes = 16384
   c.data.label.rollouts = 64
   c.data.label.replacement = "policy"

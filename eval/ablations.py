@@ -96,7 +96,7 @@ def row_text(name: str, row: dict) -> str:
 
 
 def markdown_table(rows: dict) -> str:
-  """The README's table of a study: one line per variant, 95% CIs where the harness gives
+  """The results page's table of a study: one line per variant, 95% CIs where the harness gives
   them."""
   f = lambda e, s=".3f": f"{e['value']:{s}} [{e['lo']:{s}}, {e['hi']:{s}}]"  # noqa: E731
   lines = [

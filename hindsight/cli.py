@@ -377,7 +377,7 @@ def _coalition(args) -> int:
       if abs(d[m]) > 1e-9
     },
   }
-  # One line per key, compact values: valid JSON that reads like the README's sample.
+  # One line per key, compact values: valid JSON that reads like the labeling docs' sample.
   print("{" + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in out.items()) + "}")
   return 0
 

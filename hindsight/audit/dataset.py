@@ -84,24 +84,25 @@ def write_audit_labels(
       )
       rewards = ep.rewards
       fields["return_to_go"] = np.cumsum(rewards[::-1])[::-1].astype(np.float32)
-      ex = {
-        "episode": np.int64(e),
-        "length": np.int32(T),
-        "return": np.float32(rewards.sum()),
-        "success": ep.success,
-        "actions": ep.actions,
-        "rewards": rewards,
-        "observations": ep.observations,
-        "tags": list(ep.tags),
-        "klass": klass.astype(np.int64),
-        "undefined": np.zeros(T, bool),
-        "credit_bounded": bounded,
-        "labeled": labeled,
-        **fields,
-      }
+      fields.update(
+        {
+          "episode": e,
+          "length": T,
+          "return": rewards.sum(),
+          "success": ep.success,
+          "actions": ep.actions,
+          "rewards": rewards,
+          "observations": ep.observations,
+          "tags": ep.tags,
+          "klass": klass,
+          "undefined": np.zeros(T, bool),
+          "credit_bounded": bounded,
+          "labeled": labeled,
+        }
+      )
       if state_ids is not None:
-        ex["states"] = state_ids[e, :T].astype(np.int32)
-      yield ex
+        fields["states"] = state_ids[e, :T]
+      yield label_io.make_example(fields)
 
   obs = pool.episodes[0].observations
   features = label_io.build_features(obs.shape[1:], obs.dtype, with_states, partial=True)

@@ -80,7 +80,7 @@ def read_trajectory_file(path: str, max_episodes: int) -> tuple[str | None, list
         for field in ("actions", "rewards", "seed", "episode"):
           if field not in ep:
             why = (
-              " (the key it was sampled with: README, Auditing)"
+              " (the key it was sampled with: docs/audit.md)"
               if field in ("seed", "episode")
               else ""
             )

@@ -174,7 +174,7 @@ def markdown(report: dict) -> str:
   lab = report.get("labels")
   lines += [
     "",
-    f"Audited steps as a label dataset: `{lab}` (fine-tune: README, Auditing).",
+    f"Audited steps as a label dataset: `{lab}` (fine-tune: docs/audit.md).",
     f"Total {report['seconds']} s. Plot: alarm.png.",
     "",
   ]

@@ -112,6 +112,57 @@ def build_features(
   return tfds.features.FeaturesDict(features)
 
 
+# The stored dtype of every field of an example but `observations` (the environment's) and
+# `tags` (names).
+_EXAMPLE_DTYPES = {
+  "episode": np.int64,
+  "length": np.int32,
+  "return": np.float32,
+  "success": np.bool_,
+  "actions": np.int32,
+  "rewards": np.float32,
+  "klass": np.int64,
+  "undefined": np.bool_,
+  "credit_bounded": np.bool_,
+  "labeled": np.bool_,
+  "states": np.int32,
+  "agent": np.int32,
+  **{name: np.float32 for name in (*STEP_FIELDS, *AUX_STEP_FIELDS, *AGENT_FIELDS)},
+}
+# Per-step arrays an example may carry ([T] or [T, ...]).
+EXAMPLE_STEP_ARRAYS = (
+  "actions",
+  "rewards",
+  "observations",
+  "klass",
+  "undefined",
+  "credit_bounded",
+  "labeled",
+  "states",
+  "agent",
+  *STEP_FIELDS,
+  *AUX_STEP_FIELDS,
+)
+
+
+def make_example(fields: dict[str, Any]) -> dict[str, Any]:
+  """One dataset example (`build_features`' fields) from one episode's values, each cast
+  to its stored dtype: the one place the labeling job and the audit build the rows they
+  write. Per-step arrays must already be cut to the episode's T steps."""
+  out: dict[str, Any] = {}
+  for name, value in fields.items():
+    dtype = _EXAMPLE_DTYPES.get(name)
+    if name == "tags":
+      out[name] = list(value)
+    elif dtype is None:
+      out[name] = value  # observations: the environment's dtype
+    elif np.ndim(value) == 0:
+      out[name] = bool(value) if dtype is np.bool_ else dtype(value)
+    else:
+      out[name] = np.asarray(value).astype(dtype)
+  return out
+
+
 def _tfds():
   """TFDS, imported on first use: a CLI run that writes or reads no dataset never loads it."""
   import tensorflow_datasets as tfds

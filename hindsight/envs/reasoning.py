@@ -115,8 +115,8 @@ class Reasoning(Environment):
   ):
     self.horizon = horizon
     # An oracle for experiments only: the latent c appended to every observation, so a model
-    # trained on such labels shows how much of its error is not knowing c (README, "Why the
-    # model misses").
+    # trained on such labels shows how much of its error is not knowing c (docs/results.md,
+    # "What limits the model").
     self.show_competence = show_competence
     self._forget = forget
     # c ~ U(lo, hi): a narrower range shifts the competence mix of the agents (the audit's

@@ -182,29 +182,19 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       c = {k: z[k] for k in z.files}
     for i in range(len(c["episode"])):
       T = int(c["length"][i])
-      ex = {
-        "episode": np.int64(c["episode"][i]),
-        "length": np.int32(T),
-        "return": np.float32(c["return"][i]),
-        "success": bool(c["success"][i]),
-        "actions": c["actions"][i, :T].astype(np.int32),
-        "rewards": c["rewards"][i, :T].astype(np.float32),
-        "observations": c["observations"][i, :T],
-        "tags": [tag_names[j] for j in c["tags"][i, :T]],
-        "klass": c["klass"][i, :T].astype(np.int64),
-        "undefined": c["undefined"][i, :T].astype(bool),
-        "credit_bounded": c["credit_bounded"][i, :T].astype(bool),
-      }
-      for name in label_io.STEP_FIELDS + label_io.AUX_STEP_FIELDS:
-        ex[name] = c[name][i, :T].astype(np.float32)
-      if "states" in c:
-        ex["states"] = c["states"][i, :T].astype(np.int32)
-      if "agent" in c:
-        ex["agent"] = c["agent"][i, :T].astype(np.int32)
-        for name in label_io.AGENT_FIELDS:
-          if name in c:  # sampled Shapley values come without interactions and coalitions
-            ex[name] = c[name][i].astype(np.float32)
-      yield ex
+      fields = {name: c[name][i, :T] for name in label_io.EXAMPLE_STEP_ARRAYS if name in c}
+      fields.update(
+        {
+          "episode": c["episode"][i],
+          "length": T,
+          "return": c["return"][i],
+          "success": c["success"][i],
+          "tags": [tag_names[j] for j in c["tags"][i, :T]],
+        }
+      )
+      if "agent" in c:  # sampled Shapley values come without interactions and coalitions
+        fields.update({name: c[name][i] for name in label_io.AGENT_FIELDS if name in c})
+      yield label_io.make_example(fields)
 
 
 def _differing(previous: dict, described: dict) -> str:

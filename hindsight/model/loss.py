@@ -16,7 +16,7 @@ exactly 0 with stderr 0 (the replacement could not differ; see `credit_model`), 
 bound as its stderr (the truth may be small but not 0), and how often a step ties depends
 on K; where the truth ties too (key_to_door: the K_ref = 1024 reference ties on 88.8% of the
 steps, the K=32 labels on 88%) a model whose median ties there ranks like the truth
-(Spearman against the reference 0.467 -> 0.788; README, "What limits the model"). Shapes
+(Spearman against the reference 0.467 -> 0.788; docs/results.md, "What limits the model"). Shapes
 [B, T] (logits [B, T, C]).
 
 w_t = stop_gradient(v_t)^beta is the beta-NLL weight (Seitzer et al. 2022, "On the Pitfalls of
