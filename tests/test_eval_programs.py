@@ -50,15 +50,18 @@ def test_bench_model_smoke():
              "--score-batch", 8, "--repeats", 1)  # fmt: skip
   report = json.loads(out[out.index("{") :])
   # The model it timed is the config's: its parameter count, built here independently.
+  from flax import nnx
+
   from hindsight.config_io import load_config
   from hindsight.data.spec import DataSpec
-  from hindsight.model.credit_model import ModelConfig
-  from hindsight.model.programs import model_graph
+  from hindsight.model.credit_model import CreditModel, ModelConfig
 
   config = load_config("configs/reasoning.py:smoke")
   spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)  # the bench's default
-  _, abstract = model_graph(ModelConfig(**config.model.to_dict()), spec)
-  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract))
+  model = nnx.eval_shape(
+    lambda: CreditModel(ModelConfig(**config.model.to_dict()), spec, rngs=nnx.Rngs(0))
+  )
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert report["model_params"] == params
   assert report["spec"] == {"obs": "vector[7]", "actions": 10, "T": 20}
   # Env steps trained per optimizer step: the real (unpadded) steps of one batch of 8

@@ -355,3 +355,44 @@ def test_a_missing_success_is_a_400_where_success_is_an_event(run, episodes):
       time.sleep(0.05)
     r = c.post("/v1/credit", json={"trajectories": [bare]})
     assert r.status_code == 400 and "'success'" in r.json()["error"], r.text
+
+
+def test_not_ready_until_warm_then_concurrent_requests_share_batches(run, episodes):
+  """Before its warm-up ends the server answers 503 (readyz and credit); after, requests
+  sent at once by several clients are scored together (batches of more than one)."""
+  warm = threading.Event()
+
+  class _SlowWarmup(Predictor):
+    def warmup(self, max_steps=None):
+      warm.wait(60)
+      return 0
+
+  loaded = Predictor.load(run)
+  predictor = _SlowWarmup(loaded.graphdef, loaded.state, loaded.spec, loaded.model_config,
+                          loaded.step)  # fmt: skip
+  body = {"trajectories": [_bare(episodes[0])]}
+  cfg = ServeConfig(checkpoint=run, max_steps=MAX_STEPS, window_ms=50.0)
+  with TestClient(create_app(cfg, predictor)) as c:
+    assert c.get("/readyz").status_code == 503
+    r = c.post("/v1/credit", json=body)
+    assert r.status_code == 503 and "loading" in r.json()["error"]
+    warm.set()
+    for _ in range(600):
+      if c.get("/readyz").status_code == 200:
+        break
+      time.sleep(0.05)
+    codes = []
+
+    def send():
+      codes.append(c.post("/v1/credit", json=body).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    assert codes == [200] * 8
+    metrics = c.get("/metrics").text
+  count = float(re.search(r"hindsight_batch_trajectories_count (\S+)", metrics)[1])
+  singles = float(re.search(r'hindsight_batch_trajectories_bucket\{le="1.0"\} (\S+)', metrics)[1])
+  assert count < 8 and singles < count, (count, singles)  # 8 requests in fewer batches
