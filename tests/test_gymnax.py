@@ -91,3 +91,21 @@ def test_gymnax_label_through_the_cli_reruns_and_resumes_with_a_return_range(tmp
   assert again.returncode == 0, again.stderr
   same = np.stack([np.asarray(open_labels(out)[i]["credit"]) for i in range(8)])
   np.testing.assert_array_equal(same, credit)
+
+
+def test_discounting_chain_credit_is_the_choice_of_chain_only():
+  """DiscountingChain: a_0 picks a chain whose reward comes at its own step; nothing later
+  matters. Credit is exactly 0 after t = 0, and at t = 0 it is R(a_0) - mean_a R(a) (R(a):
+  chain a's reward if it arrives within the horizon), within the labels' stderr."""
+  H = 12
+  _, _, traj, lab = _label("gymnax:DiscountingChain-bsuite", 32, 32, horizon=H,
+                           return_range=(-1.0, 2.0))  # fmt: skip
+  assert np.all(lab["credit"][:, 1:][traj.mask[:, 1:]] == 0.0)
+  es = traj.states.env_state
+  rewards = np.asarray(es.rewards)[:, 0]  # [E, 5], drawn at reset
+  reward_steps = np.array([1, 3, 10, 30, 100])
+  R = np.where(reward_steps[None] < H, rewards, 0.0)  # [E, 5]
+  a0 = traj.actions[:, 0]
+  exact = R[np.arange(a0.size), a0] - R.mean(1)
+  z = (lab["credit"][:, 0] - exact) / np.maximum(lab["credit_stderr"][:, 0], 1e-9)
+  assert np.sqrt(np.mean(z**2)) < 2.0 and np.mean(np.abs(exact) > 1e-3) > 0.5, (z, exact)
