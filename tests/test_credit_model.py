@@ -178,3 +178,30 @@ def test_damaged_checkpoint_is_refused_or_skipped(tmp_path):
   assert ckpt.steps() == [1]
   assert os.path.isdir(str(tmp_path / "ckpt.damaged" / "2"))
   ckpt.close()
+
+
+def test_mixed_labels_append_the_first_episodes_of_another_dataset(synthetic_labels, monkeypatch):
+  """data.mix_labels_dir: the run's labels, then the first N of another dataset, as one;
+  datasets of another environment or replacement are refused in one line."""
+  from hindsight.data.labels import open_training_labels
+
+  base = open_labels(synthetic_labels)
+  mixed = open_training_labels(synthetic_labels, synthetic_labels, 5)
+  assert len(mixed) == len(base) + 5 and mixed.metadata == base.metadata
+  for i in (0, len(base) - 1):
+    np.testing.assert_array_equal(mixed[i]["credit"], base[i]["credit"])
+  for j in range(5):
+    np.testing.assert_array_equal(mixed[len(base) + j]["actions"], base[j]["actions"])
+  with pytest.raises(IndexError):
+    mixed[len(base) + 5]
+  assert len(open_training_labels(synthetic_labels, synthetic_labels, 0)) == 2 * len(base)
+  # Another replacement: refused, naming the field.
+  import hindsight.data.labels as label_io
+
+  real_first = label_io.open_labels(synthetic_labels)
+  monkeypatch.setattr(
+    label_io, "open_labels", lambda path: real_first if path == synthetic_labels else
+    dataclasses.replace(real_first, metadata={**real_first.metadata, "replacement": "uniform"})
+  )  # fmt: skip
+  with pytest.raises(HindsightError, match="replacement 'uniform' differs"):
+    open_training_labels(synthetic_labels, "other", 5)

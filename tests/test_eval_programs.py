@@ -100,3 +100,21 @@ def test_ablations_table_prints_a_study(tmp_path):
   lines = [line for line in out.splitlines() if line.startswith("| beta1")]
   assert len(lines) == 1 and "150 [130, 180]" in lines[0] and "fact -0.0010" in lines[0]
   assert "zzz" not in out  # rows are the config's variants, in their order
+
+
+def test_audit_false_alarm_program_counts_and_bounds_its_rate(tabular_run, tmp_path):
+  """`eval/audit_false_alarm.py` on a small budget: its count is the number of firings it
+  lists, and its interval is the Clopper-Pearson interval of that count."""
+  from scipy import stats
+
+  out = tmp_path / "fa"
+  _run("eval/audit_false_alarm.py", "--checkpoint", tabular_run, "--env",
+       "tabular:data/key_corridor.npz", "--audits", 3, "--budget", 4000, "--check-budget",
+       8000, "--episodes", 16, "--rollouts", 8, "--tolerance", 0.05, "--out", out)  # fmt: skip
+  result = json.loads((out / "false_alarm.json").read_text())
+  k, n = result["fired"], result["audits"]
+  assert n == 3 and k == len(result["firings"]) and result["false_alarm_rate"] == k / n
+  lo = 0.0 if k == 0 else stats.beta.ppf(0.025, k, n - k + 1)
+  hi = 1.0 if k == n else stats.beta.ppf(0.975, k + 1, n - k)
+  np.testing.assert_allclose(result["ci95"], [lo, hi], rtol=1e-9)
+  assert result["long_audit"]["budget"] == 8000 and result["long_audit"]["draws"] > 0

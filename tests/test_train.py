@@ -371,3 +371,25 @@ def test_ensemble_members_share_the_split_not_the_parameters(tmp_path, synthetic
       runs[m] = (json.load(f), Predictor.load(workdir).digest)
   assert runs[0][0] == runs[1][0]  # the same labels and the same three splits
   assert runs[0][1] != runs[1][1]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train")
+def test_checkpoint_fallback_sets_a_damaged_step_aside_and_retrains_to_the_same_parameters(
+  tmp_path, synthetic_labels, reference
+):
+  """A finished run whose last checkpoint is damaged: without `checkpoint.fallback` the
+  rerun refuses in one line; with it, the step is moved to checkpoints.damaged/, training
+  resumes from the previous good step and ends with the uninterrupted run's parameters."""
+  ref_dir, ref, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(ref_dir, workdir)
+  last = _saved_steps(workdir)[-1]
+  flip_byte_in_largest_file(workdir / "checkpoints" / str(last))
+  rc, _, err = _run(workdir, synthetic_labels)
+  assert rc == 2 and "damaged" in err and len(err.strip().splitlines()) == 1, err
+  rc, _, err = _run(workdir, synthetic_labels, "checkpoint.fallback=True")
+  assert rc == 0, err
+  assert os.listdir(workdir / "checkpoints.damaged")
+  assert _report(workdir)["train"]["params_sha256"] == ref["train"]["params_sha256"]
+  assert _report(workdir)["train"]["resumed_from"] < last
