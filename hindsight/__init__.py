@@ -7,7 +7,7 @@ a trained one, `hindsight.drift` measures it against the reference credit, and
 `hindsight.audit` spot-checks a served one against rollouts (drift alarm, repair labels).
 """
 
-import importlib
+from hindsight._lazy import lazy_exports
 
 # Name -> the module that defines it. Loaded on first use (PEP 562), so `import hindsight`
 # (and the CLI, which imports it) does not pay for TFDS, orbax and matplotlib up front.
@@ -53,19 +53,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-  home = _HOMES.get(name)
-  if home is None:
-    raise AttributeError(f"module 'hindsight' has no attribute {name!r}")
-  module = importlib.import_module(home)
-  value = module if home == f"hindsight.{name}" else getattr(module, name)
-  globals()[name] = value  # later lookups skip this function
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_HOMES))
-
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 
 __all__ = [
   "KLASS_NAMES",

@@ -117,7 +117,7 @@ class _Context:
 
 @dataclasses.dataclass
 class _Run:
-  """A training run as the harness reads it: its model, labels and test split."""
+  """A training run (or ensemble) as the harness reads it: its labels and test split."""
 
   workdirs: list[str]
   record: dict  # splits.json of the first member
