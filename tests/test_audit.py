@@ -173,6 +173,34 @@ def test_drift_alarm_at_the_tolerance_boundary_and_beyond():
   assert undercovered.reason == "coverage"
 
 
+# -- the design's importance weights -------------------------------------------------------
+
+
+def test_importance_weights_are_bounded_and_make_the_weighted_gap_unbiased():
+  """A pool whose gap grows with the step and a design that over-draws the large gaps
+  (uncertainty = the gap itself): every weight w = 1 / (N p) is at most 1 / u; sum_i p_i w_i
+  g_i is the pool's plain mean exactly; and the mean of w g over the design's own draws
+  matches it within 4 standard errors, where the unweighted mean of the draws is far off."""
+  from hindsight.audit.design import mixture_design
+
+  n = 400
+  gap = np.linspace(0.0, 1.0, n) ** 2
+  noise = np.random.default_rng(0).uniform(0, 0.1, n)
+  design = mixture_design(gap + 1e-3, noise, shares=(0.3, 0.5, 0.2))
+  w = design.weights
+  assert design.shares == (0.3, 0.5, 0.2)
+  assert w.max() <= 1 / 0.3 + 1e-12 and design.max_weight == w.max()
+  assert np.sum(design.probs * w * gap) == pytest.approx(gap.mean(), rel=1e-12)
+  draws = np.concatenate([design.draw(jax.random.key(3), b, 5000) for b in range(8)])
+  terms = w[draws] * gap[draws]
+  se = terms.std(ddof=1) / np.sqrt(terms.size)
+  assert abs(terms.mean() - gap.mean()) < 4 * se, (terms.mean(), gap.mean(), se)
+  assert gap[draws].mean() - gap.mean() > 30 * se  # the draws alone are biased upward
+  # Draw j depends on (key, block) only: the same blocks in another order, the same draws.
+  again = np.concatenate([design.draw(jax.random.key(3), b, 5000) for b in reversed(range(8))])
+  np.testing.assert_array_equal(np.sort(draws), np.sort(again))
+
+
 # -- the audit on a tabular MDP, against the DP -------------------------------------------
 
 

@@ -69,9 +69,13 @@ def test_reasoning_classes_by_construction(reasoning_labels):
   fact, hyp = tags["fact"], tags["wrong_hypothesis"]
   assert fact[0] - z * fact[1] > 0, fact
   assert hyp[0] + z * hyp[1] < 0, hyp
-  for name in ("restate", "verify"):
-    mean = tags[name][0]
-    assert abs(mean) < 0.03, (name, tags[name])
+  # Decorative steps cost a step's time and no more: their per-tag means agree with the
+  # 2,048-episode figures of envs/reasoning.py's table (restate -0.010 +- 0.002, verify
+  # -0.006 +- 0.002) within 3 combined standard errors, and are a fraction of a fact's.
+  for name, documented in (("restate", -0.010), ("verify", -0.006)):
+    mean, se, _ = tags[name]
+    assert abs(mean - documented) < 3 * np.hypot(se, 0.002), (name, tags[name])
+    assert abs(mean) < fact[0] / 2, (name, tags[name], fact)
 
 
 @pytest.mark.xdist_group("reasoning")

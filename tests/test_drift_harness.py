@@ -347,13 +347,31 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   assert json.dumps(again["headline"]) == json.dumps(report["headline"])  # NaN == NaN here
   cached = os.listdir(tmp_path / "drift" / "cache")
   assert len(cached) == 4, cached  # reference, check pass, two shifted sets: none recomputed
-  # Per tag in credit units: each signal's gap is its mean minus the reference's (same steps).
+  # Per tag in credit units, recomputed here from the run's own arrays: the cached reference
+  # (through `reference_credit`) and the dataset's labels and tags.
+  ref_set = reference_credit(
+    reasoning_run, episodes=6, reference_rollouts=32, cache=str(tmp_path / "drift" / "cache"),
+    progress=False,
+  )  # fmt: skip
+  labels, ids = held_out_split(reasoning_run)
+  pairs = {}
+  for row, i in enumerate(ids[:6]):
+    ex = labels[int(i)]
+    n = len(ex["actions"])
+    ref = ref_set.reference["credit"][row, :n]
+    for t, r, lab in zip(ex["tags"], ref, ex["credit"][:n], strict=True):
+      if np.isfinite(r) and np.isfinite(lab):
+        pairs.setdefault(t.decode() if isinstance(t, bytes) else str(t), []).append((r, lab))
+  assert set(report["tag_means"]) == set(pairs)
   for tag, row in report["tag_means"].items():
-    for name in ("model (point)", "training labels (MC, K=8)"):
-      gap, mean, ref = row[name]["gap"]["value"], row[name]["mean"]["value"], row["reference"]
-      assert gap == pytest.approx(mean - ref["value"], abs=1e-6), (tag, name)
-      relative = abs(gap) / abs(ref["value"]) if ref["value"] else None
-      assert row[name]["relative"] == pytest.approx(relative, rel=1e-6)
+    ref, lab = np.asarray(pairs[tag]).T
+    assert row["steps"] == ref.size, tag
+    assert row["reference"]["value"] == pytest.approx(ref.mean(), abs=1e-6), tag
+    got = row["training labels (MC, K=8)"]
+    assert got["mean"]["value"] == pytest.approx(lab.mean(), abs=1e-6), tag
+    assert got["gap"]["value"] == pytest.approx((lab - ref).mean(), abs=1e-6), tag
+    relative = abs(got["gap"]["value"]) / abs(ref.mean()) if ref.mean() else None
+    assert got["relative"] == pytest.approx(relative, rel=1e-5)
   # An ensemble of the run with itself, scored from the same cache: the model's numbers.
   ensemble = run_drift(
     dataclasses.replace(

@@ -118,3 +118,30 @@ def test_audit_false_alarm_program_counts_and_bounds_its_rate(tabular_run, tmp_p
   hi = 1.0 if k == n else stats.beta.ppf(0.975, k + 1, n - k)
   np.testing.assert_allclose(result["ci95"], [lo, hi], rtol=1e-9)
   assert result["long_audit"]["budget"] == 8000 and result["long_audit"]["draws"] > 0
+
+
+@pytest.mark.slow
+def test_budget_curve_scores_every_point_against_one_shared_reference(tabular_run, tmp_path):
+  """`eval/budget_curve.py` with two points that reuse one finished run: each row is its drift
+  report's headline, and the second point computes no reference of its own (one cache for
+  every point, the same fresh episodes)."""
+  out = tmp_path / "budget"
+  stdout = _run("-m", "eval.budget_curve", "--config", "configs/tabular.py", "--env",
+                "tabular:data/key_corridor.npz", "--points", "64x32,32x64", "--reuse",
+                f"64x32={tabular_run}", "--reuse", f"32x64={tabular_run}", "--episodes", 8,
+                "--reference-rollouts", 16, "--out", out)  # fmt: skip
+  result = json.loads((out / "tabular.json").read_text())
+  rows = result["points"]
+  assert [(r["episodes"], r["rollouts"]) for r in rows] == [(64, 32), (32, 64)]
+  assert len(re.findall(r"Spearman -?\d\.\d{4} \[", stdout)) == 2, stdout
+  for row in rows:
+    point = f"{row['episodes']}x{row['rollouts']}"
+    report = json.loads((out / f"tabular_{point}_drift" / "report.json").read_text())
+    assert report["reference"]["kind"] == "exact DP"
+    head = report["headline"]["model (point)"]
+    assert all(row[m] == head[m] for m in ("spearman", "mae", "rmse", "mean_gap")), point
+  # The same model on the same episodes against the same reference: the same figures, and
+  # the cache holds one fresh set (its DP reference with it) and one check pass.
+  assert rows[0]["spearman"] == rows[1]["spearman"] and rows[0]["mae"] == rows[1]["mae"]
+  cached = os.listdir(out / "tabular_cache")
+  assert sorted(f.split("-")[0] for f in cached) == ["check", "fresh"], cached

@@ -154,7 +154,10 @@ def test_frozen_lake_through_the_adapter(return_range):
   assert r["false_exact"] == 0 and r["exact_share"] == 0, r
   assert np.all(np.abs(truth[m]) > 0)  # every step's credit is nonzero here
   assert r["bounded"] >= 30 and r["bounded_coverage"] >= 0.95, r
-  assert r["coverage"] >= 0.8 or r["sampled"] < 5, r
+  # The steps outside the tie bound carry a sample stderr: they exist (5 of 77 here) and
+  # their intervals cover as well (at most one miss).
+  assert r["sampled"] >= 5 and r["coverage"] >= 0.8, r
+  assert r["sampled"] + r["bounded"] == r["steps"] == m.sum(), r
 
 
 def _path_extremes(mdp, t, s, first=True):

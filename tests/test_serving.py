@@ -129,7 +129,10 @@ def test_limits_and_bad_requests_are_4xx_with_a_message(client, episodes):
     assert fragment in r.json()["error"]
   big = ServeConfig(checkpoint="x").max_body_bytes + 1
   r = client.post("/v1/credit", content=b" " * big)
-  assert r.status_code == 413
+  assert r.status_code == 413 and "the body has" in r.json()["error"]
+  # Streamed (chunked, no Content-Length): refused once what arrived passes the limit.
+  r = client.post("/v1/credit", content=iter([b" " * (1 << 20)] * 9))
+  assert r.status_code == 413 and "exceeds the limit" in r.json()["error"], r.text
   metrics = client.get("/metrics").text
   assert 'hindsight_requests_total{code="413",route="credit"}' in metrics
   assert "hindsight_request_seconds_bucket" in metrics and "hindsight_batch_trajectories" in metrics
@@ -230,6 +233,25 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
   client.post("/v1/reload", json={"step": "best"})  # the module's other tests serve the best
 
 
+def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_path):
+  """A checkpoint of another architecture (width 32, trained 2 steps on the same labels):
+  409 naming the parameter that differs, and the served model is unchanged."""
+  from hindsight.config_io import load_config
+  from train.train import train_and_evaluate
+
+  narrow = str(tmp_path / "narrow")
+  overrides = [f"data.labels_dir={run}/labels", "model.width=32", "train.steps=2",
+               "optim.warmup_steps=1", "train.eval_every=2", "train.progress=False"]  # fmt: skip
+  train_and_evaluate(load_config("configs/tabular.py:smoke", overrides), narrow)
+  before = client.get("/readyz").json()["model"]
+  r = client.post("/v1/reload", json={"checkpoint": narrow})
+  assert r.status_code == 409, r.text
+  assert (
+    "float32[4, 32] parameter where the served model has float32[4, 16]" in r.json()["error"]
+  ), r.text
+  assert client.get("/readyz").json()["model"] == before
+
+
 @pytest.mark.slow
 def test_score_command_on_jsonl_and_a_dataset(run, episodes, tmp_path):
   src = tmp_path / "in.jsonl"
@@ -255,14 +277,23 @@ def test_score_command_on_jsonl_and_a_dataset(run, episodes, tmp_path):
   assert "episode 1" in proc.stderr and not (tmp_path / "b.jsonl").exists()
 
 
-def test_serve_from_another_process_with_the_client(run, episodes):
+def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
+  """`hindsight serve` in its own process: answers equal `score`; SIGHUP reloads (here the
+  last step, removed, gives way to the one before it); SIGTERM with a request in flight
+  still answers it (200) before the process ends, without a traceback."""
+  served = tmp_path / "run"
+  shutil.copytree(run, served, ignore=shutil.ignore_patterns("labels", "tensorboard", "drift"))
+  steps = sorted(int(s) for s in os.listdir(served / "checkpoints") if s.isdigit())
   port = 18000 + os.getpid() % 1000
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  # A 1 s collection window: a request waits that long in the server, so the SIGTERM below
+  # lands while it is in flight.
   proc = subprocess.Popen(
-    [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", run, "--port", str(port),
-     "--max-steps", str(MAX_STEPS)],
+    [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", str(served), "--port",
+     str(port), "--max-steps", str(MAX_STEPS), "--step", "last", "--window-ms", "1000"],
     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
+  in_flight = {}
   try:
     client = Client(f"http://127.0.0.1:{port}")
     deadline = time.time() + 120
@@ -270,13 +301,30 @@ def test_serve_from_another_process_with_the_client(run, episodes):
       assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
       time.sleep(0.2)
     out = client.credit([_bare(e) for e in episodes[:2]])
-    expected = Predictor.load(run).score([_bare(e) for e in episodes[:2]])
+    last = Predictor.load(str(served), "last")
+    assert out["model"]["step"] == steps[-1] == last.step
+    expected = last.score([_bare(e) for e in episodes[:2]])
     np.testing.assert_allclose(out["credit"][1], expected[1]["credit"], atol=1e-6)
     with pytest.raises(HindsightError, match="400 trajectories"):
       client.credit([dict(_bare(episodes[0]), actions=[-1] * len(episodes[0]["actions"]))])
+
+    shutil.rmtree(served / "checkpoints" / str(steps[-1]))
+    proc.send_signal(signal.SIGHUP)
+    deadline = time.time() + 120
+    while client.credit([_bare(episodes[0])])["model"]["step"] != steps[-2]:
+      assert proc.poll() is None and time.time() < deadline, "SIGHUP did not reload"
+
+    def request():
+      in_flight["answer"] = client.credit([_bare(e) for e in episodes[:2]])
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    time.sleep(0.3)  # the request now waits in the server's collection window
   finally:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
+  thread.join(timeout=60)
+  assert in_flight["answer"]["model"]["step"] == steps[-2]  # answered: 200, not dropped
   # uvicorn drains in-flight requests, then re-raises the SIGTERM it caught: killed by it.
   err = proc.stderr.read()
   assert proc.returncode in (0, -signal.SIGTERM), err

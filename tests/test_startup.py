@@ -60,8 +60,8 @@ def test_threefry_pairs_are_jax_threefry_both_ways(pairs):
   labeler installs, give the bits of jax.extend.random.threefry_2x32."""
   from jax.extend.random import threefry_2x32
 
-  from hindsight.labeling.engine import unroll_threefry_on_cpu
   from hindsight.labeling.rollout import threefry_pairs
+  from hindsight.labeling.xla import unroll_threefry_on_cpu
 
   unroll_threefry_on_cpu()
   rng = np.random.default_rng(pairs)

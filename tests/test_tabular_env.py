@@ -1,5 +1,7 @@
 """The tabular environment: jitted step equals unjitted, branching reproduces, data file."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,19 +37,26 @@ def test_transition_frequencies_match_P():
 
 
 def test_branches_share_random_numbers_and_done_states_return_zero():
-  """Same state, action and continuation key -> the same return (common random numbers);
-  another key -> another draw; a state after the end -> G = 0 and no steps."""
+  """Common random numbers: two first actions with the same transition row and reward give,
+  under one continuation key, the same next state and so the very same continuation (equal
+  returns, branch by branch), while a third action's branches differ; another key, another
+  draw; a state after the end -> G = 0 and no steps."""
   mdp = random_mdp(2, num_states=6, num_actions=3, horizon=8, num_terminal=0)
+  P, r = mdp.P.copy(), mdp.r.copy()
+  P[:, 1], r[:, 1] = P[:, 0], r[:, 0]  # actions 0 and 1 are twins
+  mdp = dataclasses.replace(mdp, P=P, r=r)
   env, policy = TabularEnv(mdp), TabularPolicy(mdp.pi)
   ep, pp = env.default_params(), policy.default_params()
   traj = sample_episode(env, policy, ep, pp, jax.random.key(5))
   s2 = jax.tree.map(lambda x: x[2], traj.states)
   roll = jax.jit(lambda s, a, k: continuation_return(env, policy, ep, pp, s, a, k)[:2])
   keys = jax.random.split(jax.random.key(9), 64)
-  g1, n1 = jax.vmap(roll, (None, None, 0))(s2, traj.actions[2], keys)
-  g2, _ = jax.vmap(roll, (None, None, 0))(s2, traj.actions[2], keys)
-  np.testing.assert_array_equal(g1, g2)
-  assert len(np.unique(np.asarray(g1))) > 1  # the keys do drive the continuation
+  g0, n1 = jax.vmap(roll, (None, None, 0))(s2, jnp.int32(0), keys)
+  g1, _ = jax.vmap(roll, (None, None, 0))(s2, jnp.int32(1), keys)
+  g2, _ = jax.vmap(roll, (None, None, 0))(s2, jnp.int32(2), keys)
+  np.testing.assert_array_equal(g0, g1)
+  assert np.mean(np.asarray(g0) != np.asarray(g2)) > 0.5
+  assert len(np.unique(np.asarray(g0))) > 1  # the keys do drive the continuation
   assert np.all(np.asarray(n1) == mdp.horizon - 2)  # no terminals: runs to the horizon
   done = s2.replace(done=jnp.bool_(True))
   g, n = roll(done, jnp.int32(0), keys[0])

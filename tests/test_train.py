@@ -290,6 +290,28 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
   assert os.path.isfile(workdir / "labels" / "hindsight_labels" / "1.0.0" / "dataset_info.json")
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_inprocess")
+def test_a_config_that_labels_then_trains_is_deterministic(tmp_path):
+  """The same config and seed in two fresh workdirs: bitwise the same labels (every field of
+  every episode) and the same trained parameters; another training seed, other parameters."""
+  from hindsight.data import open_labels
+
+  overrides = ["train.steps=20", "train.eval_every=10", "train.progress=False"]
+  runs = {}
+  for name, extra in (("a", []), ("b", []), ("seed1", ["seed=1"])):
+    config = load_config("configs/tabular.py:smoke", overrides + extra)
+    runs[name] = train_and_evaluate(config, str(tmp_path / name))["train"]["params_sha256"]
+  assert runs["a"] == runs["b"] and runs["a"] != runs["seed1"], runs
+  a, b = (open_labels(str(tmp_path / n / "labels")) for n in ("a", "b"))
+  assert len(a) == len(b) == 64
+  for i in range(len(a)):
+    ea, eb = a[i], b[i]
+    assert sorted(ea) == sorted(eb)
+    for k in ea:
+      np.testing.assert_array_equal(np.asarray(ea[k]), np.asarray(eb[k]), err_msg=f"{i} {k}")
+
+
 @pytest.mark.parametrize("name", ["tabular", "key_to_door", "reasoning", "team", "generic"])
 def test_every_config_and_its_smoke_variant_load(name):
   from configs import common

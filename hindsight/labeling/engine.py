@@ -36,80 +36,38 @@ env steps that happen rather than the longest branch.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import classify, tie_upper_rates, z_value
+from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
-from hindsight.credit.fields import paired_credit, returns_to_go, step_fields
+from hindsight.credit.fields import returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs, without_taken
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.dispatch import in_blocks, micro_batch_size, sharded_over_local_devices
 from hindsight.labeling.rollout import (
   Trajectory,
-  continuation_return,
   hash_words,
   roll_branches,
   sample_episode,
   start_branch,
   unit_uniforms,
 )
-from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
+from hindsight.labeling.spot_check import label_one_step, return_bounds
+from hindsight.labeling.xla import jit, unroll_threefry_on_cpu
+from hindsight.policies.base import Policy, sample_categorical_from_uniform
 
 PyTree = Any
 
 # Lanes of the branch work queue (see rollout.roll_branches): enough to vectorise each
 # step, few enough that the lanes' working set stays in cache on CPU.
 _LANES = 4096
-
-
-def unroll_threefry_on_cpu() -> None:
-  """Lowers JAX's Threefry-2x32 on CPU as JAX does on accelerators: the 20 rounds as
-  straight-line code, not JAX's CPU default of a 5-step while loop at every call site.
-
-  The same bits (the same uint32 arithmetic; tests/test_startup.py, and every label field of
-  the bundled environments checked bitwise equal), in less compile time: the `jax.random`
-  keys of the episode sampler and the branch starts are 11 call sites of the labeling program
-  of eval/bench_labeler.py, which (with `rollout.hash_words` unrolled too) compiled in
-  1.48-1.52 s instead of 1.79-1.90 s on 2 cores, at the same steady state. Process-wide and
-  idempotent; it reaches into JAX's lowering registry, so on a JAX without it nothing
-  changes but the compile time.
-  """
-  global _THREEFRY_UNROLLED
-  if _THREEFRY_UNROLLED:
-    return
-  try:
-    from jax._src.interpreters import mlir
-    from jax._src.random import threefry2x32 as threefry
-
-    mlir.register_lowering(
-      threefry.threefry2x32_p, threefry._threefry2x32_lowering_rule, platform="cpu", inline=False
-    )
-  except (ImportError, AttributeError, TypeError):
-    pass
-  _THREEFRY_UNROLLED = True
-
-
-_THREEFRY_UNROLLED = False
-
-
-def compiler_options() -> dict | None:
-  """XLA options of the labeling programs. On CPU the classic elemental fusion emitters:
-  with the newer MLIR fusion emitters the tabular job of eval/bench_labeler.py compiled in
-  2.1-2.3 s on 2 cores, with the classic ones in 1.4 s, and ran as fast."""
-  return {"xla_cpu_use_fusion_emitters": False} if jax.default_backend() == "cpu" else None
-
-
-# Target number of branch rollouts in one micro-batch (see Labeler.micro_batch): larger
-# blocks of work per call keep both devices busy between the calls of a chunk.
-_LANES_PER_MICRO_BATCH = 131072
-_MAX_MICRO_BATCH = 16
 
 
 def episode_key(seed: int | jax.Array, episode_index: int | jax.Array) -> jax.Array:
@@ -136,23 +94,18 @@ class Labeler:
     env_params: PyTree | None = None,
     policy_params: PyTree | None = None,
   ):
-    check_replacement(config.replacement, env.null_action, env.name, env.has_action_classes)
+    check_label_config(env, config)
     unroll_threefry_on_cpu()
     self.env, self.policy, self.config = env, policy, config
     self.env_params = env.default_params() if env_params is None else env_params
     self.policy_params = policy.default_params() if policy_params is None else policy_params
     self._tables = None
-    if config.exact and config.replacement == "policy_no_repeat":
-      raise HindsightError("--exact does not cover policy_no_repeat (its continuation differs)")
     if config.exact:
-      if not isinstance(env, TabularEnv):
-        raise HindsightError(f"--exact needs a tabular MDP, not environment '{env.name}'")
       q, v = tabular_values(env.mdp, config.gamma)
       self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
     self._z = z_value(config.confidence)
     self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
     self._units = {}  # relabel -> unit_program
-    jit = functools.partial(jax.jit, compiler_options=compiler_options())
     self.label = jit(self._label_batch)
     self.label_steps = jit(jax.vmap(self._label_step))
     self.step_info = jit(jax.vmap(self._step_info))
@@ -162,17 +115,11 @@ class Labeler:
   # -- the chunk program used by labeling jobs ---------------------------------------------
 
   def micro_batch(self) -> int:
-    """Episodes labeled together on one device: about _LANES_PER_MICRO_BATCH branch
-    rollouts in one work queue, a power of two, at most _MAX_MICRO_BATCH.
-
-    It depends on the configuration only, never on the chunk size: every episode then runs
-    through the same compiled unit program at the same position, which is what makes labels
-    bitwise identical for any chunk size (XLA may round a*b+c differently in differently
-    shaped programs).
-    """
-    lanes = self.env.horizon * self.config.num_rollouts * (1 if self.config.exact else 3)
-    micro = min(_MAX_MICRO_BATCH, max(1, _LANES_PER_MICRO_BATCH // lanes))
-    return 1 << (micro.bit_length() - 1)
+    """Episodes labeled together on one device (`dispatch.micro_batch_size` of the H K n_arms
+    branches an episode starts). A function of the configuration only, never of the chunk
+    size: that is what keeps labels bitwise identical for any chunk size."""
+    arms = 1 if self.config.exact else 3
+    return micro_batch_size(self.env.horizon * self.config.num_rollouts * arms)
 
   def chunk_multiple(self) -> int:
     """Chunk sizes are multiples of this: local devices x micro-batch (`unit_program`)."""
@@ -208,37 +155,12 @@ class Labeler:
     return self._units[relabel]
 
   def _unit_program(self, relabel: bool):
-    devices = np.array(jax.local_devices())
-    mesh = jax.sharding.Mesh(devices, ("data",))
-    spec = jax.sharding.PartitionSpec("data")
-    fn, n_shared, n_split = (self._label_batch, 0, 2) if relabel else (self._sample_and_label, 1, 1)
-    sharded = jax.shard_map(
-      fn,
-      mesh=mesh,
-      in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
-      out_specs=spec,
-      # Episodes never communicate; skipping the varying-axis checks keeps the scans of the
-      # environment code free of pcast annotations.
-      check_vma=False,
-    )
-    return jax.jit(sharded, compiler_options=compiler_options())
+    if relabel:
+      return sharded_over_local_devices(self._label_batch, n_shared=0, n_split=2)
+    return sharded_over_local_devices(self._sample_and_label, n_shared=1, n_split=1)
 
   def _chunked(self, chunk_size: int, unit, n_shared: int):
-    """fn(*shared, *per_episode) over a chunk: per-episode arguments (leading axis C) cut
-    into blocks of chunk_multiple(), each run by `unit`; outputs concatenated as NumPy."""
-    block = self.chunk_multiple()
-    if chunk_size % block:
-      raise ValueError(f"chunk_size {chunk_size} is not a multiple of {block}")
-
-    def run(*args):
-      shared, per_episode = args[:n_shared], args[n_shared:]
-      outs = [
-        unit(*shared, *jax.tree.map(lambda x, lo=lo: x[lo : lo + block], per_episode))
-        for lo in range(0, chunk_size, block)
-      ]  # dispatched asynchronously, then gathered
-      return jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *outs)
-
-    return run
+    return in_blocks(unit, chunk_size, self.chunk_multiple(), n_shared)
 
   # -- one episode ------------------------------------------------------------------------
 
@@ -253,67 +175,19 @@ class Labeler:
     return traj, self._label_batch(traj, keys)
 
   def _label_step(self, traj: Trajectory, t: jax.Array, key: jax.Array) -> dict[str, jax.Array]:
-    """The credit of step t of one trajectory alone (the audit's spot check).
-
-    The keep and replace arms of docs/design.md section 1 (no phi arm): K branches, branch k with
-    keys split from fold_in(key, k), the same estimator as `label` (stratified replacement,
-    common random numbers, tie bounds). Returns float32 [] credit, credit_stderr, bool []
-    credit_bounded and undefined, int32 [] klass and rollout_steps (env steps simulated).
-    A step past the episode's end (mask[t] false) gets NaN credit and costs nothing.
-    """
-    env, cfg = self.env, self.config
-    K = cfg.num_rollouts
-    state = jax.tree.map(lambda x: x[t], traj.states)
-    # t = H (one past the last step) is a valid index of states but not of the steps.
-    a, valid = traj.actions[t], (t < env.horizon) & traj.mask[jnp.minimum(t, env.horizon - 1)]
-    pi = self.policy.probs(self.policy_params, state, self.env_params)
-    legal = env.legal_actions(state, self.env_params)
-    q, undefined = replacement_probs(cfg.replacement, pi, legal, a, env.null_action)
-    if cfg.stratify:
-      keep_share = q[a]
-      rest, mass = without_taken(q, a)
-      q_draw = jnp.where(mass > 0, rest, q)
-    else:
-      keep_share, q_draw = jnp.float32(0.0), q
-
-    def branch(k):
-      k_rep, k_cont = jax.random.split(jax.random.fold_in(key, k))
-      return jnp.stack([a, sample_categorical(k_rep, q_draw)]), k_cont
-
-    firsts, conts = jax.vmap(branch)(jnp.arange(K))  # [K, 2], [K]
-    banned = None
-    if cfg.replacement == "policy_no_repeat":
-      # Only the replace arm's continuation avoids a_t's content class.
-      banned = jnp.stack(
-        [jnp.int32(-1), env.action_class(state, a, self.env_params).astype(jnp.int32)]
-      )
-      banned = jnp.broadcast_to(banned, (K, 2)).reshape(-1)
-    run = functools.partial(
-      continuation_return,
-      env,
+    """The credit of step t of one trajectory alone (`spot_check.label_one_step`)."""
+    return label_one_step(
+      self.env,
       self.policy,
+      self.config,
       self.env_params,
       self.policy_params,
-      gamma=cfg.gamma,
+      traj,
+      t,
+      key,
+      upper_rates=self._upper_rates,
+      z=self._z,
     )
-    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (2 * K, *x.shape)), state)
-    keys = jnp.repeat(conts, 2)  # both arms of branch k share its continuation key
-    G, steps, _ = jax.vmap(run)(states, firsts.reshape(-1), keys, banned_class=banned)
-    G = G.reshape(K, 2)
-    lo, hi = self._return_bounds(state)
-    credit, se, bounded = paired_credit(
-      G[:, 0] - G[:, 1], keep_share, lo, hi, upper_rates=self._upper_rates, z=self._z
-    )
-    undefined = undefined | ~valid
-    credit = jnp.where(undefined, jnp.nan, credit)
-    return {
-      "credit": credit.astype(jnp.float32),
-      "credit_stderr": jnp.where(valid, se, jnp.nan).astype(jnp.float32),
-      "credit_bounded": bounded & valid,
-      "undefined": undefined & valid,
-      "klass": classify(credit, se, cfg.decorative_tolerance, self._z),
-      "rollout_steps": jnp.where(valid, steps.sum(), 0).astype(jnp.int32),
-    }
 
   def _step_info(self, traj: Trajectory) -> tuple[jax.Array, jax.Array]:
     """What a step's label can be before any rollout: (undefined [H] bool, q does not exist
@@ -479,9 +353,16 @@ class Labeler:
     return out
 
   def _return_bounds(self, state) -> jax.Array:
-    """(lo, hi) of G_t from one state, [2]; (0, 0) once the episode is over."""
-    bounds = jnp.asarray(self.env.return_bounds(state, self.env_params), jnp.float32)
-    return jnp.where(state.done, 0.0, bounds)
+    return return_bounds(self.env, self.env_params, state)
+
+
+def check_label_config(env: Environment, config: LabelConfig) -> None:
+  """Refuses a configuration the engine cannot label (one-line HindsightError)."""
+  check_replacement(config.replacement, env.null_action, env.name, env.has_action_classes)
+  if config.exact and config.replacement == "policy_no_repeat":
+    raise HindsightError("--exact does not cover policy_no_repeat (its continuation differs)")
+  if config.exact and not isinstance(env, TabularEnv):
+    raise HindsightError(f"--exact needs a tabular MDP, not environment '{env.name}'")
 
 
 def to_numpy(tree) -> Any:
