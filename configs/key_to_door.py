@@ -10,7 +10,7 @@ equivalent rollouts K = 771 [663, 908], 95% coverage 0.938 (docs/results.md).
 The :smoke variant (32 episodes, K=8, 40 steps) is for tests.
 """
 
-from configs import common
+from hindsight import default_config as common
 
 
 def get_config(arg: str = ""):

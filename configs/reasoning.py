@@ -11,7 +11,7 @@ themselves 0.625, equivalent rollouts K = 148.0 [129.1, 168.7], 95% coverage 0.9
 The :smoke variant (64 episodes, K=8, 40 steps) is for tests.
 """
 
-from configs import common
+from hindsight import default_config as common
 
 
 def get_config(arg: str = ""):

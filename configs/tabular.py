@@ -9,7 +9,7 @@ labels 0.733, 95% coverage 0.955 (docs/results.md).
 The :smoke variant (64 episodes, K=8, 40 steps) is for tests.
 """
 
-from configs import common
+from hindsight import default_config as common
 
 
 def get_config(arg: str = ""):

@@ -10,7 +10,7 @@ Spearman 0.933, Pearson 0.985, MAE 0.014 (820 episode x agent pairs); step credi
 0.997. The :smoke variant is for tests.
 """
 
-from configs import common
+from hindsight import default_config as common
 
 
 def get_config(arg: str = ""):

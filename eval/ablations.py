@@ -28,7 +28,7 @@ use_all_cpu_cores()
 from hindsight.config_io import load_config  # noqa: E402
 from hindsight.drift import DriftConfig, run_drift  # noqa: E402
 from hindsight.files import write_json  # noqa: E402
-from train.train import train_and_evaluate  # noqa: E402
+from hindsight.training import train_and_evaluate  # noqa: E402
 
 # name: (hypothesis, config overrides; "step=" picks the scored checkpoint, "labels=" a label
 # job of its own: an env spec labeled like the config's).

@@ -1,6 +1,6 @@
 """Benchmark: credit-model training steps per second and steps scored per second.
 
-Uses the model and optimizer of a config (the same jitted programs as `train/train.py`,
+Uses the model and optimizer of a config (the same jitted programs as `hindsight.training`,
 `hindsight.model.programs`) on random batches shaped like that config's data: the DataSpec
 of a finished run's best checkpoint when `--workdir` is given, else a reasoning-shaped spec
 (float obs [7], 10 actions, 20 steps).

@@ -25,7 +25,7 @@ use_all_cpu_cores()
 from hindsight.config_io import load_config  # noqa: E402
 from hindsight.drift import DriftConfig, run_drift  # noqa: E402
 from hindsight.files import write_json  # noqa: E402
-from train.train import train_and_evaluate  # noqa: E402
+from hindsight.training import train_and_evaluate  # noqa: E402
 
 METRICS = ("spearman", "mae", "rmse", "mean_gap", "pairwise_accuracy")
 

@@ -5,6 +5,8 @@
                     [--policy MODULE:FN] [--horizon H] [--workers W] [--return-range LO:HI]
                     [--permutations P]
                     [--coordinator HOST:PORT --num-processes N --process-id I]
+  hindsight train   --labels DIR --workdir WORKDIR [--config FILE.py[:VARIANT]]
+                    [--config.FIELD=VALUE ...]   (the credit model; resumable)
   hindsight export  DIR --format jsonl
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
@@ -24,6 +26,7 @@ Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -48,9 +51,27 @@ class _Parser(argparse.ArgumentParser):
 
   def __init__(self, *args, **kwargs):
     kwargs.setdefault("formatter_class", _DefaultsFormatter)
+    kwargs.setdefault("allow_abbrev", False)  # --rollout is not --rollouts
     super().__init__(*args, **kwargs)
+    self._given: list[str] = []
+
+  def parse_known_args(self, args=None, namespace=None):
+    self._given = list(sys.argv[1:] if args is None else args)
+    return super().parse_known_args(args, namespace)
 
   def error(self, message):
+    # argparse checks required flags before it reports unknown ones: a typo (--episods)
+    # read as "--episodes is required". Name the unknown flag first.
+    unknown = [
+      a.split("=", 1)[0]
+      for a in self._given
+      if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
+    ]
+    if unknown and "required" in message:
+      close = difflib.get_close_matches(unknown[0], list(self._option_string_actions), n=1)
+      message = f"unknown flag {unknown[0]}" + (f" (did you mean {close[0]}?)" if close else "")
+    elif message.endswith("expected one argument"):
+      message += " (a value that starts with '-' goes after '=': --return-range=-1:1)"
     self.exit(2, f"hindsight: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -127,6 +148,19 @@ def _parser() -> argparse.ArgumentParser:
   multi.add_argument("--num-processes", type=int, default=1, help="processes in the job")
   multi.add_argument("--process-id", type=int, default=0, help="this process's index")
 
+  trn = sub.add_parser(
+    "train",
+    help="train the credit model on a label dataset",
+    description="Trains the credit model (checkpoints, logs and report.json in --workdir; "
+    "rerun to resume). Any config field is set with --config.FIELD=VALUE, e.g. "
+    "--config.train.steps=500 (every field: hindsight/default_config.py).",
+  )
+  trn.add_argument("--labels", default="", help="label dataset (--out of `hindsight label`)")
+  trn.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
+  trn.add_argument(
+    "--config", default="", help="configs/NAME.py[:VARIANT] (default: the generic config)"
+  )
+
   exp = sub.add_parser("export", help="print a label dataset")
   exp.add_argument("dir", help="a `hindsight label --out` directory")
   exp.add_argument("--format", default="jsonl", choices=("jsonl",), help="output format")
@@ -175,6 +209,9 @@ def _parser() -> argparse.ArgumentParser:
   sc.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
   sc.add_argument("--input", required=True, help="JSONL (export format) or a dataset dir")
   sc.add_argument("--out", required=True, help="output JSONL (written atomically)")
+  sc.add_argument("--allow-longer", action="store_true",
+                  help="score episodes longer than the model was trained on too (their positions "
+                  "past it reuse the last one it knows)")  # fmt: skip
   sc.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   sv = sub.add_parser("serve", help="serve credit over HTTP (POST /v1/credit)")
@@ -255,12 +292,33 @@ def verdict_text(report: dict) -> str:
   )
 
 
+def _train(args) -> int:
+  import logging
+
+  from hindsight.config_io import apply_overrides, load_config
+  from hindsight.default_config import generic_config
+  from hindsight.errors import HindsightError
+  from hindsight.training import run_training
+
+  logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+  overrides = [item[len("--config.") :] for item in args.config_overrides]
+  if args.config:
+    config = load_config(args.config, overrides)
+  else:
+    config = apply_overrides(generic_config(), overrides)
+  if args.labels:
+    config.data.labels_dir = args.labels
+  if not config.data.labels_dir and not config.data.label.env:
+    raise HindsightError("--labels DIR is required (the --out of `hindsight label`)")
+  return run_training(config, args.workdir)
+
+
 def _score(args) -> int:
   from hindsight.model.predictor import Predictor
   from hindsight.serving.batch import score_file
 
   n = score_file(Predictor.load(args.checkpoint, args.step), args.input, args.out,
-                 progress=not args.no_progress)  # fmt: skip
+                 progress=not args.no_progress, allow_longer=args.allow_longer)  # fmt: skip
   print(f"scored {n} episodes: {args.out}")
   return 0
 
@@ -270,7 +328,6 @@ def _serve(args) -> int:
   from hindsight.serving.config import ServeConfig
 
   cfg = build(ServeConfig, args)
-  print(f"hindsight: serving {args.checkpoint} on http://{args.host}:{args.port}", flush=True)
   serve(cfg, args.host, args.port)
   return 0
 
@@ -299,9 +356,17 @@ def headline_text(report: dict) -> str:
   ceiling = report["reference"]["check"].get("spearman_ceiling")
   if ceiling is not None:
     lines.append(f"  the reference's noise ceiling for Spearman: {ceiling:.3f}")
+  from hindsight.drift.render import tied_reference_note
+
+  if tied_reference_note(report["reference"]):
+    lines.append(f"  ({tied_reference_note(report['reference'])})")
   if "equivalent_rollouts" in report:
-    k = report["equivalent_rollouts"]["k"]
-    lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
+    e = report["equivalent_rollouts"]
+    k = e["k"]
+    if e.get("undefined"):
+      lines.append(f"  equivalent rollouts: K undefined ({e['undefined']})")
+    else:
+      lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
   return "\n".join(lines)
 
 
@@ -325,7 +390,8 @@ def _export(args) -> int:
   labels = open_labels(args.dir)
   klass_names = labels.metadata.get("klass_names")
   for example in labels:
-    sys.stdout.write(json.dumps(episode_to_json(example, klass_names), sort_keys=True) + "\n")
+    line = json.dumps(episode_to_json(example, klass_names), sort_keys=True, allow_nan=False)
+    sys.stdout.write(line + "\n")
   return 0
 
 
@@ -383,14 +449,23 @@ def _coalition(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-  args = _parser().parse_args(argv)
+  parser = _parser()
+  args, rest = parser.parse_known_args(argv)
+  # `hindsight train` takes --config.FIELD=VALUE overrides; nothing else may be unknown.
+  args.config_overrides = [a for a in rest if args.command == "train" and a.startswith("--config.")]
+  unknown = [a for a in rest if a not in args.config_overrides]
+  if unknown:
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
   use_all_cpu_cores()
+  from hindsight import interrupts
   from hindsight.compile_cache import enable_compilation_cache
   from hindsight.errors import report_errors
 
+  interrupts.install()
   enable_compilation_cache()
   commands = {
     "label": _label,
+    "train": _train,
     "export": _export,
     "summary": _summary,
     "coalition": _coalition,

@@ -48,6 +48,11 @@ def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
     raise
   except Exception as e:
     raise HindsightError(f"--config {spec}: {type(e).__name__}: {e}") from e
+  return apply_overrides(config, overrides)
+
+
+def apply_overrides(config: ConfigDict, overrides: list[str] = ()) -> ConfigDict:
+  """Sets ["a.b=value", ...] on `config` (in place; returned), each checked by `set_field`."""
   for item in overrides:
     name, sep, text = item.partition("=")
     if not sep:

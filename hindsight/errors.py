@@ -26,6 +26,12 @@ def one_line(message: object) -> str:
   return " ".join(str(message).split())
 
 
+def note(message: str) -> None:
+  """A one-line remark on stderr (`hindsight: MESSAGE`): a default chosen for the user, or
+  something that will not work as they may expect; the job goes on."""
+  print(f"hindsight: {one_line(message)}", file=sys.stderr, flush=True)
+
+
 def make_dir(path: str, what: str) -> str:
   """os.makedirs(path, exist_ok=True), or a one-line HindsightError naming `what` (a flag)."""
   try:

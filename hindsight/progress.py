@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
+from hindsight import interrupts
+
 
 class CompileAwareBar(tqdm):
   """tqdm whose rate and ETA count only the work after the first update.
@@ -21,6 +23,7 @@ class CompileAwareBar(tqdm):
     super().__init__(*args, desc=f"{desc} (compiling)", **kwargs)
 
   def update(self, n=1):
+    interrupts.check()  # a Ctrl-C the interpreter swallowed still stops the job here
     shown = super().update(n)
     if not self._compiled and not self.disable:
       self._compiled = True

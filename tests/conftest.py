@@ -91,7 +91,7 @@ def shared_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
   import fcntl
 
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   root = tmp_path_factory.getbasetemp()
   if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -119,7 +119,7 @@ def tabular_run(tmp_path_factory):
 def trained_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
   """A training run of `config` (with --config overrides) in a fresh directory; its path."""
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   workdir = tmp_path_factory.mktemp(name)
   train_and_evaluate(load_config(config, list(overrides)), str(workdir))

@@ -355,7 +355,7 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   assert np.all(np.isfinite(credit[labeled])) and np.all(np.isnan(credit[~labeled]))
 
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   tuned = str(tmp_path / "tuned")
   train_and_evaluate(
@@ -401,7 +401,7 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
 @shares_the_run
 def test_init_from_starts_at_the_models_parameters(tabular_run, tmp_path):
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   tuned = str(tmp_path / "same")
   train_and_evaluate(

@@ -150,7 +150,7 @@ def test_readme_example_runs(tmp_path, monkeypatch):
   config) and under tmp_path: label, train, load, score, credit_fn in a jit."""
   code = _readme_example()
   for big, small in (("episodes=2048", "episodes=64"), ("num_rollouts=64", "num_rollouts=8"),
-                     ('"configs/generic.py"', '"configs/generic.py:smoke"')):  # fmt: skip
+                     ("generic_config()", 'generic_config("smoke")')):  # fmt: skip
     assert big in code, big
     code = code.replace(big, small)
   code = code.replace('"runs/', f'"{tmp_path}/runs/').replace("=runs/", f"={tmp_path}/runs/")

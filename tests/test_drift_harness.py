@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli, trained_run
+from conftest import ROOT, assert_one_line_error, run_cli, trained_run
 
 from hindsight.credit import tabular_values
 from hindsight.data import episode_to_json, open_labels
@@ -396,3 +396,18 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
 def test_eval_bad_input_is_one_line(tmp_path):
   assert_one_line_error(run_cli("eval", "--checkpoint", tmp_path / "nope"), "no checkpoints")
   assert_one_line_error(run_cli("eval", "--checkpoint", tmp_path, "--bootstrap", 3), "--bootstrap")
+
+
+def test_the_evaluation_pages_predictor_example_runs(tabular_run):
+  """docs/evaluation.md's Predictor example as written, on a tabular run: the test split's
+  episodes scored by `score` and by `credit_fn` inside a jit agree."""
+  with open(os.path.join(ROOT, "docs", "evaluation.md")) as f:
+    text = f.read()
+  start = text.index("```python", text.index("<!-- predictor-example"))
+  code = text[start + len("```python") : text.index("```", start + 3)]
+  namespace: dict = {}
+  exec(code.replace('"runs/demo"', repr(tabular_run)), namespace)
+  scores, out, episodes = namespace["scores"], namespace["out"], namespace["episodes"]
+  assert len(scores) == len(episodes) == 8
+  for i, (sc, ep) in enumerate(zip(scores, episodes, strict=True)):
+    np.testing.assert_allclose(np.asarray(out["credit"])[i, : len(ep)], sc["credit"], atol=1e-6)

@@ -1,14 +1,18 @@
 """gymnax environments inside the jitted labeler (`--env gymnax:ID`, `--policy MODULE:FN`)."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
 
 pytest.importorskip("gymnax")
 
+from conftest import HINDSIGHT as HINDSIGHT_CLI
 from conftest import assert_one_line_error, run_cli
 
 from hindsight.envs.gymnax_env import make_gymnax
+from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
 
 
@@ -109,3 +113,139 @@ def test_discounting_chain_credit_is_the_choice_of_chain_only():
   exact = R[np.arange(a0.size), a0] - R.mean(1)
   z = (lab["credit"][:, 0] - exact) / np.maximum(lab["credit_stderr"][:, 0], 1e-9)
   assert np.sqrt(np.mean(z**2)) < 2.0 and np.mean(np.abs(exact) > 1e-3) > 0.5, (z, exact)
+
+
+def _credit(labels):
+  return np.stack([np.asarray(labels[i]["credit"]) for i in range(len(labels))])
+
+
+@pytest.mark.slow
+def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
+  """A gymnax environment nobody here wrote, the way a new user takes it: label (without a
+  return range, and with one: killed, then rerun), `hindsight train`, eval, score, serve
+  with default flags, audit. The horizon comes from the episodes (6 steps, not gymnax's
+  declared 1000), every verdict is finite, and the credit has the known structure: +-1 at the
+  last step (the answer against the context), exactly 0 before."""
+  import json
+  import signal
+  import subprocess
+  import time
+
+  from conftest import FAST_COMPILE, ROOT
+
+  from hindsight.data import open_labels
+  from hindsight.model.predictor import Predictor
+  from hindsight.serving import Client
+
+  env = "gymnax:MemoryChain-bsuite"
+  base = ["label", "--env", env, "--episodes", 64, "--rollouts", 8, "--replacement", "uniform",
+          "--no-progress"]  # fmt: skip
+  plain = run_cli(*base, "--out", tmp_path / "plain")
+  assert plain.returncode == 0, plain.stderr
+  assert "horizon 6, the longest of the job's 64 episodes" in plain.stderr
+  assert "declares 1000" in plain.stderr and "no --return-range" in plain.stderr
+  plain_labels = open_labels(str(tmp_path / "plain"))
+  credit = _credit(plain_labels)
+  assert credit.shape == (64, 6) and plain_labels.metadata["horizon"] == 6
+  assert np.all(credit[:, :5] == 0.0) and np.all(np.abs(credit[:, 5]) == 1.0)
+  assert 10 < (credit[:, 5] > 0).sum() < 54  # both outcomes occur
+
+  # With a return range, in chunks of 16; killed after its first chunk, then rerun.
+  labels_dir = tmp_path / "labels"
+  argv = [*HINDSIGHT_CLI, *map(str, base), "--return-range=-1:1", "--chunk-size", "16",
+          "--out", str(labels_dir)]  # fmt: skip
+  environ = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  chunks = labels_dir / "_chunks"
+  while not (chunks.is_dir() and any(f.endswith(".npz") for f in os.listdir(chunks))):
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  rerun = run_cli(*base, "--return-range=-1:1", "--chunk-size", 16, "--out", labels_dir)
+  assert rerun.returncode == 0, rerun.stderr
+  labels = open_labels(str(labels_dir))
+  np.testing.assert_array_equal(_credit(labels), credit)  # the range changes stderrs only
+  se = np.stack([np.asarray(labels[i]["credit_stderr"]) for i in range(64)])
+  assert (
+    np.isfinite(se).all()
+    and np.isinf(np.stack([np.asarray(plain_labels[i]["credit_stderr"]) for i in range(64)])).any()
+  )
+  assert json.loads(labels.metadata["job"])["return_range"] == [-1.0, 1.0]
+  # Standard JSON out: no Infinity or NaN tokens even where stderrs are unbounded.
+  exported = run_cli("export", tmp_path / "plain")
+  assert exported.returncode == 0 and "Infinity" not in exported.stdout
+  rows = [json.loads(line) for line in exported.stdout.splitlines()]
+  assert rows[0]["credit_stderr"][0] is None
+
+  # Train from the installed command (the generic config by default), small.
+  run = tmp_path / "run"
+  trained = run_cli("train", "--labels", labels_dir, "--workdir", run,
+                    "--config.train.steps=200", "--config.train.eval_every=100",
+                    "--config.model.width=16", "--config.model.depth=1",
+                    "--config.model.num_heads=2", "--config.optim.warmup_steps=10",
+                    "--config.data.batch_size=8", "--config.train.progress=False")  # fmt: skip
+  assert trained.returncode == 0, trained.stderr
+  assert "Spearman undefined (tied labels)" in trained.stdout and "zero_ties" in trained.stdout
+  predictor = Predictor.load(str(run))
+  assert predictor.spec.max_length == 6
+
+  # eval: the reference relabels with the labels' return range; verdicts are finite or say
+  # why they are undefined.
+  ev = run_cli("eval", "--checkpoint", run, "--check-episodes", 8, "--shift", "none",
+               "--baseline-steps", 0, "--gradient-env", "none", "--bootstrap", 20,
+               "--no-progress")  # fmt: skip
+  assert ev.returncode == 0, ev.stderr
+  report = json.loads((run / "drift" / "report.json").read_text())
+  assert report["reference"]["exact_zero_share"] > 0.8
+  assert "K undefined" in ev.stdout and "exactly 0 on" in ev.stdout
+  coverage = report["calibration"]["coverage"]["95%"]["value"]
+  assert np.isfinite(coverage) and report["headline"]["model (point)"]["mae"]["value"] < 0.2
+
+  # score: the model learned the structure (the last step's sign, ~0 before).
+  episodes = [json.loads(line) for line in exported.stdout.splitlines()]
+  src = tmp_path / "eps.jsonl"
+  src.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+  scored = run_cli("score", "--checkpoint", run, "--input", src, "--out", tmp_path / "s.jsonl",
+                   "--no-progress")  # fmt: skip
+  assert scored.returncode == 0, scored.stderr
+  lines = (tmp_path / "s.jsonl").read_text().splitlines()
+  pred = np.array([json.loads(x)["predicted_credit"] for x in lines])
+  assert np.mean(np.sign(pred[:, 5]) == np.sign(credit[:, 5])) > 0.9
+  assert np.abs(pred[:, :5]).max() < 0.2
+  first = episodes[0]
+  longer = {"observations": [first["observations"][0]] * 7, "actions": [0] * 7,
+            "rewards": [0.0] * 7, "success": False}  # fmt: skip
+  with pytest.raises(HindsightError, match="longer than the 6"):
+    predictor.score([longer])
+
+  # serve with default flags: ready (buckets of the trained length), answers equal score.
+  port = 19000 + os.getpid() % 1000
+  server = subprocess.Popen([*HINDSIGHT_CLI, "serve", "--checkpoint", str(run), "--port",
+                             str(port)], cwd=ROOT, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+  try:
+    client = Client(f"http://127.0.0.1:{port}")
+    deadline = time.time() + 120
+    while not client.ready():
+      assert server.poll() is None and time.time() < deadline, server.stderr.read()
+      time.sleep(0.2)
+    out = client.credit([{k: e[k] for k in ("observations", "actions", "rewards", "success")}
+                         for e in episodes[:4]])  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out["credit"]), pred[:4], atol=1e-5)
+  finally:
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=60)
+
+  # audit: the labels' return range reaches the confidence sequence (finite); the labels
+  # made without one are refused in one line, never a NaN read as "no alarm".
+  audit = run_cli("audit", "--checkpoint", run, "--env", env, "--budget", 20000, "--out",
+                  tmp_path / "audit", "--no-progress")  # fmt: skip
+  assert audit.returncode == 0, audit.stderr
+  result = json.loads((tmp_path / "audit" / "report.json").read_text())
+  assert np.isfinite(result["gap"]["confidence_sequence"]).all(), result["gap"]
+  assert np.isfinite(result["alarm"]["gap_range"]).all() and not result["verdict"]["alarm"]
+  refused = run_cli("audit", "--checkpoint", run, "--trajectories", tmp_path / "plain",
+                    "--budget", 20000, "--out", tmp_path / "audit2", "--no-progress")  # fmt: skip
+  assert_one_line_error(refused, "declares no range for its returns")

@@ -74,7 +74,7 @@ def test_rerun_is_noop_and_other_args_are_refused(tmp_path, mdp_file):
   before = _array_record_bytes(out)
   run_label_job(job, out)  # finished already: nothing to do
   assert _array_record_bytes(out) == before
-  with pytest.raises(HindsightError, match="different job"):
+  with pytest.raises(HindsightError, match=r"different job \(seed differ\)"):
     run_label_job(
       LabelJob(f"tabular:{mdp_file}", 8, LabelConfig(num_rollouts=4), seed=2, chunk_size=8), out
     )
@@ -332,3 +332,37 @@ def test_coalition_on_a_text_file_says_what_it_wants(tmp_path):
   proc = run_cli("coalition", "--values", text)
   assert_one_line_error(proc, "not a .npy array file", "numpy.save")
   assert "pickle" not in proc.stderr
+
+
+def test_usage_mistakes_name_what_is_wrong(tmp_path, capsys):
+  """A typo names the unknown flag (not the required one it hides), a prefix of a flag is not
+  taken for it, a negative LO:HI says to use '=', and Python callers see resolved paths."""
+  from hindsight.model.predictor import Predictor, training_run
+
+  out = str(tmp_path / "o")
+  cases = [
+    (["label", "--env", "key_corridor", "--episods", "3", "--out", out],
+     "unknown flag --episods (did you mean --episodes?)"),
+    (["label", "--env", "key_corridor", "--episodes", "3", "--rollout", "4", "--out", out],
+     "unrecognized arguments: --rollout"),
+    (["label", "--env", "gymnax:MemoryChain-bsuite", "--episodes", "3", "--return-range",
+      "-1:1", "--out", out], "--return-range=-1:1"),
+    (["train", "--workdir", out], "--labels DIR is required"),
+    (["train", "--workdir", out, "--labels", out, "--bogus"], "unrecognized arguments: --bogus"),
+  ]  # fmt: skip
+  for argv, fragment in cases:
+    try:
+      code = main(argv)
+    except SystemExit as e:  # argparse's usage errors
+      code = e.code
+    assert code == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, (argv, err)
+  assert not os.path.exists(out)
+  with pytest.raises(HindsightError, match=f"{tmp_path}/nowhere: no checkpoints") as e:
+    Predictor.load(os.path.relpath(tmp_path / "nowhere"))
+  assert "--checkpoint" not in str(e.value)
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "run" / "splits.json").write_text("{}")
+  with pytest.raises(HindsightError, match="checkpoint directory of the run"):
+    training_run(str(tmp_path / "run" / "checkpoints"))

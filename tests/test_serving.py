@@ -107,7 +107,7 @@ def test_a_steady_stream_never_recompiles(run):
           "rewards": rng.normal(size=n),
         }
       )
-    predictor.score(eps)
+    predictor.score(eps, allow_longer=True)  # warmed up past the trained length on purpose
   assert predictor.compiled_programs() == compiled
 
 
@@ -187,13 +187,13 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
   from the old model or the new one, whole (its values are that model's `score`), and both
   models answered while the load ran."""
   sent = [_bare(e) for e in episodes[:3]]
-  answers, stop, swapped = [], threading.Event(), threading.Event()
+  answers, stop, swapped_at = [], threading.Event(), []
 
   def load():
     while not stop.is_set():
       r = client.post("/v1/credit", json={"trajectories": sent})
       answers.append((r.status_code, r.json() if r.status_code == 200 else r.text))
-      if swapped.is_set() and len(answers) > 40:
+      if swapped_at and len(answers) > swapped_at[0] + 20:  # 20 answers after the swap
         stop.set()
 
   old = Predictor.load(run)
@@ -210,7 +210,7 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
     r = client.post("/v1/reload", json={"step": int(other)})
     assert r.status_code == 200, r.text
     assert r.json()["model"] == {"step": new.step, "digest": new.digest}
-    swapped.set()
+    swapped_at.append(len(answers))
     # A damaged checkpoint is refused; the model served stays the same.
     damaged = os.path.join(os.path.dirname(run), "damaged_run")
     shutil.rmtree(damaged, ignore_errors=True)
@@ -237,7 +237,7 @@ def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_
   """A checkpoint of another architecture (width 32, trained 2 steps on the same labels):
   409 naming the parameter that differs, and the served model is unchanged."""
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   narrow = str(tmp_path / "narrow")
   overrides = [f"data.labels_dir={run}/labels", "model.width=32", "train.steps=2",
@@ -307,6 +307,13 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
     np.testing.assert_allclose(out["credit"][1], expected[1]["credit"], atol=1e-6)
     with pytest.raises(HindsightError, match="400 trajectories"):
       client.credit([dict(_bare(episodes[0]), actions=[-1] * len(episodes[0]["actions"]))])
+    # The serving page's client example, as written (this server, this run's episodes).
+    exported = tmp_path / "episodes.jsonl"
+    exported.write_text("".join(json.dumps(e) + "\n" for e in episodes[:4]))
+    namespace: dict = {}
+    exec(_page_block("client-example").replace("http://127.0.0.1:8000", client.url)
+         .replace('"episodes.jsonl"', repr(str(exported))), namespace)  # fmt: skip
+    assert namespace["out"]["credit"] == client.credit([_bare(e) for e in episodes[:4]])["credit"]
 
     shutil.rmtree(served / "checkpoints" / str(steps[-1]))
     proc.send_signal(signal.SIGHUP)
@@ -331,16 +338,46 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
   assert "Traceback" not in err, err
 
 
+def test_a_failed_warm_up_is_reported_not_swallowed(run):
+  """A warm-up that fails (here: the allocation a 64 x 4096 program asked for) is logged,
+  /readyz answers 503 saying it failed, and `on_failure` hears the reason (`hindsight serve`
+  then ends with it as its one-line error). By default the buckets stop at the longest
+  episode the model was trained on."""
+  predictor = Predictor.load(run)
+  assert ServeConfig(checkpoint=run).steps_limit(predictor.spec) == predictor.spec.max_length
+
+  def boom(max_steps=None):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 52.7 GB")
+
+  predictor.warmup = boom
+  heard: list[str] = []
+  app = create_app(ServeConfig(checkpoint=run, max_steps=4096), predictor, on_failure=heard.append)
+  with TestClient(app) as c:
+    for _ in range(200):
+      if heard:
+        break
+      time.sleep(0.05)
+    r = c.get("/readyz")
+  assert r.status_code == 503 and r.json() == {"ready": False, "error": "failed"}
+  assert len(heard) == 1 and "RESOURCE_EXHAUSTED" in heard[0], heard
+  assert "4096-step buckets" in heard[0] and "--max-steps" in heard[0]
+
+
 def test_serve_bad_checkpoint_is_one_line(tmp_path):
   assert_one_line_error(run_cli("serve", "--checkpoint", tmp_path), "no checkpoints")
 
 
-def test_readme_policy_gradient_example_runs(run, episodes):
-  """The serving page's in-process example, run as written (on this module's model)."""
+def _page_block(marker: str) -> str:
+  """The Python block after `<!-- MARKER` on the serving page."""
   with open(os.path.join(ROOT, "docs", "serving.md")) as f:
     text = f.read()
-  start = text.index("```python", text.index("<!-- pg-example"))
-  code = text[start + len("```python") : text.index("```", start + 3)]
+  start = text.index("```python", text.index(f"<!-- {marker}"))
+  return text[start + len("```python") : text.index("```", start + 3)]
+
+
+def test_readme_policy_gradient_example_runs(run, episodes):
+  """The serving page's in-process example, run as written (on this module's model)."""
+  code = _page_block("pg-example")
   namespace = {"trajectories": [_bare(e) for e in episodes[:8]]}
   exec(code.replace('"runs/demo"', repr(run)), namespace)
   w = np.asarray(namespace["params"]["w"])

@@ -126,7 +126,7 @@ def test_credit_model_learns_agent_shapley_head_on_team_labels(tmp_path):
   """The credit model's agent head, end to end on a tiny team dataset (generic:smoke)."""
   from hindsight.cli import main
   from hindsight.config_io import load_config
-  from train.train import train_and_evaluate
+  from hindsight.training import train_and_evaluate
 
   out = str(tmp_path / "team")
   argv = ["label", "--env", "team", "--episodes", "48", "--rollouts", "8", "--out", out]

@@ -20,8 +20,8 @@ from flax import nnx
 
 from hindsight.config_io import load_config
 from hindsight.model.predictor import Predictor
+from hindsight.training import read_metrics, train_and_evaluate
 from train.main import main
-from train.train import read_metrics, train_and_evaluate
 
 STEPS = 40  # checkpoints every 10 steps: four places for a kill to land between
 
@@ -314,7 +314,7 @@ def test_a_config_that_labels_then_trains_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("name", ["tabular", "key_to_door", "reasoning", "team", "generic"])
 def test_every_config_and_its_smoke_variant_load(name):
-  from configs import common
+  from hindsight import default_config as common
 
   full, smoke = load_config(f"configs/{name}.py"), load_config(f"configs/{name}.py:smoke")
   # The smoke variant is the experiment with exactly the smoke sizes on top, nothing else.
@@ -358,7 +358,7 @@ def test_workdir_check_ignores_launch_details_and_fields_added_later(tmp_path):
   """A run made before a config field existed resumes while the field is off; the
   coordinator address and process id change with every launch and are not the run's."""
   from hindsight.config_io import check_workdir
-  from train.train import RESTART_FREE
+  from hindsight.training import RESTART_FREE
 
   config = load_config("configs/generic.py:smoke")
   check_workdir(config, str(tmp_path), RESTART_FREE)

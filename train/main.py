@@ -19,7 +19,8 @@ variants: configs/NAME.py is the experiment as documented in its docstring;
   configs/NAME.py:smoke is a tiny version (few episodes, a small model, 40 steps) for tests.
 overrides: --config.FIELD=VALUE sets any field, e.g. --config.train.steps=500
   --config.model.width=128 --config.data.labels_dir=runs/demo/labels; every field and its
-  meaning is listed, commented, in configs/common.py. A workdir refuses a different config.
+  meaning is listed, commented, in hindsight/default_config.py. A workdir refuses a
+  different config.
 """
 
 
@@ -53,14 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
   def run() -> int:
     from hindsight.config_io import load_config
-    from train.train import train_and_evaluate
+    from hindsight.training import run_training
 
-    report = train_and_evaluate(load_config(args.config, overrides), args.workdir)
-    if report.get("preempted"):
-      print(f"preempted: checkpoint saved at step {report['step']}", file=sys.stderr)
-      return 143
-    print(report["summary"])
-    return 0
+    return run_training(load_config(args.config, overrides), args.workdir)
 
   return report_errors("train", run)
 

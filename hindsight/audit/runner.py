@@ -37,7 +37,7 @@ from hindsight.audit.config import AUDIT_SALT, AuditConfig
 from hindsight.audit.design import mixture_design, outcome_signal
 from hindsight.audit.sequential import AlarmConfig, drift_alarm
 from hindsight.data.labels import open_labels
-from hindsight.envs import make
+from hindsight.envs import make_labeled
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez
@@ -85,7 +85,8 @@ def prepare_audit(cfg: AuditConfig):
       f"cannot audit '{spec}': branching needs a JAX environment (Gymnasium/dm_env adapters "
       "are labeled by `hindsight label` only)"
     )
-  env, policy = make(spec)
+  # A dataset audited is built as it was labeled; else as the model's labels were.
+  env, policy = make_labeled(meta if dataset is None else dataset.metadata, spec)
   labeler = Labeler(env, policy, label_cfg)
   if dataset is not None:
     pool = pool_lib.from_dataset(labeler, dataset, cfg.episodes)
@@ -105,6 +106,13 @@ def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> 
     raise HindsightError(f"the trajectories do not fit the model: {e}") from None
   undefined, bounds = jax.device_get(labeler.step_info(pool.traj))
   mask = np.asarray(pool.traj.mask) & ~np.asarray(undefined)
+  if not np.isfinite(bounds[mask]).all():
+    # The confidence sequences need every gap term in a known range: without one they are
+    # NaN, and a NaN must never read as "no alarm".
+    raise HindsightError(
+      f"{labeler.env.name} declares no range for its returns, which the audit's confidence "
+      "sequences need: label with --return-range LO:HI (the audit takes it from the labels)"
+    )
   episode, t = np.nonzero(mask)
   lengths = pool.lengths
   out = {"episode": episode, "t": t, "length": lengths[episode]}

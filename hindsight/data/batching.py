@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
-from hindsight.data.episode import Episode
+from hindsight.data.episode import Episode, check_length
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 
@@ -187,9 +187,10 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
   return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec)
 
 
-def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
+def episodes_batch(episodes, pad: int, spec: DataSpec, allow_longer: bool = False) -> dict:
   """Padded arrays of in-memory episodes (None = an empty row), every field [B, T] unless
-  noted; episodes longer than `pad` are cut at `pad`.
+  noted; episodes longer than `pad` are cut at `pad`, and episodes longer than the model's
+  `spec.max_length` are refused unless `allow_longer` (`episode.check_length`).
 
   Episodes are `Episode`s (EpisodeReader items, or `Episode.parse` outputs); fields a
   scored-only episode lacks (credit, its stderr, progress, klass) stay 0 and out of
@@ -226,6 +227,8 @@ def episodes_batch(episodes, pad: int, spec: DataSpec) -> dict:
   for row, ep in enumerate(episodes):
     if ep is None:
       continue
+    if not allow_longer:
+      check_length(ep, spec, f"row {row}")
     n = min(len(ep), pad)
     obs = ep.observations[:n]
     batch["observations"][row, :n] = obs if vector else np.clip(obs, 0, spec.obs_dim - 1)

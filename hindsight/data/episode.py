@@ -219,3 +219,15 @@ def _parse_agent(agent, n: int, num_agents: int, where: str) -> np.ndarray:
   if not ok or agent.min() < 0 or agent.max() >= num_agents:
     raise HindsightError(f"{where}: 'agent' must be {n} ids in [0, {num_agents})")
   return agent.astype(np.int32)
+
+
+def check_length(episode: Episode, spec: DataSpec, where: str = "episode") -> None:
+  """A one-line HindsightError when the episode is longer than the longest the model was
+  trained on (`spec.max_length`): positions past it would be clamped to the last one it
+  knows and n / T_max would pass 1, so its numbers would look like any others. Callers that
+  mean to score such episodes (an out-of-distribution slice) opt in with allow_longer."""
+  if len(episode) > spec.max_length:
+    raise HindsightError(
+      f"{where}: {len(episode)} steps, longer than the {spec.max_length} the model was trained "
+      "on (allow_longer=True, or --allow-longer, scores it anyway)"
+    )

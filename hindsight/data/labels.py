@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import glob
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -404,11 +405,13 @@ def open_labels(out_dir: str) -> Labels:
 def _nan_to_none(x):
   if isinstance(x, list):
     return [_nan_to_none(v) for v in x]
-  return None if isinstance(x, float) and x != x else x
+  return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[str, Any]:
-  """One decoded example -> plain JSON types (NaN becomes null; tags and klass as names)."""
+  """One decoded example -> standard JSON types: every non-finite number becomes null (an
+  undefined credit is NaN, and `undefined` marks it; a stderr without any bound is inf);
+  tags and klass as names."""
   out = {}
   for key, value in example.items():
     if key == "tags":

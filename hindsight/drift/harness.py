@@ -16,6 +16,7 @@ against the reference credit on the same steps (`hindsight eval`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -29,7 +30,7 @@ from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
 from hindsight.drift.config import DriftConfig
 from hindsight.drift.gradients import gradient_table
-from hindsight.envs import make
+from hindsight.envs import make, make_labeled
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
@@ -156,7 +157,7 @@ def _context(cfg: DriftConfig, run: _Run, out: str) -> _Context:
   """What every stage shares: the evaluated environment, K_ref and the cache."""
   meta = run.labels.metadata
   k_ref = cfg.reference_rollouts or _auto_rollouts(run.labels, run.test_ids[:256], run.base, cfg)
-  env, policy = make(cfg.env or meta.get("env", ""))
+  env, policy = make_labeled(meta, cfg.env)
   return _Context(
     cfg=cfg,
     env=env,
@@ -273,11 +274,12 @@ def run_drift(cfg: DriftConfig) -> dict:
 
 def _add_signals(cfg: DriftConfig, predictor, run: _Run, sets: list[EpisodeSet]):
   """Signals on every set: the model (timed after one untimed pass that compiles), the
-  outcome, and the learned baselines. Returns (model scoring seconds, learned baselines)."""
-  predictor.score(sets[0].episodes)
+  outcome, and the learned baselines. Returns (model scoring seconds, learned baselines).
+  Shifted sets may run longer than the model was trained on: that is the slice they read."""
+  predictor.score(sets[0].episodes, allow_longer=True)
   tic = time.perf_counter()
   for s in sets:
-    scores = predictor.score(s.episodes)
+    scores = predictor.score(s.episodes, allow_longer=True)
     for name in ("credit", "mean", "std", "p_zero", "mu", "sigma", "klass"):
       s.add_episode_signal(f"model_{name}", [sc[name] for sc in scores])
   seconds = time.perf_counter() - tic
@@ -288,7 +290,9 @@ def _add_signals(cfg: DriftConfig, predictor, run: _Run, sets: list[EpisodeSet])
     models = _learned_baselines(cfg, predictor, EpisodeReader(run.labels), run.record)
   for m in models:
     for s in sets:
-      s.add_episode_signal(m.kind, m.credit(predictor.batch, s.episodes))
+      s.add_episode_signal(
+        m.kind, m.credit(functools.partial(predictor.batch, allow_longer=True), s.episodes)
+      )
   return seconds, models
 
 
@@ -405,7 +409,8 @@ def _pad_fields(per_episode: list[dict], horizon: int) -> dict:
 
 def _noise_ratio(cols: dict) -> dict:
   """The reference's RMS sample stderr / the std of its credit (the 'stated small
-  fraction'), and the share of steps whose stderr is a tie bound instead (left out)."""
+  fraction'), the share of steps whose stderr is a tie bound instead (left out), and the
+  share of steps whose reference credit is exactly 0."""
   c, se = cols["ref_credit"], cols["ref_credit_stderr"]
   bounded = cols["ref_credit_bounded"].astype(bool)
   ok = np.isfinite(c)
@@ -414,6 +419,8 @@ def _noise_ratio(cols: dict) -> dict:
   return {
     "stderr_over_spread": rms / max(float(np.std(c[ok])), 1e-12),
     "tie_bounded_share": float(np.mean(bounded[ok])),
+    # Mostly exact zeros: a Spearman against it mostly ranks ties (renderers say so).
+    "exact_zero_share": float(np.mean(c[ok] == 0.0)),
   }
 
 
@@ -475,9 +482,13 @@ def _gradient_learned_sources(env, predictor, models):
         out[i, : len(c)] = c
       return out
 
-    found = {"model (point)": padded([sc["credit"] for sc in predictor.score(episodes)])}
+    found = {
+      "model (point)": padded([sc["credit"] for sc in predictor.score(episodes, allow_longer=True)])
+    }
     for m in models:
-      found[f"learned {m.kind}"] = padded(m.credit(predictor.batch, episodes))
+      found[f"learned {m.kind}"] = padded(
+        m.credit(functools.partial(predictor.batch, allow_longer=True), episodes)
+      )
     return found
 
   return sources

@@ -26,12 +26,12 @@ def markdown(report: dict) -> str:
     f"{r['episodes']} episodes, {r['steps']} steps, `{r['replacement']}` credit.",
     f"Reference: {ref['kind']}"
     + (f" at K={ref['rollouts']}" if ref["kind"] != "exact DP" else "")
-    + f"; its RMS stderr / credit spread = {ref['stderr_over_spread']:.3f} (sample stderrs; "
-    + f"{ref['tie_bounded_share']:.1%} of steps tie in every branch and carry a tie bound). "
+    + _noise_line(ref)
     + _check_line(ref["check"]),
     "",
     "## Headline: every signal against the reference (95% bootstrap CIs over episodes)",
     "",
+    *([tied_reference_note(ref), ""] if tied_reference_note(ref) else []),
     "| signal | Spearman | Pearson | Kendall | MAE | mean gap | within-episode Spearman | "
     "pairwise acc. |",
     "|---|---|---|---|---|---|---|---|",
@@ -45,17 +45,19 @@ def markdown(report: dict) -> str:
   if "equivalent_rollouts" in r:
     e = r["equivalent_rollouts"]
     flops = e["model_flops_per_step"]
-    lines += [
-      "",
-      "## Equivalent rollouts",
-      "",
-      f"The model's error against the reference equals that of a Monte Carlo label with "
-      f"**K = {_fmt(e['k'], '.1f')}** branches (training labels: K = {e['label_rollouts']}). "
-      f"Such a label costs {e['env_steps_per_step']:.3g} environment steps per step "
-      f"({e['env_steps_per_step_per_rollout']:.3g} per branch, three arms); the model "
-      f"{e['model_seconds_per_step'] * 1e6:.3g} us per step"
-      + (f" and {flops:.3g} FLOPs per step." if flops else "."),
-    ]
+    cost = f"the model {e['model_seconds_per_step'] * 1e6:.3g} us per step" + (
+      f" and {flops:.3g} FLOPs per step." if flops else "."
+    )
+    if e.get("undefined"):
+      text = f"K is undefined: {e['undefined']}. For comparison, {cost}"
+    else:
+      text = (
+        f"The model's error against the reference equals that of a Monte Carlo label with "
+        f"**K = {_fmt(e['k'], '.1f')}** branches (training labels: K = {e['label_rollouts']}). "
+        f"Such a label costs {e['env_steps_per_step']:.3g} environment steps per step "
+        f"({e['env_steps_per_step_per_rollout']:.3g} per branch, three arms); {cost}"
+      )
+    lines += ["", "## Equivalent rollouts", "", text]
   c = r["calibration"]
   lines += [
     "",
@@ -148,7 +150,33 @@ def _percent(x) -> str:
   return "n/a" if x is None else f"{x:.1%}"
 
 
+def tied_reference_note(ref: dict) -> str:
+  """A warning when most reference credits are exactly 0 (Spearman then ranks ties), or ""."""
+  share = ref.get("exact_zero_share", 0.0)
+  if share <= 0.5:
+    return ""
+  return (
+    f"The reference credit is exactly 0 on {share:.0%} of the steps: Spearman and Kendall "
+    "mostly rank ties there; MAE and the mean gap read the fit."
+  )
+
+
+def _noise_line(ref: dict) -> str:
+  share = f"{ref['tie_bounded_share']:.1%} of steps tie in every branch and carry a tie bound"
+  if ref["kind"] == "exact DP":
+    return ". "
+  if ref["tie_bounded_share"] >= 1.0:
+    return f"; its RMS stderr / credit spread is undefined (no sample stderr: {share}). "
+  ratio = ref["stderr_over_spread"]
+  return f"; its RMS stderr / credit spread = {ratio:.3f} (sample stderrs; {share}). "
+
+
 def _check_line(check: dict) -> str:
+  if check.get("steps", 1) == 0:
+    return (
+      f"Check ({check['kind']}): undefined (no step of the check pass has a sample stderr to "
+      "compare: every one is exact or tie-bounded)."
+    )
   if "variance_ratio" in check:
     line = (
       f"Check ({check['kind']}, {check['steps']} steps): between-pass variance / reported "

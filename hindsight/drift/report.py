@@ -106,9 +106,10 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
     per_step_env = float(np.sum(main.rollout_steps)) / max(int(main.mask.sum()), 1) / k_ref
     out["equivalent_rollouts"] = {
       "k": dm.Estimate(float(v[0]), float(lo[0]), float(hi[0])).as_dict(),
+      "undefined": dm.k_star_undefined(model_e2, label_e2, ref_var),
       "label_rollouts": k_label,
       "env_steps_per_step_per_rollout": per_step_env,  # all 3 arms (keep, replace, phi)
-      "env_steps_per_step": per_step_env * float(v[0]),
+      "env_steps_per_step": per_step_env * float(v[0]) if np.isfinite(v[0]) else None,
       "model_seconds_per_step": score_seconds
       / max(int(sum(s.mask.sum() for s in [main, *shift_sets])), 1),
       "model_flops_per_step": _flops_per_step(predictor, main),
@@ -126,7 +127,7 @@ def _as_dicts(table: dict) -> dict:
 
 def _flops_per_step(predictor, main) -> float | None:
   """XLA's FLOP count of one forward pass over a batch of the set / its valid steps."""
-  batch = predictor.batch(main.episodes[:64])
+  batch = predictor.batch(main.episodes[:64], allow_longer=True)
   flops = program_flops(jax.jit(predictor.credit_fn()), predictor.state, batch)
   return None if flops is None else flops / max(int(batch["mask"].sum()), 1)
 

@@ -1,7 +1,7 @@
 """Functional environments (gymnax style) and the `--env` spec parser."""
 
 from hindsight.envs.base import Environment
-from hindsight.envs.registry import make
+from hindsight.envs.registry import make, make_labeled
 from hindsight.envs.tabular import (
   TabularEnv,
   TabularMDP,
@@ -23,6 +23,7 @@ __all__ = [
   "key_corridor_mdp",
   "load_tabular",
   "make",
+  "make_labeled",
   "peaked_mdp",
   "random_mdp",
   "rare_success_mdp",

@@ -5,6 +5,9 @@ tabular:PATH.npz     a tabular MDP file (docs/design.md, section 2) with its pol
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv, key_corridor_mdp, load_tabular
 from hindsight.errors import HindsightError
@@ -39,6 +42,26 @@ def takes_policy_options(spec: str) -> bool:
   whose policy, horizon and return range come from `--policy`, `--horizon`,
   `--return-range`."""
   return spec.split(":", 1)[0] in ("gymnax", "gymnasium", "dm_env")
+
+
+def make_labeled(metadata: Mapping, spec: str | None = None) -> tuple[Environment, Policy]:
+  """(environment, policy) a label dataset was labeled on: its --env spec with the --policy,
+  horizon and --return-range of its job (a gymnax job's horizon as it labeled, from the
+  metadata). `spec`: evaluate another environment instead (`make(spec)`), unless it is the
+  dataset's own. Every job after labeling (eval, audit) builds the environment here, so
+  none of them drops the options the labels were made with."""
+  labeled = str(metadata.get("env", ""))
+  spec = spec or labeled
+  if spec != labeled or not takes_policy_options(spec):
+    return make(spec)
+  job = json.loads(metadata.get("job", "{}"))
+  return_range = job.get("return_range")
+  return make(
+    spec,
+    job.get("policy"),
+    int(metadata["horizon"]) if "horizon" in metadata else job.get("horizon"),
+    tuple(float(x) for x in return_range) if return_range is not None else None,
+  )
 
 
 def make(

@@ -74,21 +74,42 @@ class LabelFitEvaluator:
     return out, steps
 
 
+# Above this share of exactly-0 labels a Spearman over the steps mostly ranks ties.
+TIED_LABELS = 0.5
+
+
+def _tied(r: dict) -> bool:
+  """Most labels are exactly 0 and the model was not trained to predict ties."""
+  return r["exact_zero_share"] > TIED_LABELS and not r.get("train", {}).get("zero_ties")
+
+
+def _spearman_text(r: dict) -> str:
+  if _tied(r):
+    return "undefined (tied labels)"
+  return f"{r['spearman']:.3f}"
+
+
 def summary_text(r: dict) -> str:
   """The report's few lines for a console (report["summary"])."""
   lines = [
     f"credit model on {r['env']} ({r['replacement']} labels), "
     f"{r['episodes']['test']} held-out episodes, {r['steps']} steps, against its own "
     "training labels (Monte Carlo, noisy; `hindsight eval` scores it against the reference):",
-    f"  Spearman {r['spearman']:.3f}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
-    f"(best constant: {r['constant_mae']:.4g})  "
-    f"(of the continuous part's mu: Spearman {r['spearman_mu']:.3f})",
+    f"  Spearman {_spearman_text(r)}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
+    f"(best constant: {r['constant_mae']:.4g})"
+    + ("" if _tied(r) else f"  (of the continuous part's mu: Spearman {r['spearman_mu']:.3f})"),
     f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
     f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
     f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
     f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",
   ]
-  if np.isnan(r["spearman"]):
+  if _tied(r):
+    lines.append(
+      f"  ({r['exact_zero_share']:.0%} of the labels are exactly 0, so Spearman ranks ties and "
+      "is undefined here; Pearson and MAE read the fit. --config.loss.zero_ties=True trains "
+      "the model to predict those exact zeros)"
+    )
+  elif np.isnan(r["spearman"]):
     lines.append(
       "  (Spearman nan: the predictions are constant, so they rank nothing; a model trained "
       "for very few steps, like a :smoke config, can end there)"

@@ -28,7 +28,7 @@ from hindsight.distributed import gather, together
 from hindsight.envs import make
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.registry import takes_policy_options
-from hindsight.errors import HindsightError, make_dir
+from hindsight.errors import HindsightError, make_dir, note
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
@@ -70,11 +70,39 @@ def _check(job: LabelJob) -> None:
       raise HindsightError(f"--return-range needs finite LO <= HI, got {lo}:{hi}")
 
 
+def _gymnax_horizon(job: LabelJob) -> int | None:
+  """The horizon a gymnax job labels at: --horizon, else the longest of the job's own
+  episodes at the environment's declared `max_steps_in_episode` (MemoryChain declares 1000
+  for episodes of 6 steps; padding every episode, the model's length and the reference to
+  the declared maximum costs memory and time for nothing). The episodes are the same either
+  way: their keys depend on the step, not on the horizon. Says what it chose, and what a
+  given --horizon truncates."""
+  if not job.env.startswith("gymnax:"):
+    return job.horizon
+  env, policy = make(job.env, job.policy, None, job.return_range)
+  lengths = tr.episode_lengths(env, policy, job.seed, job.episodes)
+  longest, declared = int(lengths.max()), env.horizon
+  if job.horizon is not None:
+    cut = int((lengths > job.horizon).sum())
+    if cut:
+      note(
+        f"--horizon {job.horizon} truncates {cut} of {job.episodes} episodes (the longest "
+        f"runs {longest} steps): their returns stop there"
+      )
+    return job.horizon
+  if longest < declared:
+    note(
+      f"{job.env}: horizon {longest}, the longest of the job's {job.episodes} episodes (the "
+      f"environment declares {declared}; --horizon sets another)"
+    )
+  return longest
+
+
 class _JaxSource:
   """Chunks from the JAX engine (sharded over devices)."""
 
   def __init__(self, job: LabelJob):
-    self.env, self.policy = make(job.env, job.policy, job.horizon, job.return_range)
+    self.env, self.policy = make(job.env, job.policy, _gymnax_horizon(job), job.return_range)
     self.labeler = Labeler(self.env, self.policy, job.config)
     env = self.env
     self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
@@ -211,8 +239,13 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   label_io.finish_checksums(out_dir)  # a job killed between TFDS's rename and the checksums
   if label_io.is_complete(out_dir):
     meta = label_io.open_labels(out_dir).metadata
-    if json.loads(meta.get("job", "{}")) != described:
-      raise HindsightError(f"--out {out_dir} already holds labels of a different job")
+    previous = json.loads(meta.get("job", "{}"))
+    if previous != described:
+      differ = _differing(previous, described)
+      raise HindsightError(
+        f"--out {out_dir} already holds labels of a different job ({differ} differ); choose "
+        "another --out"
+      )
     shutil.rmtree(work, ignore_errors=True)
     return label_io.dataset_dir(out_dir)
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(job_file):
@@ -269,6 +302,13 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   rank, count = jax.process_index(), jax.process_count()
   with together("starting the job"):
     source = _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+  if rank == 0 and takes_policy_options(job.env) and job.return_range is None:
+    bound = (
+      "the tie bound of a near-tied step is then infinite (stderr inf, klass undetermined)"
+      if job.env.startswith("gymnax:")
+      else "the tie bound then uses the range of each episode's branch returns, what the data show"
+    )
+    note(f"{job.env}: no --return-range LO:HI (the range of any return-to-go): {bound}")
   # Whole micro-batches on every process's devices (local device counts may differ).
   multiple = int(np.lcm.reduce(gather(source.chunk_multiple())))
   chunk = -(-job.chunk_size // multiple) * multiple

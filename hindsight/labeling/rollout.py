@@ -67,11 +67,8 @@ def sample_episode(
   state0 = env.reset(reset_key, env_params)
 
   def body(state, _):
-    # A key per step (not `step_randomness`): episodes labeled by earlier versions still
-    # regenerate from their seeds (the drift harness's reference relies on it).
-    k_pol, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
-    action = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
-    next_state, reward, _ = env.step(k_env, state, action, env_params)
+    action, next_state, reward = _episode_step(env, policy, env_params, policy_params,
+                                               steps_key, state)  # fmt: skip
     alive = ~state.done
     out = (state, jnp.where(alive, action, 0), jnp.where(alive, reward, 0.0), alive)
     return _where_tree(alive, next_state, state), out
@@ -81,6 +78,35 @@ def sample_episode(
   rewards = rewards.astype(jnp.float32)
   success = jnp.asarray(env.success(final, rewards.sum()), bool)
   return Trajectory(states=states, actions=actions, rewards=rewards, mask=mask, success=success)
+
+
+def _episode_step(env, policy, env_params, policy_params, steps_key, state):
+  """Step `state.time` of a sampled episode: (action, next state, reward).
+
+  A key per step (not `step_randomness`): episodes labeled by earlier versions still
+  regenerate from their seeds (the drift harness's reference relies on it). The key depends
+  on the step's time only, never on the horizon, so a shorter horizon that the episode
+  never reaches samples the same episode."""
+  k_pol, k_env = jax.random.split(jax.random.fold_in(steps_key, state.time))
+  action = sample_categorical(k_pol, policy.probs(policy_params, state, env_params))
+  next_state, reward, _ = env.step(k_env, state, action, env_params)
+  return action, next_state, reward
+
+
+def episode_length(
+  env: Environment, policy: Policy, env_params, policy_params, key: jax.Array
+) -> jax.Array:
+  """int32 [], the length T of the episode `sample_episode` samples from `key`, without
+  keeping its states (a `while_loop` that stops at the episode's end or the horizon)."""
+  reset_key, steps_key = jax.random.split(key)
+
+  def body(state):
+    return _episode_step(env, policy, env_params, policy_params, steps_key, state)[1]
+
+  final = jax.lax.while_loop(
+    lambda s: ~s.done & (s.time < env.horizon), body, env.reset(reset_key, env_params)
+  )
+  return jnp.minimum(final.time, env.horizon).astype(jnp.int32)
 
 
 # -- random numbers of one step ------------------------------------------------------------

@@ -24,7 +24,7 @@ import numpy as np
 from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
-from hindsight.labeling.rollout import Trajectory
+from hindsight.labeling.rollout import Trajectory, episode_length
 from hindsight.progress import CompileAwareBar
 
 
@@ -33,6 +33,25 @@ def sample_trajectories(labeler: Labeler, seed: int, indices: np.ndarray) -> Tra
   the same keys the labeling job samples them from."""
   keys = jax.vmap(episode_key, (None, 0))(seed, np.asarray(indices, np.int32))
   return to_numpy(labeler.sample(keys))
+
+
+def episode_lengths(env, policy, seed: int, episodes: int, batch: int = 4096) -> np.ndarray:
+  """int32 [episodes], T_i of episodes 0..episodes-1 of `seed` (the keys the labeling job
+  samples them from) at the environment's horizon. No states are kept, so a declared horizon
+  far above the episodes' lengths costs only the steps that happen."""
+  params, policy_params = env.default_params(), policy.default_params()
+
+  def length(i):
+    key = jax.random.fold_in(episode_key(seed, i), 0)  # as Labeler.sample
+    return episode_length(env, policy, params, policy_params, key)
+
+  lengths = jax.jit(jax.vmap(length))
+  return np.concatenate(
+    [
+      np.asarray(lengths(np.arange(lo, min(lo + batch, episodes), dtype=np.int32)))
+      for lo in range(0, episodes, batch)
+    ]
+  )
 
 
 def mismatched_rows(traj: Trajectory, actions: Sequence, rewards: Sequence) -> list[int]:

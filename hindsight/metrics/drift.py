@@ -224,13 +224,31 @@ def equivalent_rollouts(
   model_err2: np.ndarray, label_err2: np.ndarray, ref_var: np.ndarray, label_rollouts: int
 ) -> float:
   """K* = K_L (mean e_L^2 - mean se_c^2) / (mean e_M^2 - mean se_c^2) (module docstring);
-  inf when the model's excess error is <= 0 (no label noise level matches it)."""
+  NaN when the labels' excess error is <= 0 (exact labels: no Monte Carlo noise level to
+  scale by; `k_star_undefined` says why), else inf when the model's is."""
   noise = float(np.mean(ref_var))
   m_label = float(np.mean(label_err2)) - noise
   m_model = float(np.mean(model_err2)) - noise
+  if m_label <= 0:
+    return float("nan")
   if m_model <= 0:
     return float("inf")
-  return label_rollouts * max(m_label, 0.0) / m_model
+  return label_rollouts * m_label / m_model
+
+
+def k_star_undefined(
+  model_err2: np.ndarray, label_err2: np.ndarray, ref_var: np.ndarray
+) -> str | None:
+  """Why K* (`equivalent_rollouts`) has no finite value on these steps, or None."""
+  noise = float(np.mean(ref_var))
+  if float(np.mean(label_err2)) - noise <= 0:
+    return (
+      "the training labels' error does not exceed the reference's noise (exact labels): "
+      "there is no Monte Carlo noise level to compare the model with"
+    )
+  if float(np.mean(model_err2)) - noise <= 0:
+    return "the model's error is within the reference's noise: any K would be as good"
+  return None
 
 
 def confusion(pred_klass: np.ndarray, ref_klass: np.ndarray, num_classes: int) -> np.ndarray:

@@ -58,7 +58,7 @@ def masked_mean(x, mask):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-  """The loss's weights and switches (config.loss; configs/common.py comments each)."""
+  """The loss's weights and switches (config.loss; hindsight/default_config.py comments each)."""
 
   class_weight: float = 0.1  # the klass cross-entropy beside the Gaussian NLL
   beta: float = 0.5  # beta-NLL exponent (0: the plain NLL)

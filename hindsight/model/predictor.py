@@ -39,7 +39,7 @@ from flax import nnx
 
 from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
 from hindsight.data.batching import episodes_batch
-from hindsight.data.episode import Episode
+from hindsight.data.episode import Episode, check_length
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 from hindsight.model.calibration import CALIBRATION_FILE, read_sigma_scale
@@ -71,7 +71,9 @@ def checkpoint_dir(workdir: str) -> str:
     return inner
   if os.path.isdir(workdir) and any(n.isdigit() for n in os.listdir(workdir)):
     return workdir
-  raise HindsightError(f"--checkpoint {workdir}: no checkpoints (expected {inner})")
+  raise HindsightError(
+    f"{os.path.abspath(workdir)}: no checkpoints (expected {os.path.abspath(inner)})"
+  )
 
 
 def training_run(workdir: str) -> dict:
@@ -79,8 +81,15 @@ def training_run(workdir: str) -> dict:
   the episode ids of each split."""
   path = os.path.join(workdir, "splits.json")
   if not os.path.isfile(path):
+    parent = os.path.dirname(os.path.abspath(workdir))
+    if os.path.isfile(os.path.join(parent, "splits.json")):
+      raise HindsightError(
+        f"{os.path.abspath(workdir)} is the checkpoint directory of the run {parent}: give "
+        "the run's directory"
+      )
     raise HindsightError(
-      f"--checkpoint {workdir}: no splits.json (a run of an older hindsight: retrain it)"
+      f"{os.path.abspath(workdir)}: no splits.json (not a training run's directory, or a run "
+      "of an older hindsight: retrain it)"
     )
   try:
     with open(path) as f:
@@ -258,13 +267,23 @@ class Predictor:
 
     return fn
 
-  def batch(self, episodes: Sequence[dict], pad: int | None = None) -> dict:
+  def batch(
+    self, episodes: Sequence[dict], pad: int | None = None, allow_longer: bool = False
+  ) -> dict:
     """One padded batch of in-memory episodes (checked: a one-line error names the first
-    bad one); pad defaults to the longest episode's length bucket (`pad_length`)."""
-    eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    bad one); pad defaults to the longest episode's length bucket (`pad_length`).
+    Episodes longer than the model's max_length are refused unless `allow_longer`."""
+    eps = self._parse(episodes, allow_longer)
     if pad is None:
       pad = pad_length(max(len(e) for e in eps))
-    return episodes_batch(eps, pad, self.spec)
+    return episodes_batch(eps, pad, self.spec, allow_longer=allow_longer)
+
+  def _parse(self, episodes: Sequence[dict], allow_longer: bool) -> list[Episode]:
+    eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    if not allow_longer:
+      for i, e in enumerate(eps):
+        check_length(e, self.spec, f"episode {i}")
+    return eps
 
   def warmup(self, max_steps: int | None = None) -> int:
     """Compiles the program of every (row bucket, length bucket) up to `max_steps` (default
@@ -282,16 +301,24 @@ class Predictor:
     """How many programs `score` has compiled so far (jit's cache of shapes)."""
     return int(self._score._cache_size())
 
-  def score(self, episodes: Sequence[dict], batch_size: int = ROW_BUCKETS[-1]) -> list[dict]:
+  def score(
+    self,
+    episodes: Sequence[dict],
+    batch_size: int = ROW_BUCKETS[-1],
+    allow_longer: bool = False,
+  ) -> list[dict]:
     """Per-step outputs of every episode: [{name: array [T_i]}] in input order.
 
     episodes: `Episode`s, dicts in the export format, or a label dataset
       (`open_labels(DIR)`), each checked by `Episode.parse`.
+    allow_longer: score episodes longer than the model's max_length too (positions past
+      it reuse the last position it knows; an out-of-distribution reading). Without it
+      they are refused with a one-line error naming the episode.
 
     Episodes are grouped into length buckets (`pad_length`) and batches of ROW_BUCKETS rows
     (chunks of at most batch_size), so repeated calls reuse a few compiled programs.
     """
-    eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
+    eps = self._parse(episodes, allow_longer)
     if not eps:
       return []
     lengths = np.array([len(e) for e in eps])
@@ -302,7 +329,10 @@ class Predictor:
         chunk = ids[start : start + batch_size]
         rows = next((r for r in ROW_BUCKETS if r >= chunk.size), chunk.size)
         batch = episodes_batch(
-          [eps[i] for i in chunk] + [None] * (rows - chunk.size), pad, self.spec
+          [eps[i] for i in chunk] + [None] * (rows - chunk.size),
+          pad,
+          self.spec,
+          allow_longer=allow_longer,
         )
         out = jax.device_get(self._score(self.state, batch))
         for row, i in enumerate(chunk):

@@ -2,7 +2,7 @@
 
 The training state is the pytree `{"model": nnx.State, "optimizer": nnx.State}`: checkpoints
 save it whole, and `Predictor` restores the `"model"` half alone (no optimizer to rebuild).
-Shared by `train/train.py`, `eval/bench_model.py` and the evaluators.
+Shared by `hindsight.training`, `eval/bench_model.py` and the evaluators.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class ProgramsConfig:
 
   @classmethod
   def from_config(cls, config: ConfigDict) -> ProgramsConfig:
-    """From an experiment's ConfigDict (configs/common.py): model, optim, loss, train.steps
-    and mesh.min_fsdp_size; unknown fields are an error, missing ones take the defaults."""
+    """From an experiment's ConfigDict (hindsight/default_config.py): model, optim, loss,
+    train.steps and mesh.min_fsdp_size; unknown fields are an error, missing ones take the
+    defaults."""
     return cls(
       model=ModelConfig(**config.model.to_dict()),
       optim=OptimConfig(**config.optim.to_dict()),

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import signal
 import time
+from collections.abc import Callable
 
 import jax
 import msgspec
@@ -41,6 +43,7 @@ from hindsight.model.predictor import Predictor
 from hindsight.serving.config import ServeConfig
 
 MSGPACK = "application/msgpack"
+_log = logging.getLogger("hindsight.serve")
 
 
 class _Failure(Exception):
@@ -66,6 +69,7 @@ class Server:
     self.queue: asyncio.Queue | None = None
     self.reload_lock: asyncio.Lock | None = None
     self.ready = False
+    self.failure: str | None = None  # why the model never became ready (logged)
     self.registry = CollectorRegistry()
     self.requests = Counter(
       "hindsight_requests", "HTTP requests by route and status code", ["route", "code"],
@@ -134,7 +138,12 @@ class Server:
       episodes = [e for job in jobs for e in job.episodes]
       self.batch_sizes.observe(len(episodes))
       try:
-        scores = await asyncio.to_thread(predictor.score, episodes, self.cfg.max_batch)
+        scores = await asyncio.to_thread(
+          predictor.score,
+          episodes,
+          self.cfg.max_batch,
+          allow_longer=self.cfg.steps_limit(predictor.spec) > predictor.spec.max_length,
+        )
       except Exception as e:  # every waiting request hears of it, none hangs
         for job in jobs:
           if not job.future.done():
@@ -217,9 +226,15 @@ def _answer(scores: list[dict], predictor: Predictor) -> dict:
   }
 
 
-def create_app(cfg: ServeConfig, predictor: Predictor | None = None) -> Starlette:
+def create_app(
+  cfg: ServeConfig,
+  predictor: Predictor | None = None,
+  on_failure: Callable[[str], None] | None = None,
+) -> Starlette:
   """The ASGI app; the model (`predictor`, else loaded from cfg.checkpoint) warms up in the
-  background after startup, and /readyz says ready when it has."""
+  background after startup, and /readyz says ready when it has. If loading or warming up
+  fails, /readyz answers 503 with the reason, the server's log says it, and
+  `on_failure(reason)` is called (`serve` then ends the process with a one-line error)."""
   server = Server(cfg)
 
   def respond(route: str, status: int, content: dict) -> Response:
@@ -271,7 +286,8 @@ def create_app(cfg: ServeConfig, predictor: Predictor | None = None) -> Starlett
 
   async def readyz(request: Request) -> Response:
     if not server.ready:
-      return JSONResponse({"ready": False}, status_code=503)
+      body = {"ready": False} if server.failure is None else {"ready": False, "error": "failed"}
+      return JSONResponse(body, status_code=503)
     p = server.predictor
     return JSONResponse({"ready": True, "model": {"step": p.step, "digest": p.digest}})
 
@@ -285,13 +301,25 @@ def create_app(cfg: ServeConfig, predictor: Predictor | None = None) -> Starlett
     batcher = asyncio.create_task(server.batch_loop())
 
     async def start():
-      if predictor is None:
-        await server.reload()
-      else:
-        if cfg.warmup:
-          await asyncio.to_thread(predictor.warmup, cfg.steps_limit(predictor.spec))
-        server.predictor = predictor
-        server.model_step.set(predictor.step)
+      try:
+        if predictor is None:
+          await server.reload()
+        else:
+          if cfg.warmup:
+            await asyncio.to_thread(predictor.warmup, cfg.steps_limit(predictor.spec))
+          server.predictor = predictor
+          server.model_step.set(predictor.step)
+      except Exception as e:  # any failure: a server that is never ready must say why
+        model = predictor or server.predictor
+        steps = f" of {cfg.steps_limit(model.spec)}-step buckets" if model is not None else ""
+        server.failure = (
+          f"loading or warming up the model{steps} failed ({type(e).__name__}: "
+          f"{one_line(e)[:200]}); lower --max-steps or --max-batch"
+        )
+        _log.error("hindsight serve: %s", server.failure)
+        if on_failure is not None:
+          on_failure(server.failure)
+        return
       server.ready = True
 
     loader = asyncio.create_task(start())
@@ -324,16 +352,33 @@ async def _quiet(coro) -> None:
 
 
 def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
-  """Runs the server until SIGTERM/SIGINT (in-flight requests finish first)."""
+  """Runs the server until SIGTERM/SIGINT (in-flight requests finish first). A model that
+  fails to warm up ends it with a one-line HindsightError (the reason is logged too)."""
   import uvicorn
 
   # Load before listening: a bad checkpoint is a one-line error, not a server never ready.
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
+  failures: list[str] = []
+
+  def stop(reason: str) -> None:
+    failures.append(reason)
+    server.should_exit = True
+
   config = uvicorn.Config(
-    create_app(cfg, predictor),
+    create_app(cfg, predictor, on_failure=stop),
     host=host,
     port=port,
     log_level="warning",
     timeout_graceful_shutdown=30,
   )
-  uvicorn.Server(config).run()
+  server = uvicorn.Server(config)
+  limit = cfg.steps_limit(predictor.spec)
+  longer = " (longer than it was trained on)" if limit > predictor.spec.max_length else ""
+  print(
+    f"hindsight: serving {cfg.checkpoint} (step {predictor.step}, up to {limit} steps per "
+    f"trajectory{longer}) on http://{host}:{port}; /readyz says when it is warm",
+    flush=True,
+  )
+  server.run()
+  if failures:
+    raise HindsightError(failures[0])

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES
-from hindsight.data.episode import Episode
+from hindsight.data.episode import Episode, check_length
 from hindsight.data.labels import CHECKSUMS, dataset_dir, episode_to_json, job_dir, open_labels
 from hindsight.errors import HindsightError
 from hindsight.files import atomic_open
@@ -49,8 +49,11 @@ def read_episodes(path: str) -> tuple[int | None, Iterator[dict]]:
   return None, _read_jsonl(path)
 
 
-def score_file(predictor: Predictor, path: str, out: str, progress: bool = True) -> int:
-  """Scores every episode of `path` into `out` (JSONL); returns the episode count."""
+def score_file(
+  predictor: Predictor, path: str, out: str, progress: bool = True, allow_longer: bool = False
+) -> int:
+  """Scores every episode of `path` into `out` (JSONL); returns the episode count. Episodes
+  longer than the model was trained on are refused (naming the first) unless allow_longer."""
   total, episodes = read_episodes(path)
   names = np.asarray(KLASS_NAMES)
   directory = os.path.dirname(os.path.abspath(out))
@@ -65,7 +68,7 @@ def score_file(predictor: Predictor, path: str, out: str, progress: bool = True)
 
     def flush():
       nonlocal count
-      scores = predictor.score(chunk)
+      scores = predictor.score(chunk, allow_longer=allow_longer)
       for ep, sc in zip(chunk, scores, strict=True):
         ep = dict(ep)
         ep["predicted_credit"] = sc["credit"].astype(float).tolist()
@@ -78,7 +81,10 @@ def score_file(predictor: Predictor, path: str, out: str, progress: bool = True)
       chunk.clear()
 
     for i, ep in enumerate(episodes):
-      Episode.parse(ep, predictor.spec, f"--input {path}: episode {i}")  # one line, by place
+      where = f"--input {path}: episode {i}"
+      parsed = Episode.parse(ep, predictor.spec, where)  # one line, by place
+      if not allow_longer:
+        check_length(parsed, predictor.spec, where)
       chunk.append(ep)
       if len(chunk) == CHUNK:
         flush()

@@ -18,7 +18,9 @@ class ServeConfig:
   max_batch: int = 64  # trajectories scored together at most
   max_body_bytes: int = 8 << 20
   max_trajectories: int = 256  # per request
-  max_steps: int = 0  # per trajectory (0: the model's max_length x 4)
+  # per trajectory (0: the model's max_length, the longest episode it was trained on; more
+  # opts in to scoring longer ones, whose positions past it reuse the last one it knows)
+  max_steps: int = 0
   warmup: bool = True  # compile every bucket before /readyz says ready
 
   def __post_init__(self):
@@ -29,5 +31,5 @@ class ServeConfig:
         raise HindsightError(f"--{name.replace('_', '-')} must be > 0, got {value}")
 
   def steps_limit(self, spec) -> int:
-    """Steps per trajectory served (and warmed up): max_steps, or 4 x the model's length."""
-    return self.max_steps or 4 * spec.max_length
+    """Steps per trajectory served (and warmed up): max_steps, or the model's max_length."""
+    return self.max_steps or spec.max_length

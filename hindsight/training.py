@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -435,8 +436,20 @@ def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, out
     "seconds": round(outcome["seconds"], 2),
     "final_loss": outcome["last"].get("loss"),
     "params_sha256": final_digest,
+    "zero_ties": bool(config.loss.get("zero_ties", False)),
   }
   report["summary"] = summary_text(report)
   if jax.process_index() == 0:
     evaluators.write_label_fit(workdir, report, steps)
   return report
+
+
+def run_training(config: ConfigDict, workdir: str) -> int:
+  """`hindsight train` and `python -m train.main`: train_and_evaluate, then the summary on
+  stdout and exit code 0, or 143 after a SIGTERM (a checkpoint of the current step saved)."""
+  report = train_and_evaluate(config, workdir)
+  if report.get("preempted"):
+    print(f"preempted: checkpoint saved at step {report['step']}", file=sys.stderr)
+    return 143
+  print(report["summary"])
+  return 0

@@ -1,4 +1,8 @@
-"""Fields every credit-model config shares, with their defaults (one comment per field)."""
+"""Fields every credit-model config shares, with their defaults (one comment per field).
+
+`base_config()` is the experiments' starting point (configs/NAME.py) and, with
+data.labels_dir set, the config `hindsight train` runs by default (`generic_config`).
+"""
 
 from ml_collections import ConfigDict
 
@@ -106,3 +110,11 @@ def smoke(c: ConfigDict, episodes: int = 64) -> ConfigDict:
   c.train.eval_every = 10
   c.train.progress = False
   return c
+
+
+def generic_config(arg: str = "") -> ConfigDict:
+  """The credit model on any label dataset (data.labels_dir, required), as
+  configs/generic.py and `hindsight train` without --config."""
+  c = base_config()
+  c.data.labels_dir = ""  # required: set with --labels DIR or --config.data.labels_dir=DIR
+  return with_variant(c, arg)
