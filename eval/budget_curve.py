@@ -39,6 +39,8 @@ def main(argv=None) -> dict:
   p.add_argument("--set", action="append", default=[], help="a.b=value for every point's run")
   p.add_argument("--episodes", type=int, default=256, help="evaluation episodes")
   p.add_argument("--reference-rollouts", type=int, default=1024)
+  p.add_argument("--check-episodes", type=int, default=64,
+                 help="episodes of the reference's independent check pass")  # fmt: skip
   p.add_argument("--out", default="runs/budget")
   args = p.parse_args(argv)
 
@@ -64,6 +66,7 @@ def main(argv=None) -> dict:
         env=args.env,
         episodes=args.episodes,
         reference_rollouts=args.reference_rollouts,
+        check_episodes=args.check_episodes,
         shifts=(),
         baseline_steps=0,
         gradient_env="",

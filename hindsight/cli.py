@@ -223,7 +223,13 @@ def _parser() -> argparse.ArgumentParser:
   option(sv, ServeConfig, "max_batch", "trajectories per scored batch")
   option(sv, ServeConfig, "max_body_bytes", "request body limit")
   option(sv, ServeConfig, "max_trajectories", "per request")
-  option(sv, ServeConfig, "max_steps", "per trajectory (0: 4 x max_length)")
+  option(sv, ServeConfig, "max_steps", "per trajectory (0: the longest the model was trained "
+         "on; more opts in to scoring longer episodes)")  # fmt: skip
+  option(sv, ServeConfig, "admin_token_file",
+         "a file holding the bearer token POST /v1/reload must carry (or set "
+         "HINDSIGHT_ADMIN_TOKEN); without one, reload over HTTP is off (SIGHUP works)")  # fmt: skip
+  option(sv, ServeConfig, "allow_reload_from",
+         "a directory HTTP reloads may load checkpoints from, besides the served run")  # fmt: skip
   au = sub.add_parser(
     "audit", help="spot-check a model against rollouts: drift alarm and labels to fine-tune on"
   )

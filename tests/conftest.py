@@ -61,6 +61,17 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def wait_until_ready(client, proc, timeout=120):
+  """Polls a `hindsight serve` subprocess's /readyz through `client` until it is warm; fails
+  with the server's stderr if it exits or the timeout passes first."""
+  import time
+
+  deadline = time.time() + timeout
+  while not client.ready():
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+    time.sleep(0.2)
+
+
 def assert_one_line_error(proc, *fragments):
   """Exit code 2, stderr is exactly one line naming the problem, no traceback."""
   assert proc.returncode == 2, (proc.returncode, proc.stderr)

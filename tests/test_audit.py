@@ -388,8 +388,13 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   from hindsight.serving.app import create_app
   from hindsight.serving.config import ServeConfig
 
-  with TestClient(create_app(ServeConfig(checkpoint=tabular_run))) as client:
-    reply = client.post("/v1/reload", json={"checkpoint": tuned})
+  token = tmp_path / "token"
+  token.write_text("t0ken")
+  cfg = ServeConfig(checkpoint=tabular_run, admin_token_file=str(token),
+                    allow_reload_from=str(tmp_path))  # fmt: skip
+  with TestClient(create_app(cfg)) as client:
+    reply = client.post("/v1/reload", json={"checkpoint": tuned},
+                        headers={"authorization": "Bearer t0ken"})  # fmt: skip
     assert reply.status_code == 200, reply.text
     assert (
       reply.json()["model"]["digest"]

@@ -408,6 +408,6 @@ def test_the_evaluation_pages_predictor_example_runs(tabular_run):
   namespace: dict = {}
   exec(code.replace('"runs/demo"', repr(tabular_run)), namespace)
   scores, out, episodes = namespace["scores"], namespace["out"], namespace["episodes"]
-  assert len(scores) == len(episodes) == 8
+  assert len(scores) == len(episodes) == min(8, len(namespace["test_ids"])) > 0
   for i, (sc, ep) in enumerate(zip(scores, episodes, strict=True)):
     np.testing.assert_allclose(np.asarray(out["credit"])[i, : len(ep)], sc["credit"], atol=1e-6)

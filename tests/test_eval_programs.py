@@ -129,7 +129,7 @@ def test_budget_curve_scores_every_point_against_one_shared_reference(tabular_ru
   stdout = _run("-m", "eval.budget_curve", "--config", "configs/tabular.py", "--env",
                 "tabular:data/key_corridor.npz", "--points", "64x32,32x64", "--reuse",
                 f"64x32={tabular_run}", "--reuse", f"32x64={tabular_run}", "--episodes", 8,
-                "--reference-rollouts", 16, "--out", out)  # fmt: skip
+                "--reference-rollouts", 16, "--check-episodes", 8, "--out", out)  # fmt: skip
   result = json.loads((out / "tabular.json").read_text())
   rows = result["points"]
   assert [(r["episodes"], r["rollouts"]) for r in rows] == [(64, 32), (32, 64)]

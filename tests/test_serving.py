@@ -20,6 +20,7 @@ from conftest import (
   assert_one_line_error,
   flip_byte_in_largest_file,
   run_cli,
+  wait_until_ready,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,9 +52,25 @@ def _bare(ep):
   return {k: ep[k] for k in ("observations", "actions", "rewards")}
 
 
+TOKEN = "s3cret-admin-token"
+ADMIN = {"authorization": f"Bearer {TOKEN}"}
+
+
+def _test_root(tmp_path_factory):
+  """The directory every test's tmp_path and the shared runs sit under (xdist: the parent
+  of this worker's), allowed as a reload root."""
+  root = tmp_path_factory.getbasetemp()
+  return str(root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root)
+
+
 @pytest.fixture(scope="module")
-def client(run):
-  app = create_app(ServeConfig(checkpoint=run, max_steps=MAX_STEPS, max_trajectories=32))
+def client(run, tmp_path_factory):
+  token_file = tmp_path_factory.mktemp("admin") / "token"
+  token_file.write_text(TOKEN + "\n")
+  cfg = ServeConfig(checkpoint=run, max_steps=MAX_STEPS, max_trajectories=32,
+                    admin_token_file=str(token_file),
+                    allow_reload_from=_test_root(tmp_path_factory))  # fmt: skip
+  app = create_app(cfg)
   with TestClient(app) as c:
     for _ in range(600):
       if c.get("/readyz").status_code == 200:
@@ -207,7 +224,7 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
   try:
     while len(answers) < 10:
       time.sleep(0.01)
-    r = client.post("/v1/reload", json={"step": int(other)})
+    r = client.post("/v1/reload", json={"step": int(other)}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == {"step": new.step, "digest": new.digest}
     swapped_at.append(len(answers))
@@ -216,8 +233,9 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
     shutil.rmtree(damaged, ignore_errors=True)
     shutil.copytree(os.path.join(run, "checkpoints"), os.path.join(damaged, "checkpoints"))
     flip_byte_in_largest_file(os.path.join(damaged, "checkpoints", str(old.step)))
-    r = client.post("/v1/reload", json={"checkpoint": damaged, "step": old.step})
+    r = client.post("/v1/reload", json={"checkpoint": damaged, "step": old.step}, headers=ADMIN)
     assert r.status_code == 409 and "damaged" in r.json()["error"], r.text
+    assert damaged not in r.text and "<path>" in r.text  # no server path in the answer
     assert client.get("/readyz").json()["model"]["digest"] == new.digest
   finally:
     stop.set()
@@ -230,7 +248,7 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
   for _, body in answers:
     for got, want in zip(body["credit"], by_digest[body["model"]["digest"]], strict=True):
       np.testing.assert_allclose(got, want, atol=1e-6)
-  client.post("/v1/reload", json={"step": "best"})  # the module's other tests serve the best
+  client.post("/v1/reload", json={"step": "best"}, headers=ADMIN)  # the others serve the best
 
 
 def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_path):
@@ -244,12 +262,59 @@ def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_
                "optim.warmup_steps=1", "train.eval_every=2", "train.progress=False"]  # fmt: skip
   train_and_evaluate(load_config("configs/tabular.py:smoke", overrides), narrow)
   before = client.get("/readyz").json()["model"]
-  r = client.post("/v1/reload", json={"checkpoint": narrow})
+  r = client.post("/v1/reload", json={"checkpoint": narrow}, headers=ADMIN)
   assert r.status_code == 409, r.text
   assert (
     "float32[4, 32] parameter where the served model has float32[4, 16]" in r.json()["error"]
   ), r.text
   assert client.get("/readyz").json()["model"] == before
+
+
+def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path):
+  """POST /v1/reload without a token or with a wrong one: 401; with the right one: 200. A
+  checkpoint outside the allowed roots (an absolute path, a `..` path, a symlink inside the
+  run that points out): 403. No answer names a server path; /metrics counts each reason."""
+  before = client.get("/readyz").json()["model"]
+  assert client.post("/v1/reload", json={}).status_code == 401
+  wrong = {"authorization": "Bearer not-the-token"}
+  assert client.post("/v1/reload", json={}, headers=wrong).status_code == 401
+  assert client.post("/v1/reload", json={}, headers={"authorization": TOKEN}).status_code == 401
+  r = client.post("/v1/reload", json={"step": "best"}, headers=ADMIN)
+  assert r.status_code == 200 and r.json()["model"] == before, r.text
+  outside = tmp_path.parent.parent.parent  # above every allowed root
+  link = str(tmp_path / "escape")  # inside an allowed root, pointing out of it
+  os.symlink(str(outside), link)
+  for checkpoint in (str(outside), "/etc", os.path.join(run, *[".."] * 4), link):
+    r = client.post("/v1/reload", json={"checkpoint": checkpoint}, headers=ADMIN)
+    assert r.status_code == 403, (checkpoint, r.text)
+    assert "outside the directories" in r.json()["error"]
+    assert not re.search(r"(^|\s)/\w", r.json()["error"]), r.text  # no absolute path
+  r = client.post("/v1/reload", json={"checkpoint": str(tmp_path / "missing")}, headers=ADMIN)
+  assert r.status_code == 409 and str(tmp_path) not in r.text, r.text
+  assert client.get("/readyz").json()["model"] == before
+  metrics = client.get("/metrics").text
+  for reason, count in (("missing", 1), ("wrong", 2), ("outside", 4)):
+    line = f'hindsight_admin_denied_total{{reason="{reason}"}}'
+    assert float(metrics.split(line)[1].split()[0]) >= count, (reason, metrics)
+
+
+def test_without_an_admin_token_reload_over_http_is_off(run, monkeypatch):
+  """No --admin-token-file and no HINDSIGHT_ADMIN_TOKEN: every HTTP reload is 403, the token
+  of another server included; an empty token file is a one-line error at start."""
+  monkeypatch.delenv("HINDSIGHT_ADMIN_TOKEN", raising=False)
+  app = create_app(ServeConfig(checkpoint=run, warmup=False), Predictor.load(run))
+  with TestClient(app) as c:
+    for headers in ({}, ADMIN):
+      r = c.post("/v1/reload", json={}, headers=headers)
+      assert r.status_code == 403 and "reload over HTTP is off" in r.json()["error"]
+    assert 'hindsight_admin_denied_total{reason="disabled"} 2.0' in c.get("/metrics").text
+  monkeypatch.setenv("HINDSIGHT_ADMIN_TOKEN", TOKEN)
+  assert ServeConfig(checkpoint=run).admin_token() == TOKEN
+  empty = os.path.join(os.path.dirname(run), "empty_token")
+  with open(empty, "w") as f:
+    f.write("\n")
+  with pytest.raises(HindsightError, match="is empty"):
+    ServeConfig(checkpoint=run, admin_token_file=empty).admin_token()
 
 
 @pytest.mark.slow
@@ -285,7 +350,7 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
   shutil.copytree(run, served, ignore=shutil.ignore_patterns("labels", "tensorboard", "drift"))
   steps = sorted(int(s) for s in os.listdir(served / "checkpoints") if s.isdigit())
   port = 18000 + os.getpid() % 1000
-  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, HINDSIGHT_ADMIN_TOKEN=TOKEN)
   # A 1 s collection window: a request waits that long in the server, so the SIGTERM below
   # lands while it is in flight.
   proc = subprocess.Popen(
@@ -296,10 +361,7 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
   in_flight = {}
   try:
     client = Client(f"http://127.0.0.1:{port}")
-    deadline = time.time() + 120
-    while not client.ready():
-      assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-      time.sleep(0.2)
+    wait_until_ready(client, proc)
     out = client.credit([_bare(e) for e in episodes[:2]])
     last = Predictor.load(str(served), "last")
     assert out["model"]["step"] == steps[-1] == last.step
@@ -320,6 +382,12 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
     deadline = time.time() + 120
     while client.credit([_bare(episodes[0])])["model"]["step"] != steps[-2]:
       assert proc.poll() is None and time.time() < deadline, "SIGHUP did not reload"
+    # The client's reload carries the admin token (from the environment, here); without it,
+    # 401.
+    with pytest.raises(HindsightError, match="401"):
+      client.reload(step="last")
+    admin = Client(client.url, admin_token=TOKEN)
+    assert admin.reload(step="last")["model"]["step"] == steps[-2]
 
     def request():
       in_flight["answer"] = client.credit([_bare(e) for e in episodes[:2]])

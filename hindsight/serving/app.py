@@ -5,7 +5,10 @@
                  -> {"credit": [[...]], "credit_std": [[...]], "p_zero": [[...]],
                      "klass": [[name, ...]], "model": {"step", "digest"}}
   POST /v1/reload   {"checkpoint"?: DIR, "step"?: "best" | "last" | N}: load, verify, warm
-                    up, then swap; requests in flight finish on the model they started on
+                    up, then swap; requests in flight finish on the model they started on.
+                    An admin action: it needs `Authorization: Bearer TOKEN` (the server's
+                    --admin-token-file or $HINDSIGHT_ADMIN_TOKEN; without one it is off: 403),
+                    and DIR must resolve inside the served run or --allow-reload-from (403)
   GET  /healthz     the process is up;  GET /readyz  the model is loaded and warmed up
   GET  /metrics     Prometheus: requests by code, latency, batch sizes, model step
 
@@ -13,8 +16,9 @@ Concurrent requests are batched dynamically: the first waiting request opens a c
 window (`window_ms`); requests arriving within it join the batch up to `max_batch`
 trajectories, and the batch is scored in one `Predictor.score` call on the compiled buckets
 (off the event loop, in a worker thread). Every request is validated before it joins a batch,
-so one bad request never fails another; bad requests get a 4xx and a one-line message.
-SIGHUP reloads the checkpoint directory served (its best step).
+so one bad request never fails another; bad requests get a 4xx and a one-line message that
+names no server path (the server's log keeps the detail). SIGHUP reloads the checkpoint
+directory served (its best step), for the operator on the machine.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import logging
+import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -38,7 +45,7 @@ from starlette.routing import Route
 
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.episode import Episode
-from hindsight.errors import HindsightError, one_line
+from hindsight.errors import HindsightError, note, one_line
 from hindsight.model.predictor import Predictor
 from hindsight.serving.config import ServeConfig
 
@@ -82,6 +89,10 @@ class Server:
     self.batch_sizes = Histogram(
       "hindsight_batch_trajectories", "Trajectories per scored batch", registry=self.registry,
       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    )  # fmt: skip
+    self.admin_denied = Counter(
+      "hindsight_admin_denied", "Admin requests refused, by reason", ["reason"],
+      registry=self.registry,
     )  # fmt: skip
     self.model_step = Gauge(
       "hindsight_model_step", "Checkpoint step served", registry=self.registry
@@ -236,9 +247,13 @@ def create_app(
   fails, /readyz answers 503 with the reason, the server's log says it, and
   `on_failure(reason)` is called (`serve` then ends the process with a one-line error)."""
   server = Server(cfg)
+  token = cfg.admin_token()  # read once, at start: a bad token file fails the start
+  roots = cfg.reload_roots()
 
   def respond(route: str, status: int, content: dict) -> Response:
     server.requests.labels(route, str(status)).inc()
+    if "error" in content:  # clients never learn the server's paths; its log keeps them
+      content = dict(content, error=redact_paths(content["error"]))
     # msgspec encodes the nested float lists several times faster than the json module.
     return Response(msgspec.json.encode(content), status, media_type="application/json")
 
@@ -268,16 +283,37 @@ def create_app(
       return Response(msgspec.msgpack.encode(answer), media_type=MSGPACK)
     return respond("credit", 200, answer)
 
+  def deny(reason: str, status: int, message: str) -> Response:
+    server.admin_denied.labels(reason).inc()
+    _log.warning("hindsight serve: reload refused (%s)", reason)
+    return respond("reload", status, {"error": message})
+
   async def reload(request: Request) -> Response:
+    if token is None:
+      return deny("disabled", 403, "reload over HTTP is off on this server (it was started "
+                  "without an admin token; SIGHUP reloads on the machine)")  # fmt: skip
+    given = request.headers.get("authorization")
+    if given is None:
+      return deny("missing", 401, "an admin token is required: Authorization: Bearer TOKEN")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+      return deny("wrong", 401, "the admin token is wrong")
     try:
       body = _decode(await request.body() or b"{}", request.headers.get("content-type", ""))
       if not isinstance(body, dict):
         raise _Failure(400, 'expected {"checkpoint"?: DIR, "step"?: STEP}')
-      new = await server.reload(body.get("checkpoint"), body.get("step"))
+      checkpoint = body.get("checkpoint")
+      if checkpoint is not None:
+        if not isinstance(checkpoint, str) or not checkpoint:
+          raise _Failure(400, "'checkpoint' must be a directory name")
+        if not _inside(checkpoint, roots):
+          return deny("outside", 403, "the checkpoint is outside the directories this server "
+                      "may reload from (the served run and --allow-reload-from)")  # fmt: skip
+      new = await server.reload(checkpoint, body.get("step"))
     except _Failure as e:
       return respond("reload", e.status, {"error": str(e)})
     except (HindsightError, OSError) as e:
       # Refused (damaged, incompatible, missing): the old model keeps serving.
+      _log.warning("hindsight serve: reload refused: %s", one_line(e))
       return respond("reload", 409, {"error": one_line(e)})
     return respond("reload", 200, {"model": {"step": new.step, "digest": new.digest}})
 
@@ -345,6 +381,22 @@ def create_app(
   return Starlette(routes=routes, lifespan=lifespan)
 
 
+def _inside(path: str, roots: list[str]) -> bool:
+  """Whether `path`, resolved (symlinks and .. followed), is one of `roots` or below one."""
+  resolved = os.path.realpath(path)
+  return any(resolved == root or resolved.startswith(root + os.sep) for root in roots)
+
+
+# An absolute path in a message: a slash that starts a word, up to the next separator.
+_PATH = re.compile(r"(?<![\w.:/])/[^\s:;,'\"()\[\]]+")
+
+
+def redact_paths(message: str) -> str:
+  """`message` with every absolute path replaced by `<path>`: errors a client reads say what
+  was wrong, not where the server keeps its files."""
+  return _PATH.sub("<path>", message)
+
+
 async def _quiet(coro) -> None:
   """A SIGHUP reload: a refused checkpoint leaves the served model in place."""
   with contextlib.suppress(HindsightError, OSError):
@@ -372,6 +424,9 @@ def serve(cfg: ServeConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     timeout_graceful_shutdown=30,
   )
   server = uvicorn.Server(config)
+  if cfg.admin_token() is None and host not in ("127.0.0.1", "localhost", "::1"):
+    note(f"--host {host} without an admin token: reload over HTTP is disabled (SIGHUP still "
+         "reloads; docs/serving.md shows the secure invocation)")  # fmt: skip
   limit = cfg.steps_limit(predictor.spec)
   longer = " (longer than it was trained on)" if limit > predictor.spec.max_length else ""
   print(

@@ -28,15 +28,23 @@ class Client:
   """Blocking HTTP calls to a credit server; a 4xx answer raises HindsightError with the
   server's one-line message."""
 
-  def __init__(self, url: str = "http://127.0.0.1:8000", timeout: float = 30.0):
+  def __init__(
+    self,
+    url: str = "http://127.0.0.1:8000",
+    timeout: float = 30.0,
+    admin_token: str | None = None,
+  ):
+    """admin_token: the server's admin bearer token, sent with `reload` only."""
     self.url = url.rstrip("/")
     self.timeout = timeout
+    self._admin_token = admin_token
 
-  def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+  def _call(self, method: str, path: str, body: dict | None = None, admin: bool = False) -> dict:
     data = None if body is None else json.dumps(body, default=_plain).encode()
-    request = urllib.request.Request(
-      self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    if admin and self._admin_token:
+      headers["Authorization"] = f"Bearer {self._admin_token}"
+    request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
     try:
       with urllib.request.urlopen(request, timeout=self.timeout) as response:
         return json.loads(response.read())
@@ -54,7 +62,7 @@ class Client:
 
   def reload(self, checkpoint: str | None = None, step: str | int | None = None) -> dict:
     body = {k: v for k, v in (("checkpoint", checkpoint), ("step", step)) if v is not None}
-    return self._call("POST", "/v1/reload", body)
+    return self._call("POST", "/v1/reload", body, admin=True)
 
   def ready(self) -> bool:
     try:

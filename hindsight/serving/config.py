@@ -4,8 +4,11 @@ fields)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from hindsight.errors import HindsightError
+
+ADMIN_TOKEN_ENV = "HINDSIGHT_ADMIN_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +25,11 @@ class ServeConfig:
   # opts in to scoring longer ones, whose positions past it reuse the last one it knows)
   max_steps: int = 0
   warmup: bool = True  # compile every bucket before /readyz says ready
+  # Admin actions (POST /v1/reload) need `Authorization: Bearer TOKEN` with the token read
+  # from this file (or HINDSIGHT_ADMIN_TOKEN); with neither, reload over HTTP is off.
+  admin_token_file: str = ""
+  # A checkpoint named in an HTTP reload must resolve inside the served run or this root.
+  allow_reload_from: str = ""
 
   def __post_init__(self):
     """One-line errors for limits the server cannot run with (the flags map onto these)."""
@@ -33,3 +41,28 @@ class ServeConfig:
   def steps_limit(self, spec) -> int:
     """Steps per trajectory served (and warmed up): max_steps, or the model's max_length."""
     return self.max_steps or spec.max_length
+
+  def admin_token(self) -> str | None:
+    """The admin bearer token: --admin-token-file's content, else $HINDSIGHT_ADMIN_TOKEN,
+    else None (reload over HTTP off). A file that cannot be read or holds nothing is a
+    one-line error, never a server whose admin is silently open or closed."""
+    if self.admin_token_file:
+      try:
+        with open(self.admin_token_file) as f:
+          token = f.read().strip()
+      except OSError as e:
+        raise HindsightError(
+          f"--admin-token-file {self.admin_token_file}: {e.strerror or e}"
+        ) from None
+      if not token:
+        raise HindsightError(f"--admin-token-file {self.admin_token_file} is empty")
+      return token
+    return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
+
+  def reload_roots(self) -> list[str]:
+    """The directories an HTTP reload may read checkpoints from (resolved: symlinks and ..
+    followed): the served run's and --allow-reload-from."""
+    roots = [os.path.realpath(self.checkpoint)]
+    if self.allow_reload_from:
+      roots.append(os.path.realpath(self.allow_reload_from))
+    return roots
