@@ -18,7 +18,7 @@ _HOMES = {
   "Episode": "hindsight.data.episode",
   "model": "hindsight.model",
   "KLASS_NAMES": "hindsight.credit",
-  "REPLACEMENTS": "hindsight.credit",
+  "REPLACEMENTS": "hindsight.credit.names",
   "tabular_values": "hindsight.credit",
   "Labels": "hindsight.data",
   "open_labels": "hindsight.data",

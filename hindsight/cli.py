@@ -96,7 +96,7 @@ ENV_HELP = (
 
 def _parser() -> argparse.ArgumentParser:
   from hindsight.audit.config import AuditConfig
-  from hindsight.credit.replacement import REPLACEMENTS
+  from hindsight.credit.names import REPLACEMENTS
   from hindsight.drift.config import DriftConfig
   from hindsight.labeling.config import LabelConfig, LabelJob
   from hindsight.serving.config import ServeConfig

@@ -1,5 +1,6 @@
 """Progress bars: the first ETA is not dominated by compilation (hours at the first step)."""
 
+import contextlib
 import io
 
 import pytest
@@ -44,3 +45,26 @@ def test_a_disabled_bar_is_inert():
   bar.close()
   assert out.getvalue() == ""  # prints nothing
   assert bar.n == 0  # and counts nothing
+
+
+def test_a_ctrl_c_the_interpreter_swallowed_still_stops_at_the_next_update(monkeypatch):
+  """SIGINT inside a callback whose exceptions the interpreter drops (JAX's GC hook): the
+  KeyboardInterrupt is lost there, but the next progress update raises it again."""
+  import signal
+
+  from hindsight import interrupts
+
+  monkeypatch.setattr(interrupts, "_pending", False)
+  previous = signal.getsignal(signal.SIGINT)
+  try:
+    interrupts.install()
+    assert signal.getsignal(signal.SIGINT) is interrupts._handler
+    bar = CompileAwareBar(total=3, file=io.StringIO())
+    bar.update(1)  # no interrupt yet: nothing happens
+    with contextlib.suppress(KeyboardInterrupt):  # what "Exception ignored in" amounts to
+      signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+      bar.update(1)
+    bar.close()
+  finally:
+    signal.signal(signal.SIGINT, previous)

@@ -351,11 +351,11 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
   steps = sorted(int(s) for s in os.listdir(served / "checkpoints") if s.isdigit())
   port = 18000 + os.getpid() % 1000
   env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, HINDSIGHT_ADMIN_TOKEN=TOKEN)
-  # A 1 s collection window: a request waits that long in the server, so the SIGTERM below
+  # A 2 s collection window: a request waits that long in the server, so the SIGTERM below
   # lands while it is in flight.
   proc = subprocess.Popen(
     [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", str(served), "--port",
-     str(port), "--max-steps", str(MAX_STEPS), "--step", "last", "--window-ms", "1000"],
+     str(port), "--max-steps", str(MAX_STEPS), "--step", "last", "--window-ms", "2000"],
     cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
   in_flight = {}
@@ -394,7 +394,7 @@ def test_serve_from_another_process_with_the_client(run, episodes, tmp_path):
 
     thread = threading.Thread(target=request)
     thread.start()
-    time.sleep(0.3)  # the request now waits in the server's collection window
+    time.sleep(0.8)  # the request now waits in the server's collection window
   finally:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)

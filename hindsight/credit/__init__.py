@@ -1,40 +1,29 @@
-"""The credit math: replacement distributions, MC estimators, exact oracles, coalitions."""
+"""The credit math: replacement distributions, MC estimators, exact oracles, coalitions.
 
-from hindsight.credit.coalition import (
-  coma_advantage,
-  dividends,
-  interaction,
-  pair_terms,
-  shapley,
-  shapley_sampled,
-)
-from hindsight.credit.estimators import (
-  KLASS_NAMES,
-  bounded_mean_stderr,
-  classify,
-  mean_stderr,
-  tie_upper_rates,
-  z_value,
-)
-from hindsight.credit.exact import exact_step_credit, tabular_values
-from hindsight.credit.replacement import REPLACEMENTS, check_replacement, replacement_probs
+Names load their module on first use (`hindsight._lazy`): the CLI's parser reads the
+replacement names without importing JAX.
+"""
 
-__all__ = [
-  "KLASS_NAMES",
-  "REPLACEMENTS",
-  "bounded_mean_stderr",
-  "check_replacement",
-  "classify",
-  "coma_advantage",
-  "dividends",
-  "exact_step_credit",
-  "interaction",
-  "mean_stderr",
-  "pair_terms",
-  "replacement_probs",
-  "shapley",
-  "shapley_sampled",
-  "tabular_values",
-  "tie_upper_rates",
-  "z_value",
-]
+from hindsight._lazy import lazy_exports
+
+_HOMES = {
+  "KLASS_NAMES": "hindsight.credit.estimators",
+  "REPLACEMENTS": "hindsight.credit.names",
+  "bounded_mean_stderr": "hindsight.credit.estimators",
+  "check_replacement": "hindsight.credit.replacement",
+  "classify": "hindsight.credit.estimators",
+  "coma_advantage": "hindsight.credit.coalition",
+  "dividends": "hindsight.credit.coalition",
+  "exact_step_credit": "hindsight.credit.exact",
+  "interaction": "hindsight.credit.coalition",
+  "mean_stderr": "hindsight.credit.estimators",
+  "pair_terms": "hindsight.credit.coalition",
+  "replacement_probs": "hindsight.credit.replacement",
+  "shapley": "hindsight.credit.coalition",
+  "shapley_sampled": "hindsight.credit.coalition",
+  "tabular_values": "hindsight.credit.exact",
+  "tie_upper_rates": "hindsight.credit.estimators",
+  "z_value": "hindsight.credit.estimators",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

@@ -18,9 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hindsight.credit.names import REPLACEMENTS
 from hindsight.errors import HindsightError
-
-REPLACEMENTS = ("policy", "policy_other", "uniform", "null", "policy_no_repeat")
 
 # q(a_t | s_t) above this counts as 1: nothing else is left to renormalise.
 DEGENERATE = 1.0 - 1e-6
