@@ -25,5 +25,9 @@ _HOMES = {
   "tie_upper_rates": "hindsight.credit.estimators",
   "z_value": "hindsight.credit.estimators",
 }
+# Its modules too, as attributes (`hindsight.credit.coalition.shapley`), as before the
+# exports were lazy.
+_MODULES = ("coalition", "estimators", "exact", "fields", "names", "policy_gradient", "replacement")
+_HOMES.update({m: f"hindsight.credit.{m}" for m in _MODULES})
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
-__all__ = sorted(_HOMES)
+__all__ = sorted(set(_HOMES) - set(_MODULES))
