@@ -364,8 +364,9 @@ def headline_text(report: dict) -> str:
     lines.append(f"  the reference's noise ceiling for Spearman: {ceiling:.3f}")
   from hindsight.drift.render import tied_reference_note
 
-  if tied_reference_note(report["reference"]):
-    lines.append(f"  ({tied_reference_note(report['reference'])})")
+  tied = tied_reference_note(report["reference"])
+  if tied:
+    lines.append(f"  ({tied})")
   if "equivalent_rollouts" in report:
     e = report["equivalent_rollouts"]
     k = e["k"]

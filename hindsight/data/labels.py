@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import glob
 import json
-import math
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -31,7 +30,7 @@ import numpy as np
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.fields import STEP_FIELDS
 from hindsight.errors import HindsightError
-from hindsight.files import atomic_write_text, sha256_file
+from hindsight.files import atomic_write_text, json_safe, sha256_file
 
 DATASET_NAME = "hindsight_labels"
 VERSION = "1.0.0"
@@ -402,12 +401,6 @@ def open_labels(out_dir: str) -> Labels:
   return Labels(path=path, source=source, metadata=dict(builder.info.metadata), info=builder.info)
 
 
-def _nan_to_none(x):
-  if isinstance(x, list):
-    return [_nan_to_none(v) for v in x]
-  return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
 def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[str, Any]:
   """One decoded example -> standard JSON types: every non-finite number becomes null (an
   undefined credit is NaN, and `undefined` marks it; a stderr without any bound is inf);
@@ -418,11 +411,8 @@ def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[st
       out[key] = [t.decode() if isinstance(t, bytes) else str(t) for t in value]
     elif key == "klass":
       out[key] = [klass_names[int(k)] for k in value]
-    elif isinstance(value, np.ndarray):
-      out[key] = _nan_to_none(value.tolist())
-    elif isinstance(value, np.generic):
-      v = value.item()
-      out[key] = None if isinstance(v, float) and np.isnan(v) else v
+    elif isinstance(value, np.ndarray | np.generic):
+      out[key] = json_safe(value if isinstance(value, np.ndarray) else value.item())
     else:
       out[key] = value
   return out
