@@ -102,7 +102,12 @@ def main(argv=None) -> dict:
       "gap_confidence_sequence": [float(t.gap_lower[-1]), float(t.gap_upper[-1])],
       "coverage_upper_bound": float(t.coverage_upper[-1]),
       "coverage_mean": float(check.terms[1].mean()),
+      "slice_confidence_sequences": {
+        name: [float(t.slice_lower[j, -1]), float(t.slice_upper[j, -1])]
+        for j, name in enumerate(t.slice_names)
+      },
       "alarm": t.first is not None,
+      "reason": t.reason,
     },
   }
   out = args.out or os.path.join(args.checkpoint, "audit_eval")
@@ -116,8 +121,12 @@ def main(argv=None) -> dict:
     f"the model is within tolerance: a {args.check_budget:.3g}-step audit ({lg['draws']} draws) "
     f"ends with mean gap in [{lg['gap_confidence_sequence'][0]:+.4f}, "
     f"{lg['gap_confidence_sequence'][1]:+.4f}] (tolerance +-{tolerance:.4g}), coverage "
-    f"{lg['coverage_mean']:.3f} (floor {result['coverage_floor']:.2f}); alarm: {lg['alarm']}"
+    f"{lg['coverage_mean']:.3f} (floor {result['coverage_floor']:.2f}); alarm: {lg['alarm']} "
+    f"{lg['reason']}".rstrip()
   )
+  print("  per-tag mean gap (the alarm's slices): " + ", ".join(
+    f"{k} [{lo:+.4f}, {hi:+.4f}]" for k, (lo, hi) in lg["slice_confidence_sequences"].items()
+  ))  # fmt: skip
   return result
 
 

@@ -42,12 +42,18 @@ def _code_lines(text: str):
 def _commands(text: str):
   """(program, argv) of every shell command in code blocks and `inline code`."""
   inline = re.findall(
-    r"`((?:hindsight|python -m train\.main|python -m eval\.|python eval/|make) [^`]+)`", text
+    r"`((?:hindsight|python -m train\.(?:main|rl)|python -m eval\.|python eval/|make) [^`]+)`", text
   )
   for line in [*_code_lines(text), *inline]:
     line = line.split("#")[0].split("|")[0].strip()
     line = re.sub(r"^python -m eval\.(\w+)", r"python eval/\1.py", line)
-    for prefix in ("hindsight ", "python -m train.main ", "python eval/", "make "):
+    for prefix in (
+      "hindsight ",
+      "python -m train.main ",
+      "python -m train.rl ",
+      "python eval/",
+      "make ",
+    ):
       if line.startswith(prefix) and "=" not in line.split()[0]:
         try:
           words = shlex.split(line)
@@ -59,6 +65,27 @@ def _commands(text: str):
 
 def _flags(words) -> list[str]:
   return [w.split("=")[0] for w in words if w.startswith("--")]
+
+
+def _check_config_fields(page: str, words) -> None:
+  """--config PATH[:VARIANT] names a file, and every --config.FIELD=... one of its fields."""
+  at = words.index("--config") if "--config" in words else -1
+  config = (
+    words[at + 1]
+    if at >= 0
+    else next(w.split("=", 1)[1] for w in words if w.startswith("--config="))
+  )
+  if config.endswith("X.py") or "NAME" in config:
+    return  # a placeholder
+  path = config.split(":")[0]
+  assert os.path.isfile(os.path.join(ROOT, path)), (page, path)
+  fields = [w[len("--config.") :].split("=")[0] for w in words if w.startswith("--config.")]
+  cfg = load_config(os.path.join(ROOT, path))
+  for name in fields:
+    node = cfg
+    for part in name.split("."):
+      assert part in node, (page, name)
+      node = node[part]
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
@@ -83,31 +110,18 @@ def test_every_command_names_what_exists(page):
       assert not unknown, (page, " ".join(words), unknown)
     elif program == "make":
       assert words[1] in targets, (page, words)
-    elif program == "python -m train.main":
-      at = words.index("--config") if "--config" in words else -1
-      config = (
-        words[at + 1]
-        if at >= 0
-        else next(w.split("=", 1)[1] for w in words if w.startswith("--config="))
-      )
-      if config.endswith("X.py") or "NAME" in config:
-        continue  # a placeholder
-      path = config.split(":")[0]
-      assert os.path.isfile(os.path.join(ROOT, path)), (page, path)
-      fields = [w[len("--config.") :].split("=")[0] for w in words if w.startswith("--config.")]
-      cfg = load_config(os.path.join(ROOT, path))
-      for name in fields:
-        node = cfg
-        for part in name.split("."):
-          assert part in node, (page, name)
-          node = node[part]
+    elif program in ("python -m train.main", "python -m train.rl"):
+      _check_config_fields(page, words)
     else:  # python eval/NAME.py
       script = os.path.join(ROOT, "eval", words[1][len("eval/") :])
       assert os.path.isfile(script), (page, words[1])
       with open(script) as f:
         source = f.read()
-      unknown = [f for f in _flags(words[2:]) if f'"{f}"' not in source]
+      flags = [f for f in _flags(words[2:]) if not f.startswith("--config.")]
+      unknown = [f for f in flags if f'"{f}"' not in source]
       assert not unknown, (page, " ".join(words), unknown)
+      if any(w.startswith("--config.") for w in words) and "--config" in words:
+        _check_config_fields(page, words)  # an experiment program's config overrides
   if page in ("README.md", "docs/labeling.md", "docs/evaluation.md", "docs/serving.md"):
     assert checked >= 2, page  # the parser above found this page's commands
 

@@ -53,7 +53,7 @@ def _slices(steps: dict, s: np.ndarray) -> dict[str, np.ndarray]:
 def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
   """The report of one audit (`runner.AuditResult` res) as plain JSON types."""
   steps, design, draws, trace = res.steps, res.design, res.draws, res.trace
-  gap_terms, cover_terms, gap_range, cover_range, _ = res.terms
+  gap_terms, cover_terms, gap_range, cover_range, *_ = res.terms
   s = draws.step
   w = design.weights[s]
   gap = steps["model_mean"][s] - draws.label["credit"]
@@ -66,6 +66,15 @@ def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
     "reason": trace.reason,
     "fired_after_draws": None if fired is None else fired + 1,
     "fired_after_env_steps": None if fired is None else int(cost[fired]),
+    # When each of the alarm's tests alone would have fired (env steps; None: never).
+    "env_steps_by_test": {
+      name: int(cost[np.argmax(f)]) if f is not None and f.any() else None
+      for name, f in (
+        ("gap", trace.gap_fired),
+        ("coverage", trace.coverage_fired),
+        ("slices", trace.slice_fired),
+      )
+    },
   }
   slices = []
   for name, sel in _slices(steps, s).items():
@@ -114,7 +123,19 @@ def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
       "upper_confidence_bound": float(trace.coverage_upper[-1]) if n else None,
     },
     "slices": slices,
+    # The alarm's per-tag confidence sequences (alpha / (3 m) each), at the last draw.
+    "slice_alarm": _slice_alarm(trace) if n else [],
   }
+
+
+def _slice_alarm(trace) -> list[dict]:
+  return [
+    {
+      "slice": name,
+      "confidence_sequence": [float(trace.slice_lower[j, -1]), float(trace.slice_upper[j, -1])],
+    }
+    for j, name in enumerate(trace.slice_names)
+  ]
 
 
 def markdown(report: dict) -> str:
@@ -145,9 +166,10 @@ def markdown(report: dict) -> str:
   cs = g["confidence_sequence"]
   lines += [
     "",
-    f"Fires when the mean gap's {100 * (1 - a['alpha'] / 2):.1f}% confidence sequence leaves "
-    f"{band}, or the {int(100 * a['coverage_level'])}% intervals' coverage is surely below "
-    f"{floor:.2f}; false-alarm rate <= {a['alpha']} however long the audit runs.",
+    f"Fires when the mean gap's confidence sequence leaves {band}, or the "
+    f"{int(100 * a['coverage_level'])}% intervals' coverage is surely below {floor:.2f}, or "
+    f"some tag's own mean gap leaves {band} (alpha split over the three, and over the tags); "
+    f"false-alarm rate <= {a['alpha']} however long the audit runs.",
     "",
     "| | estimate | anytime-valid bound |",
     "|---|---|---|",
@@ -158,6 +180,21 @@ def markdown(report: dict) -> str:
       f"<= {c['upper_confidence_bound']:.3f} |"
       if c["upper_confidence_bound"] is not None
       else "n/a |"
+    ),
+    "",
+    *(
+      [
+        "",
+        "| tag (the alarm's slices) | anytime-valid bound on its mean gap |",
+        "|---|---|",
+        *(
+          f"| {sl['slice']} | [{sl['confidence_sequence'][0]:+.4f}, "
+          f"{sl['confidence_sequence'][1]:+.4f}] |"
+          for sl in report["slice_alarm"]
+        ),
+      ]
+      if report["slice_alarm"]
+      else []
     ),
     "",
     "## Gap per slice (weighted means over draws, 95% bootstrap CIs)",

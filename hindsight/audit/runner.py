@@ -9,8 +9,10 @@
      case fits the budget, then one at a time), until the next draw could overrun the budget
      of env steps (a step t of a horizon-H environment costs at most 2 K (H - t));
   4. the alarm (`audit.sequential`) is evaluated after every draw: the confidence sequences
-     of the mean gap g = predicted mean - rollout credit (terms w g) and of the model's interval
-     coverage (terms w 1[covered]); it may be read at any time with false-alarm rate <= alpha;
+     of the mean gap g = predicted mean - rollout credit (terms w g), of the model's interval
+     coverage (terms w 1[covered]) and of each tag's own mean gap (terms w g 1[tag] / p_tag,
+     so opposite drifts on two tags cannot cancel); it may be read at any time with
+     false-alarm rate <= alpha;
   5. the gap per slice (tag, position, outcome) with bootstrap CIs over draws;
   6. OUT/report.json, OUT/report.md, OUT/alarm.png, OUT/draws.npz, and the audited steps as
      a label dataset OUT/labels (`audit.dataset`) to fine-tune on (`--config.init_from`).
@@ -35,7 +37,7 @@ import numpy as np
 from hindsight.audit import pool as pool_lib
 from hindsight.audit.config import AUDIT_SALT, AuditConfig
 from hindsight.audit.design import mixture_design, outcome_signal
-from hindsight.audit.sequential import AlarmConfig, drift_alarm
+from hindsight.audit.sequential import AlarmConfig, SliceTerms, drift_alarm
 from hindsight.data.labels import open_labels
 from hindsight.envs import make_labeled
 from hindsight.envs.adapters import is_adapter_spec
@@ -50,6 +52,8 @@ from hindsight.progress import CompileAwareBar
 DRAW_BLOCK = 1024  # draws generated per key (fixed: the sequence must not depend on --block)
 PREDICTION_FIELDS = ("credit", "mean", "std", "p_zero", "mu", "sigma")
 LABEL_FIELDS = ("credit", "credit_stderr", "credit_bounded", "klass", "rollout_steps")
+# Tags below this share of the pool get no slice of the alarm (`_slice_terms`).
+MIN_SLICE_SHARE = 0.02
 
 
 @dataclasses.dataclass
@@ -205,7 +209,7 @@ def tolerance_of(cfg: AuditConfig, predictor: Predictor) -> float:
 def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float):
   """The arguments of `drift_alarm` for the draws: (gap terms w g [n], coverage terms
   w 1[covered] [n], the range every gap term of the pool lies in, the coverage terms'
-  range, AlarmConfig)."""
+  range, AlarmConfig, the per-tag SliceTerms)."""
   s, lab = draws.step, draws.label
   w = design.weights[s]
   # The predicted mixture's mean, E[credit]: the median ("credit") is 0 wherever a tie is
@@ -226,7 +230,30 @@ def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float)
     level=cfg.coverage_level,
     coverage_tolerance=cfg.coverage_tolerance,
   )
-  return w * gap, w * covered, gap_range, (0.0, design.max_weight), alarm_cfg
+  slices = _slice_terms(steps, s, w * gap, all_w * (pred - width), all_w * (pred + width))
+  return w * gap, w * covered, gap_range, (0.0, design.max_weight), alarm_cfg, slices
+
+
+def _slice_terms(steps, s, weighted_gap, lowest, highest) -> SliceTerms:
+  """The per-tag terms of the slice alarm (`audit.sequential`): x = w g 1[tag] / p_tag for
+  every tag holding at least MIN_SLICE_SHARE of the pool (rarer tags would spend the error
+  budget on confidence sequences too wide to ever fire), each with its range over the pool
+  (0 included: a draw from another slice contributes 0)."""
+  tags = steps["tag"]
+  names, terms, ranges = [], [], []
+  for name in sorted(set(tags.tolist())):
+    inside = tags == name
+    share = inside.mean()
+    if share < MIN_SLICE_SHARE:
+      continue
+    names.append(str(name))
+    terms.append(np.where(inside[s], weighted_gap, 0.0) / share)
+    lo, hi = min(0.0, lowest[inside].min()) / share, max(0.0, highest[inside].max()) / share
+    ranges.append((lo, hi if hi > lo else lo + 1e-6))
+  n = len(s)
+  return SliceTerms(
+    tuple(names), np.asarray(terms, np.float64).reshape(len(names), n), np.asarray(ranges)
+  )
 
 
 @dataclasses.dataclass

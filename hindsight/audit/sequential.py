@@ -21,12 +21,18 @@ CS). Its width adapts to the variance but cannot beat (hi - lo) log(2/alpha) / (
 bounded-range guarantee has to allow one future draw anywhere in the range, so a tight
 range (the audit takes it from the pool's own predictions and return bounds) buys speed.
 
-`DriftAlarm` watches two CSs at once, alpha/2 each (a union bound keeps the total at alpha):
+`drift_alarm` watches two CSs at once, alpha/2 each (a union bound keeps the total at alpha):
   gap       the mean of g = prediction - rollout credit, two-sided: fires when the CS lies
             entirely outside [-tolerance, +tolerance];
   coverage  the share of rollout credits inside the model's central `level` interval,
             one-sided: fires when the CS lies entirely below level - coverage_tolerance
             (intervals that are too wide are wasteful, not dangerous).
+Given slices (the audit's tags), a third family, and alpha/3 for each of the three:
+  slices    per slice j (share p_j of the pool, known), the mean gap over the slice's own
+            steps, from terms x = w g 1[step in j] / p_j (E x = the slice's mean gap), a
+            two-sided CS at alpha / (3 m) for each of the m slices: fires when any slice's
+            CS lies outside [-tolerance, +tolerance]. A signed mean over all steps lets
+            opposite drifts cancel (one tag over-credited, another under); a slice cannot.
 """
 
 from __future__ import annotations
@@ -95,6 +101,16 @@ class AlarmConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SliceTerms:
+  """The slices' unbiased terms: names [m], terms [m, n] (x of the module docstring) and
+  the range [m, 2] every term of slice j can take over the pool."""
+
+  names: tuple[str, ...]
+  terms: np.ndarray
+  ranges: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class AlarmTrace:
   """The alarm after every audited draw (arrays [n]) and when it first fired."""
 
@@ -104,7 +120,11 @@ class AlarmTrace:
   gap_fired: np.ndarray  # bool
   coverage_fired: np.ndarray  # bool
   first: int | None  # index of the first draw after which the alarm is on (None: never)
-  reason: str  # "gap", "coverage", "gap and coverage" or "" (never fired)
+  reason: str  # "gap", "coverage", "slice NAME", joined by " and ", or "" (never fired)
+  slice_fired: np.ndarray | None = None  # bool [n]: some slice's CS is outside the band
+  slice_lower: np.ndarray | None = None  # [m, n]
+  slice_upper: np.ndarray | None = None  # [m, n]
+  slice_names: tuple[str, ...] = ()
 
 
 def drift_alarm(
@@ -113,24 +133,46 @@ def drift_alarm(
   gap_range: tuple[float, float],
   cover_range: tuple[float, float],
   cfg: AlarmConfig,
+  slices: SliceTerms | None = None,
 ) -> AlarmTrace:
   """The alarm over draws whose unbiased terms are given (the audit's importance-weighted
   gaps and coverage indicators; each term's mean is the pool's mean gap / coverage).
 
-  Fires after draw t when the gap CS (alpha/2) is outside [-tol, tol] or the coverage
-  CS's upper end (alpha/2 on that side) is below level - coverage_tolerance.
+  Fires after draw t when the gap CS is outside [-tol, tol], or the coverage CS's upper
+  end is below level - coverage_tolerance, or (with `slices`) some slice's CS is outside
+  [-tol, tol]: alpha/2 for each of the first two, alpha/3 for each of the three families
+  with slices.
   """
-  g_lo, g_hi = eb_confidence_sequence(gap_terms, *gap_range, alpha=cfg.alpha / 2)
-  # A two-sided CS at alpha has alpha/2 on each side: the upper end alone is a one-sided
-  # bound at alpha/2.
-  _, c_hi = eb_confidence_sequence(cover_terms, *cover_range, alpha=cfg.alpha)
+  share = cfg.alpha / (3 if slices is not None and len(slices.names) else 2)
+  g_lo, g_hi = eb_confidence_sequence(gap_terms, *gap_range, alpha=share)
+  # A two-sided CS at 2 share has share on each side: its upper end alone is a one-sided
+  # bound at `share`.
+  _, c_hi = eb_confidence_sequence(cover_terms, *cover_range, alpha=2 * share)
   c_hi = np.minimum(c_hi, 1.0)  # a coverage (the terms' range reaches past 1 by the weights)
   gap_fired = (g_lo > cfg.tolerance) | (g_hi < -cfg.tolerance)
   cov_fired = c_hi < cfg.level - cfg.coverage_tolerance
   either = gap_fired | cov_fired
+  s_lo = s_hi = s_fired = None
+  names: tuple[str, ...] = ()
+  if slices is not None and len(slices.names):
+    names = tuple(slices.names)
+    m = len(names)
+    bounds = [
+      eb_confidence_sequence(x, float(lo), float(hi), alpha=share / m)
+      for x, (lo, hi) in zip(slices.terms, slices.ranges, strict=True)
+    ]
+    s_lo = np.array([b[0] for b in bounds]).reshape(m, -1)
+    s_hi = np.array([b[1] for b in bounds]).reshape(m, -1)
+    per_slice = (s_lo > cfg.tolerance) | (s_hi < -cfg.tolerance)  # [m, n]
+    s_fired = per_slice.any(0)
+    either = either | s_fired
   first = int(np.argmax(either)) if either.any() else None
   reason = ""
   if first is not None:
     parts = [n for n, f in (("gap", gap_fired), ("coverage", cov_fired)) if f[first]]
+    if s_fired is not None and s_fired[first]:
+      parts += [f"slice {names[j]}" for j in np.flatnonzero(per_slice[:, first])]
     reason = " and ".join(parts)
-  return AlarmTrace(g_lo, g_hi, c_hi, gap_fired, cov_fired, first, reason)
+  return AlarmTrace(
+    g_lo, g_hi, c_hi, gap_fired, cov_fired, first, reason, s_fired, s_lo, s_hi, names
+  )

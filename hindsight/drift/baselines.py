@@ -152,9 +152,7 @@ def history_credit(
   out = np.asarray(_score(graphdef, state, batch))
   mask = np.asarray(batch["mask"])
   if kind == "prm":
-    p = 1.0 / (1.0 + np.exp(-out))
-    prev = np.concatenate([np.full((p.shape[0], 1), base), p[:, :-1]], 1)
-    return np.where(mask, p - prev, 0.0)
+    return np.asarray(prm_increments(out, mask, base))
   value = out * return_scale
   if kind == "rudder":
     prev = np.concatenate([np.full((value.shape[0], 1), base), value[:, :-1]], 1)
@@ -162,6 +160,15 @@ def history_credit(
   v = np.where(mask, value, 0.0)
   v_next = np.concatenate([v[:, 1:], np.zeros((v.shape[0], 1))], 1)
   return np.where(mask, np.asarray(batch["rewards"]) + v_next - v, 0.0)
+
+
+def prm_increments(logits: jax.Array, mask: jax.Array, base) -> jax.Array:
+  """A process reward model's per-step credit [B, T]: p_t - p_{t-1}, p_t = sigmoid(logits)
+  = P(success | h_<=t), p_{-1} = `base` (the training success rate); 0 on padding.
+  Traceable (an RL update shapes its rewards with it inside its jit)."""
+  p = jax.nn.sigmoid(logits)
+  prev = jnp.concatenate([jnp.full((p.shape[0], 1), base, p.dtype), p[:, :-1]], 1)
+  return jnp.where(mask, p - prev, 0.0)
 
 
 @dataclasses.dataclass

@@ -244,3 +244,16 @@ class ReasoningPolicy(Policy):
     ready = state.drafted & ~state.wrong
     w = w.at[ANSWER].set(jnp.where(ready, 1.0 + 2.0 * c, 0.03))
     return w / w.sum()
+
+
+def competence_features(env: Reasoning):
+  """x(s) = [observation, c]: features for a learned policy that knows its own competence.
+
+  The learner keeps the essay's mechanism: like the scripted policy it reads the latent c,
+  which the trace (and so a credit model or a process reward model) never sees. Decorative
+  steps then still co-occur with success through c without causing it."""
+
+  def features(state: ReasoningState, env_params) -> jax.Array:
+    return jnp.append(env.observation(state, env_params), state.competence)
+
+  return features

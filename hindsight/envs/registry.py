@@ -17,7 +17,7 @@ from hindsight.policies.tabular import TabularPolicy
 KNOWN_SPECS = (
   "tabular:PATH.npz",
   "key_corridor",
-  "key_to_door[:p_key=P]",
+  "key_to_door[:p_key=P,apple_steps=N]",
   "reasoning[:decorative_rate=D,horizon=H,competence_min=C,competence_max=C,show_competence=1]",
   "team[:agents=N,rounds=R,p_error=E]",
 )
@@ -84,10 +84,13 @@ def make(
   if kind == "key_to_door":
     from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
 
-    opts = _options(spec, arg, {"p_key": 0.5})
+    opts = _options(spec, arg, {"p_key": 0.5, "apple_steps": 90})
     if not 0.0 <= opts["p_key"] <= 1.0:
       raise HindsightError(f"--env {spec}: p_key must be in [0, 1]")
-    env = KeyToDoor()
+    apple_steps = int(opts["apple_steps"])
+    if apple_steps != opts["apple_steps"] or apple_steps < 10:
+      raise HindsightError(f"--env {spec}: apple_steps must be an integer >= 10 (10 apples)")
+    env = KeyToDoor(apple_steps=apple_steps)
     return env, KeyToDoorPolicy(env, p_key=opts["p_key"])
   if kind == "reasoning":
     from hindsight.envs.reasoning import Reasoning, ReasoningPolicy

@@ -200,7 +200,7 @@ class Labeler:
     )
     return undefined & traj.mask, jax.vmap(self._return_bounds)(states)
 
-  def _branch_starts(self, traj: Trajectory, key: jax.Array):
+  def _branch_starts(self, traj: Trajectory, key: jax.Array, policy_params: PyTree):
     """What each branch of one episode starts with: forced first action and key.
 
     Returns (firsts, key_words, banned, q, undefined, keep_share): firsts and banned [H, K,
@@ -213,7 +213,7 @@ class Labeler:
     env, cfg = self.env, self.config
     H, K = env.horizon, cfg.num_rollouts
     states, a = jax.tree.map(lambda x: x[:H], traj.states), traj.actions
-    pi = jax.vmap(self.policy.probs, (None, 0, None))(self.policy_params, states, self.env_params)
+    pi = jax.vmap(self.policy.probs, (None, 0, None))(policy_params, states, self.env_params)
     legal = jax.vmap(env.legal_actions, (0, None))(states, self.env_params)
     q, undefined = jax.vmap(replacement_probs, (None, 0, 0, 0, None))(
       cfg.replacement, pi, legal, a, env.null_action
@@ -247,7 +247,7 @@ class Labeler:
       banned = banned.at[:, :, 1].set(klass_t[:, None])
     return firsts, words[..., :2], banned, q, undefined & traj.mask, keep_share
 
-  def _rollout(self, traj: Trajectory, firsts, key_words, banned):
+  def _rollout(self, traj: Trajectory, firsts, key_words, banned, policy_params: PyTree):
     """Branch returns G, step counts (both [E, H, K, n_arms]) and success [E, H, K, n_arms]
     (env.success of the branch's final state with the episode return it implies, R_{<t} +
     gamma^t G), from the branch starts of `_branch_starts` (batched over E episodes).
@@ -290,7 +290,7 @@ class Labeler:
       self.env,
       self.policy,
       self.env_params,
-      self.policy_params,
+      policy_params,
       load,
       order,
       count,
@@ -304,9 +304,23 @@ class Labeler:
 
   def _label_batch(self, traj: Trajectory, keys: jax.Array) -> dict[str, jax.Array]:
     """Labels a batch of episodes: traj leaves [E, H, ...], keys [E]."""
-    firsts, key_words, banned, q, undefined, keep_share = jax.vmap(self._branch_starts)(traj, keys)
-    G, steps, success = self._rollout(traj, firsts, key_words, banned)  # [E, H, K, n_arms]
-    return jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+    out = self.label_under(self.policy_params, traj, keys)
+    del out["arm_steps"]
+    return out
+
+  def label_under(self, policy_params: PyTree, traj: Trajectory, keys: jax.Array) -> dict:
+    """`label` as a pure, unjitted function of the policy's parameters too: the labels of
+    trajectories (leaves [E, H, ...], keys [E]) under pi_{policy_params}, for a caller's own
+    jit whose policy changes between calls (an RL update). Beside the label fields it
+    returns arm_steps int32 [E, n_arms]: the env steps each arm's branches took (keep,
+    replace, phi; only phi with `exact`), so a caller can charge an estimator for the arms
+    it uses."""
+    starts = jax.vmap(self._branch_starts, (0, 0, None))(traj, keys, policy_params)
+    firsts, key_words, banned, q, undefined, keep_share = starts
+    G, steps, success = self._rollout(traj, firsts, key_words, banned, policy_params)
+    out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+    out["arm_steps"] = steps.sum((1, 2)).astype(jnp.int32)  # [E, n_arms]
+    return out
 
   def _reduce(
     self, traj: Trajectory, G, steps, phi_success, q, undefined, keep_share

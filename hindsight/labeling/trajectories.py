@@ -19,9 +19,12 @@ import math
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.episode import Episode
+from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.labeling.rollout import Trajectory, episode_length
@@ -174,3 +177,61 @@ def episodes_from_arrays(env, arrays: dict) -> list[Episode]:
 def episodes_from_trajectories(env, traj: Trajectory) -> list[Episode]:
   """`Episode`s of sampled trajectories (leaves [n, H + 1, ...])."""
   return episodes_from_arrays(env, trajectory_arrays(env, traj))
+
+
+def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_params=None) -> dict:
+  """The credit model's batch (`data.batching.episodes_batch` layout) of trajectories with
+  leaves [E, H + 1, ...], as JAX arrays: traceable, so an RL update scores its own rollouts
+  with `Predictor.credit_fn` inside its jit. Every field [E, H] unless noted: observations
+  [E, H, D] (or [E, H] ids), actions, rewards, mask, success [E] (float); with `labels` (the
+  labeler's output for these trajectories) also credit, credit_stderr, progress, klass,
+  label_mask (valid steps with a finite credit) and class_mask, so it trains a model too."""
+  params = env.default_params() if env_params is None else env_params
+  states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
+  obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
+  batch = {
+    "observations": obs if jnp.issubdtype(obs.dtype, jnp.integer) else obs.astype(jnp.float32),
+    "actions": traj.actions,
+    "rewards": traj.rewards,
+    "mask": traj.mask,
+    "success": traj.success.astype(jnp.float32),
+  }
+  if labels is not None:
+    finite = jnp.isfinite(labels["credit"]) & jnp.isfinite(labels["credit_stderr"])
+    batch["credit"] = jnp.where(finite, labels["credit"], 0.0)
+    batch["credit_stderr"] = jnp.where(finite, labels["credit_stderr"], 0.0)
+    batch["progress"] = jnp.where(jnp.isfinite(labels["progress"]), labels["progress"], 0.0)
+    batch["klass"] = labels["klass"]
+    batch["label_mask"] = finite & traj.mask
+    batch["class_mask"] = traj.mask
+  return batch
+
+
+def batch_spec(env, batch: dict, config=None) -> DataSpec:
+  """The DataSpec of a model trained on `trajectory_batch(..., labels)` (host arrays):
+  observation statistics over the valid steps, the finite credits' spread as value scale,
+  the environment's horizon as max_length, the label config's class rule (`config`)."""
+  mask = np.asarray(batch["mask"], bool)
+  obs = np.asarray(batch["observations"])
+  if np.issubdtype(obs.dtype, np.integer):
+    kind, dim, mean, std = "discrete", int(env.num_states), (), ()
+  else:
+    flat = obs[mask].astype(np.float64)
+    kind, dim = "vector", flat.shape[1]
+    mean, std = tuple(flat.mean(0).tolist()), tuple(np.maximum(flat.std(0), 1e-6).tolist())
+  credit = np.asarray(batch.get("credit", np.zeros(mask.shape)))[mask]
+  scale = float(credit.std()) if credit.size > 1 and credit.std() > 0 else 1.0
+  return DataSpec(
+    obs_kind=kind,
+    obs_dim=dim,
+    num_actions=env.num_actions,
+    max_length=env.horizon,
+    num_classes=len(KLASS_NAMES),
+    obs_mean=mean,
+    obs_std=std,
+    value_scale=scale,
+    decorative_tolerance=getattr(config, "decorative_tolerance", 0.05),
+    confidence=getattr(config, "confidence", 0.95),
+    success_threshold=float(env.success_threshold),
+    success_from_return=env.success_from_return,
+  )

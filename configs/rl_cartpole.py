@@ -1,0 +1,29 @@
+"""RL on gymnax's CartPole-v1 (episodes capped at 200 steps), from a uniform policy: an
+environment nobody here wrote, where PPO with GAE has published learning curves
+(purejaxrl, rejax: return near 500 within 5e5 env steps at horizon 500).
+
+  python eval/rl_experiment.py --config configs/rl_cartpole.py --sources outcome,gae,mc_credit
+
+5 seeds x 50 updates x 16 episodes. The :smoke variant is for tests.
+"""
+
+from hindsight.rl.config import base_config, with_variant
+
+
+def get_config(arg: str = ""):
+  c = base_config()
+  c.env = "gymnax:CartPole-v1"
+  c.horizon = 200
+  c.policy.prior = False
+  c.ppo.updates = 50
+  c.ppo.episodes = 16
+  c.ppo.learning_rate = 1e-3
+  c.credit.rollouts = 4
+  c.credit.model_episodes = 256
+  c.eval.every = 10
+  c.eval.episodes = 32
+  c.eval.rollouts = 8
+  # Audits of 200-step episodes are costly: a few episodes at K=4 per evaluation point.
+  c.refresh.episodes = 4
+  c.refresh.rollouts = 4
+  return with_variant(c, arg)

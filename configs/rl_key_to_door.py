@@ -1,0 +1,22 @@
+"""RL on `key_to_door` (apple phase shortened to 30 steps: horizon 60), from the scripted
+policy that grabs the key half the time: credit's classic long-delay case.
+
+  python eval/rl_experiment.py --config configs/rl_key_to_door.py
+
+5 seeds x 40 updates x 32 episodes. The :smoke variant is for tests.
+"""
+
+from hindsight.rl.config import base_config, with_variant
+
+
+def get_config(arg: str = ""):
+  c = base_config()
+  c.env = "key_to_door:apple_steps=30"
+  c.ppo.updates = 40
+  c.ppo.episodes = 32
+  c.credit.rollouts = 4
+  c.credit.model_episodes = 512
+  c.eval.every = 10
+  c.eval.episodes = 64
+  c.eval.rollouts = 16
+  return with_variant(c, arg)

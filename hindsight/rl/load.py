@@ -1,0 +1,81 @@
+"""`load_policy(dir)`: a trained RL policy, ready for the labeler or a plain rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from ml_collections import ConfigDict
+
+# Imported for its absl filter: orbax warns that a read-only manager is read-only.
+import hindsight.model.checkpoints  # noqa: F401
+from hindsight.envs.base import Environment
+from hindsight.errors import HindsightError
+from hindsight.policies.neural import NeuralPolicy
+from hindsight.rl.config import base_config
+from hindsight.rl.task import make_task
+
+
+class TrainedPolicy(NeuralPolicy):
+  """A NeuralPolicy whose default_params are the trained theta of one seed."""
+
+  name = "trained"
+
+  def __init__(self, base: NeuralPolicy, params):
+    self.__dict__.update(base.__dict__)
+    self._theta0 = params
+
+
+def _config(flat: dict) -> ConfigDict:
+  """The run's ConfigDict from its config.json (flattened dotted names)."""
+  config = base_config()
+  for name, value in flat.items():
+    *parents, leaf = name.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[leaf] = tuple(value) if isinstance(value, list) else value
+  return config
+
+
+def load_policy(workdir: str, seed: int = 0, update: int | None = None):
+  """(environment, policy) of an RL run's seed `seed` (an index into its seeds) at its
+  last saved update (or `update`): `policy.default_params()` are the trained parameters,
+  so `Labeler(env, policy, config)` labels the trained behaviour as it is."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise HindsightError(f"{os.path.abspath(workdir)}: no config.json (not an RL run's directory)")
+  with open(path) as f:
+    config = _config(json.load(f))
+  if not 0 <= seed < int(config.num_seeds):
+    raise HindsightError(f"seed {seed}: the run trained seeds 0..{int(config.num_seeds) - 1}")
+  task = make_task(config)
+  manager = ocp.CheckpointManager(
+    os.path.join(os.path.abspath(workdir), "checkpoints"),
+    options=ocp.CheckpointManagerOptions(read_only=True),
+  )
+  try:
+    step = manager.latest_step() if update is None else int(update)
+    if step is None or step not in manager.all_steps():
+      raise HindsightError(f"{workdir}: no saved policy{'' if update is None else f' at {update}'}")
+    template = jax.eval_shape(
+      lambda: jax.tree.map(
+        lambda x: jnp.stack([x] * int(config.num_seeds)), task.init_params(jax.random.key(0))
+      )
+    )
+    restored = manager.restore(
+      step,
+      args=ocp.args.Composite(
+        policy=ocp.args.StandardRestore(
+          jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), template)
+        )
+      ),
+    )
+  finally:
+    manager.close()
+  params = jax.tree.map(lambda x: x[seed], restored["policy"])
+  env: Environment = task.env
+  return env, TrainedPolicy(task.policy, params)

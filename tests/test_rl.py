@@ -1,0 +1,189 @@
+"""RL with credit: the learner, every credit source, resumption, the credit-model swap."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hindsight.envs import make
+from hindsight.envs.reasoning import competence_features
+from hindsight.errors import HindsightError
+from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.engine import Labeler
+from hindsight.policies.neural import NeuralPolicy
+from hindsight.rl.config import SOURCES, base_config, smoke
+from hindsight.rl.load import load_policy
+from hindsight.rl.ppo import Programs
+from hindsight.rl.sources import prepare
+from hindsight.rl.task import make_task
+from hindsight.rl.trainer import seed_keys, train_and_evaluate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(source: str, **over) -> object:
+  """key_corridor from a uniform policy: any working signal learns to walk to the door."""
+  c = smoke(base_config())
+  c.env, c.source = "key_corridor", source
+  c.policy.prior = False
+  c.ppo.updates, c.ppo.episodes, c.ppo.epochs = 8, 32, 4
+  c.ppo.learning_rate = 3e-3
+  c.eval.every, c.eval.episodes, c.eval.rollouts = 8, 256, 2
+  # A PRM learns from outcomes alone, and the uniform policy succeeds rarely: it needs
+  # about a thousand episodes and 500 steps to carry the outcome (0.05 -> 0.26 in 8 updates).
+  c.credit.model_episodes, c.credit.model_steps, c.credit.model_rollouts = 1024, 500, 8
+  for k, v in over.items():
+    node = c
+    *parents, leaf = k.split("__")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+def test_learner_starts_as_its_prior_and_the_labeler_branches_it():
+  env, scripted = make("reasoning")
+  policy = NeuralPolicy(env, prior=scripted, features=competence_features(env))
+  params = env.default_params()
+  states = jax.vmap(env.reset, (0, None))(jax.random.split(jax.random.key(3), 16), params)
+  mine = jax.vmap(policy.probs, (None, 0, None))(policy.default_params(), states, params)
+  theirs = jax.vmap(scripted.probs, (None, 0, None))(scripted.default_params(), states, params)
+  np.testing.assert_allclose(mine, theirs, atol=2e-6)
+  # label_under with the labeler's own parameters is `label`, bit for bit.
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=4))
+  keys = jax.random.split(jax.random.key(0), 4)
+  traj = labeler.sample(keys)
+  plain = labeler.label(traj, keys)
+  under = jax.jit(labeler.label_under)(policy.default_params(), traj, keys)
+  for name, value in plain.items():
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(under[name]), err_msg=name)
+  arms = np.asarray(under["arm_steps"])
+  assert arms.shape == (4, 3) and (arms.sum(1) == np.asarray(plain["rollout_steps"])).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_source_beats_the_random_policy_it_starts_from(source, tmp_path):
+  results = train_and_evaluate(tiny(source), str(tmp_path / source))
+  start = np.mean([s["success"] for s in results["curve"][0]["seeds"]])
+  end = np.mean([s["success"] for s in results["seeds"]])
+  # The uniform policy reaches the door in 5% of its episodes; 8 updates of any signal that
+  # carries the outcome take it well past that (measured: outcome 0.69, mc_credit 0.89).
+  assert end > start + 0.15, (source, start, end)
+  spent = results["seeds"][0]["credit_env_steps"]
+  if source in ("outcome", "gae"):
+    assert spent == 0
+  else:
+    assert spent > 0  # every other source pays for rollouts or for its model's data
+
+
+def test_swapping_the_credit_model_compiles_nothing_and_changes_the_update():
+  c = tiny("learned", credit__model_steps=5, credit__model_episodes=32)
+  task = make_task(c)
+  source = prepare(task, c)
+  programs = Programs(source, c)
+  keys = seed_keys(c)
+  stack = lambda tree: programs.place(jax.tree.map(lambda x: jnp.stack([x] * 2), tree))  # noqa: E731
+  aux = stack(source.aux)
+  other = stack(jax.tree.map(lambda x: x + 0.5, source.aux))
+  a, _ = programs.chunk(programs.place(programs.init(keys)), aux, 2)
+  b, _ = programs.chunk(programs.place(programs.init(keys)), other, 2)
+  assert programs.chunk._cache_size() == 1
+  leaves_a, leaves_b = jax.tree.leaves(a.params), jax.tree.leaves(b.params)
+  assert any(not np.array_equal(x, y) for x, y in zip(leaves_a, leaves_b, strict=True))
+
+
+def _json(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _params(workdir: str, seeds: int):
+  out = []
+  for i in range(seeds):
+    _, policy = load_policy(workdir, seed=i)
+    out += [np.asarray(x) for x in jax.tree.leaves(policy.default_params())]
+  return out
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_bitwise_equal_parameters(tmp_path):
+  args = [
+    "--config", "configs/rl_reasoning.py:smoke", "--config.source=learned_current",
+    "--config.ppo.updates=6", "--config.eval.every=2",
+  ]  # fmt: skip
+  whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+  cmd = [sys.executable, "-m", "train.rl"]
+  subprocess.run([*cmd, *args, "--workdir", whole], cwd=ROOT, check=True, capture_output=True)
+  proc = subprocess.Popen([*cmd, *args, "--workdir", cut], cwd=ROOT, stderr=subprocess.PIPE)
+  deadline = time.time() + 240
+  while not os.path.isdir(os.path.join(cut, "checkpoints", "2")) and time.time() < deadline:
+    if proc.poll() is not None:
+      break
+    time.sleep(0.2)
+  assert proc.poll() is None, "the run ended before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not os.path.exists(os.path.join(cut, "results.json"))
+  subprocess.run([*cmd, *args, "--workdir", cut], cwd=ROOT, check=True, capture_output=True)
+  for x, y in zip(_params(whole, 2), _params(cut, 2), strict=True):
+    np.testing.assert_array_equal(x, y)
+  a, b = (_json(os.path.join(d, "results.json")) for d in (whole, cut))
+  assert a["seeds"] == b["seeds"] and a["refreshes_fired"] == b["refreshes_fired"]
+
+
+def test_bad_configs_are_one_line(tmp_path, tabular_run):
+  proc = subprocess.run(
+    [sys.executable, "-m", "train.rl", "--config", "configs/rl_reasoning.py:smoke",
+     "--workdir", str(tmp_path / "a"), "--config.source=vibes"],
+    cwd=ROOT, capture_output=True, text=True,
+  )  # fmt: skip
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+  assert lines[0].startswith("train.rl: error: source 'vibes' is unknown"), lines
+  assert "mc_credit" in lines[0] and "Traceback" not in proc.stderr
+  c = smoke(base_config())
+  c.source, c.credit.model = "learned", tabular_run
+  with pytest.raises(HindsightError, match="cannot score reasoning"):
+    train_and_evaluate(c, str(tmp_path / "b"))
+  c = smoke(base_config())
+  c.ppo.updates = 5
+  with pytest.raises(HindsightError, match=r"multiple of eval\.every"):
+    train_and_evaluate(c, str(tmp_path / "c"))
+
+
+@pytest.mark.slow
+def test_the_experiment_smoke_runs_end_to_end(tmp_path):
+  out = str(tmp_path / "exp")
+  proc = subprocess.run(
+    [sys.executable, "eval/rl_experiment.py", "--config", "configs/rl_reasoning.py:smoke",
+     "--sources", "outcome,mc_credit", "--out", out],
+    cwd=ROOT, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = _json(os.path.join(out, "results.json"))
+  assert set(results["sources"]) == {"outcome", "mc_credit"}
+  for name, r in results["sources"].items():
+    own = _json(os.path.join(out, name, "results.json"))
+    assert own["seeds"] == r["seeds"] and len(r["seeds"]) == 2
+    mean = np.mean([s["success"] for s in r["seeds"]])
+    assert results["summary"][name]["success"][0] == pytest.approx(mean)
+  assert results["sources"]["mc_credit"]["seeds"][0]["credit_env_steps"] > 0
+  assert os.path.getsize(os.path.join(out, "curves.png")) > 10_000
+  with open(os.path.join(out, "table.md")) as f:
+    assert "| mc_credit |" in f.read()
+  # The trained policy is loadable and rolls like any Policy.
+  env, policy = load_policy(os.path.join(out, "mc_credit"), seed=1)
+  traj = Labeler(env, policy, LabelConfig(num_rollouts=2)).sample(
+    jax.random.split(jax.random.key(0), 4)
+  )
+  assert traj.mask.shape == (4, env.horizon)
