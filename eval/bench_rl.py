@@ -1,17 +1,29 @@
 """RL trainer throughput per credit source, warm, side by side in one run.
 
   python eval/bench_rl.py [--config configs/rl_reasoning.py] [--sources outcome,learned,mc_credit]
-      [--updates 10]
+      [--updates 10] [--config.FIELD=VALUE ...] [--rejax-python PYTHON]
 
 For each source: the compiled update chunk (`hindsight.rl.ppo`) on the config's batch shape
 and seeds, timed on its second call (the first compiles), as the policy's env steps per
-second (all seeds) and the credit env steps each policy step costs. Ratios are to the first
-source. Models a source needs are trained first and not timed.
+second (all seeds), updates per second, and the credit env steps each policy step costs.
+Ratios are to the first source. Models a source needs are trained first and not timed.
+
+With --rejax-python (a Python that has rejax; rejax 0.1.3 needs gymnax 0.0.9, which the
+project does not pin), `eval/rejax_reference.py` runs rejax's PPO on the same gymnax
+environment in that Python, 16 envs x 128 steps, 4 epochs x 4 minibatches, and its env
+steps per second print beside the first source's:
+
+  python eval/bench_rl.py --config configs/rl_cartpole.py --sources outcome \
+      --config.horizon=128 --config.num_seeds=4 --config.ppo.epochs=4 \
+      --config.ppo.minibatches=4 --rejax-python /path/to/rejax-env/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 
@@ -21,7 +33,14 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--config", default="configs/rl_reasoning.py")
   p.add_argument("--sources", default="outcome,gae,learned,mc_credit")
   p.add_argument("--updates", type=int, default=10, help="updates per timed chunk")
-  args = p.parse_args(argv)
+  p.add_argument("--rejax-python", default="", help="a Python with rejax: its PPO beside")
+  args, rest = p.parse_known_args(argv)
+  overrides = []
+  for item in rest:
+    if not item.startswith("--config."):
+      print(f"bench_rl: unknown argument {item}", file=sys.stderr)
+      return 2
+    overrides.append(item[len("--config.") :])
   from hindsight.devices import use_all_cpu_cores
 
   use_all_cpu_cores()
@@ -38,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
   enable_compilation_cache()
   rows = []
   for name in args.sources.split(","):
-    config = load_config(args.config, [f"source={name}", "progress=False"])
+    config = load_config(args.config, [*overrides, f"source={name}", "progress=False"])
     task = make_task(config)
     source = prepare(task, config)
     programs = Programs(source, config)
@@ -55,16 +74,36 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - tic
     policy = float(np.sum(m["policy_steps"], dtype=np.int64))
     credit = float(np.sum(m["credit_steps"], dtype=np.int64))
-    rows.append((name, policy / seconds, credit / max(policy, 1), seconds))
+    rows.append((name, policy / seconds, credit / max(policy, 1), args.updates / seconds))
   base = rows[0][1]
   device = f"{jax.device_count()} {jax.devices()[0].platform} device(s)"
   print(
     f"{args.config}: {args.updates} updates x {config.ppo.episodes} episodes x "
     f"{config.num_seeds} seeds, warm, on {device}"
   )
-  print(f"{'source':<16}{'policy steps/s':>16}{'ratio':>8}{'credit steps per policy step':>30}")
-  for name, rate, per, _ in rows:
-    print(f"{name:<16}{rate:>16.4g}{rate / base:>8.2f}{per:>30.4g}")
+  # Every update computes on E x H padded steps whatever the episodes' lengths, so updates/s
+  # compares sources whose policies run episodes of different lengths; env steps/s is what
+  # a fixed env-step budget buys.
+  print(f"{'source':<16}{'policy steps/s':>16}{'ratio':>8}{'updates/s':>11}{'ratio':>8}"
+        f"{'credit steps per policy step':>30}")  # fmt: skip
+  for name, rate, per, ups in rows:
+    print(f"{name:<16}{rate:>16.4g}{rate / base:>8.2f}{ups:>11.3g}{ups / rows[0][3]:>8.2f}"
+          f"{per:>30.4g}")  # fmt: skip
+  if args.rejax_python:
+    env_id = config.env.partition(":")[2]
+    cmd = [args.rejax_python, os.path.join(os.path.dirname(__file__), "rejax_reference.py"),
+           "--env", env_id, "--seeds", str(config.num_seeds)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+      print(f"rejax: failed ({proc.stderr.strip().splitlines()[-1:]})")
+      return 1
+    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(
+      f"{'rejax PPO':<16}{ref['steps_per_second']:>16.4g}"
+      f"{ref['steps_per_second'] / base:>8.2f}   (16 envs x 128 steps, 200k steps per seed, "
+      f"final eval return {ref['final_return']:.1f}); {rows[0][0]} at "
+      f"{base / ref['steps_per_second']:.2f}x rejax"
+    )
   return 0
 
 

@@ -41,5 +41,5 @@ tic = time.perf_counter()
 _, (_, returns) = jax.block_until_ready(train(algo, keys))
 seconds = time.perf_counter() - tic
 final = float(np.asarray(returns)[:, -1].mean())
-print(json.dumps({"steps_per_second": a.seeds * a.timesteps / seconds, "final_return": final,
-                  "seconds": seconds, "rejax": rejax.__version__ if hasattr(rejax, "__version__") else "0.1.3"}))  # fmt: skip
+rate = a.seeds * a.timesteps / seconds
+print(json.dumps({"steps_per_second": rate, "final_return": final, "seconds": seconds}))

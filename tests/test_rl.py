@@ -119,7 +119,7 @@ def _params(workdir: str, seeds: int):
 def test_a_killed_run_resumes_to_bitwise_equal_parameters(tmp_path):
   args = [
     "--config", "configs/rl_reasoning.py:smoke", "--config.source=learned_current",
-    "--config.ppo.updates=6", "--config.eval.every=2",
+    "--config.ppo.updates=4", "--config.eval.every=2",
   ]  # fmt: skip
   whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
   cmd = [sys.executable, "-m", "train.rl"]

@@ -2,7 +2,7 @@
 
 The learner is a `NeuralPolicy` over the environment's observations. With `policy.prior`
 it starts *as* the environment's scripted behaviour policy (its log-probabilities are the
-logits' offset and the MLP's last layer starts at zero), so the essay's structure is there
+logits' offset and the MLP's last layer starts at zero), so the environment's structure is there
 at update 0: on `reasoning` the learner also reads its own competence c (`policy.latent`),
 which raises restating, verifying and searching exactly as the scripted policy does, while
 the trace a credit model or PRM sees never shows c. Decorative steps then co-occur with
