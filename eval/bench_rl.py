@@ -35,12 +35,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--updates", type=int, default=10, help="updates per timed chunk")
   p.add_argument("--rejax-python", default="", help="a Python with rejax: its PPO beside")
   args, rest = p.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    if not item.startswith("--config."):
-      print(f"bench_rl: unknown argument {item}", file=sys.stderr)
-      return 2
-    overrides.append(item[len("--config.") :])
+  from hindsight.cli_options import config_overrides
+
+  overrides = config_overrides(rest, "bench_rl")
+  if overrides is None:
+    return 2
   from hindsight.devices import use_all_cpu_cores
 
   use_all_cpu_cores()

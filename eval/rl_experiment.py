@@ -135,12 +135,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated")
   parser.add_argument("--out", default="", help="default runs/rl/ENV_NAME (':' as '_')")
   args, rest = parser.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    if not item.startswith("--config."):
-      print(f"rl_experiment: unknown argument {item}", file=sys.stderr)
-      return 2
-    overrides.append(item[len("--config.") :])
+  from hindsight.cli_options import config_overrides
+
+  overrides = config_overrides(rest, "rl_experiment")
+  if overrides is None:
+    return 2
   from hindsight.devices import use_all_cpu_cores
 
   use_all_cpu_cores()  # before JAX starts

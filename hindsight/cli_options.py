@@ -44,3 +44,18 @@ def build(cls, args: argparse.Namespace, **values):
   names = {f.name for f in dataclasses.fields(cls)}
   given = {k: v for k, v in vars(args).items() if k in names}
   return cls(**{**given, **values})
+
+
+def config_overrides(rest: list[str], prog: str) -> list[str] | None:
+  """The FIELD=VALUE of every `--config.FIELD=VALUE` left over by parse_known_args; None
+  (after one line on stderr naming it) when something else is left over. JAX-free: the
+  training programs call it before JAX starts."""
+  import sys
+
+  out = []
+  for item in rest:
+    if not item.startswith("--config."):
+      print(f"{prog}: error: unknown argument {item}", file=sys.stderr)
+      return None
+    out.append(item[len("--config.") :])
+  return out

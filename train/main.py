@@ -36,12 +36,11 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
   args, rest = parser.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    if not item.startswith("--config."):
-      print(f"train: error: unknown argument {item}", file=sys.stderr)
-      return 2
-    overrides.append(item[len("--config.") :])
+  from hindsight.cli_options import config_overrides
+
+  overrides = config_overrides(rest, "train")
+  if overrides is None:
+    return 2
   logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
   from hindsight.devices import use_all_cpu_cores
 

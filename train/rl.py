@@ -31,12 +31,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--config", required=True, help="configs/rl_NAME.py or ...:smoke")
   parser.add_argument("--workdir", required=True, help="checkpoints, TensorBoard, results.json")
   args, rest = parser.parse_known_args(argv)
-  overrides = []
-  for item in rest:
-    if not item.startswith("--config."):
-      print(f"train.rl: error: unknown argument {item}", file=sys.stderr)
-      return 2
-    overrides.append(item[len("--config.") :])
+  from hindsight.cli_options import config_overrides
+
+  overrides = config_overrides(rest, "train.rl")
+  if overrides is None:
+    return 2
   from hindsight.devices import use_all_cpu_cores
 
   use_all_cpu_cores()  # before JAX starts: the labeler's rollouts use every core
