@@ -109,7 +109,7 @@ class Labeler:
     self.label = jit(self._label_batch)
     self.label_steps = jit(jax.vmap(self._label_step))
     self.step_info = jit(jax.vmap(self._step_info))
-    self.sample = jit(jax.vmap(self._sample_episode))
+    self.sample = jit(lambda keys: self.sample_under(self.policy_params, keys))
     self.sample_and_label = jit(self._sample_and_label)
 
   # -- the chunk program used by labeling jobs ---------------------------------------------
@@ -164,9 +164,15 @@ class Labeler:
 
   # -- one episode ------------------------------------------------------------------------
 
-  def _sample_episode(self, key: jax.Array) -> Trajectory:
+  def sample_under(self, policy_params: PyTree, keys: jax.Array) -> Trajectory:
+    """`sample` as a pure, unjitted function of the policy's parameters too (the twin of
+    `label_under`): the episodes of `keys` [E] under pi_{policy_params}."""
+    return jax.vmap(self._sample_episode, (0, None))(keys, policy_params)
+
+  def _sample_episode(self, key: jax.Array, policy_params: PyTree = None) -> Trajectory:
+    params = self.policy_params if policy_params is None else policy_params
     return sample_episode(
-      self.env, self.policy, self.env_params, self.policy_params, jax.random.fold_in(key, 0)
+      self.env, self.policy, self.env_params, params, jax.random.fold_in(key, 0)
     )
 
   def _sample_and_label(self, seed, episode_indices):

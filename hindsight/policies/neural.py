@@ -101,11 +101,18 @@ class NeuralPolicy(Policy):
     )
     self.feature_dim = int(example.shape[-1])
     self.hidden = tuple(int(h) for h in hidden)
-    net = MLP(self.feature_dim, self.hidden, env.num_actions, 0.0, nnx.Rngs(params=seed))
-    self.graphdef, self._theta0 = nnx.split(net)
+    self.graphdef, self._theta0 = nnx.split(self._net(nnx.Rngs(params=seed)))
+
+  def _net(self, rngs: nnx.Rngs) -> MLP:
+    return MLP(self.feature_dim, self.hidden, self.env.num_actions, 0.0, rngs)
 
   def default_params(self) -> nnx.State:
     return self._theta0
+
+  def init_params(self, key: jax.Array) -> nnx.State:
+    """A theta_0 drawn from `key` (an RL seed's): the hidden layers from the key, the last
+    layer 0, so every draw starts as the prior too."""
+    return nnx.state(self._net(nnx.Rngs(params=key)))
 
   def logits(self, params: nnx.State, state, env_params) -> jax.Array:
     """float [A]: logits_theta(s) (module docstring), _IMPOSSIBLE on illegal actions."""

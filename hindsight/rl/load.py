@@ -63,7 +63,7 @@ def load_policy(workdir: str, seed: int = 0, update: int | None = None):
       raise HindsightError(f"{workdir}: no saved policy{'' if update is None else f' at {update}'}")
     template = jax.eval_shape(
       lambda: jax.tree.map(
-        lambda x: jnp.stack([x] * int(config.num_seeds)), task.init_params(jax.random.key(0))
+        lambda x: jnp.stack([x] * int(config.num_seeds)), task.policy.init_params(jax.random.key(0))
       )
     )
     restored = manager.restore(

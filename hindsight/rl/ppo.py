@@ -76,7 +76,7 @@ class Programs:
     """Stacked train states of the seeds whose root keys are `seed_keys` [S]."""
 
     def one(key):
-      params = self.task.init_params(jax.random.fold_in(key, 0))
+      params = self.task.policy.init_params(jax.random.fold_in(key, 0))
       critic = jax.tree.map(jnp.asarray, self._critic0)
       return TrainState(
         params=params,

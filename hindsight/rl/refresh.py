@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats
 
 from hindsight.model.fit import fit_credit_model
+from hindsight.rl.sources import credit_arm_steps
 
 
 def sliced_gap_test(
@@ -61,7 +62,7 @@ def audit_and_refresh(sampler, params, keys, score, model_state, predictor, conf
     float(config.refresh.tolerance),
     float(config.refresh.alpha),
   )
-  record["env_steps"] = int(mask.sum() + arms[:, 0].sum() + arms[:, 1].sum())
+  record["env_steps"] = int(mask.sum() + credit_arm_steps(arms))
   record.pop("excess")
   if record["fired"]:
     fitted = fit_credit_model(

@@ -34,7 +34,6 @@ from hindsight.drift.baselines import BaselineConfig, prm_increments, train_hist
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler, episode_key
-from hindsight.labeling.rollout import sample_episode
 from hindsight.labeling.trajectories import batch_spec, trajectory_batch
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.fit import fit_credit_model
@@ -43,6 +42,13 @@ from hindsight.rl.task import Task
 
 PyTree = Any
 KEEP, REPLACE, PHI = range(3)  # the labeler's arms (Labeler.label_under's arm_steps)
+
+
+def credit_arm_steps(arm_steps):
+  """Env steps that interventional credit needs of labels with `arm_steps` [E, 3]: the keep
+  and replace arms (the phi arm, which also runs, feeds progress fields credit does not
+  use). What mc_credit, a credit model's labels and its audits are each charged."""
+  return arm_steps[:, KEEP].sum() + arm_steps[:, REPLACE].sum()
 
 
 @dataclasses.dataclass
@@ -77,7 +83,7 @@ class Source:
       if self.name == "mc_progress":
         return jnp.where(mask, labels["progress"], 0.0), arms[:, PHI].sum()
       credit = jnp.where(jnp.isfinite(labels["credit"]), labels["credit"], 0.0)
-      return jnp.where(mask, credit, 0.0), arms[:, KEEP].sum() + arms[:, REPLACE].sum()
+      return jnp.where(mask, credit, 0.0), credit_arm_steps(arms)
     batch = trajectory_batch(self.task.env, traj)
     if self.name == "prm":
       logits = nnx.merge(self.prm_graphdef, aux)(batch)
@@ -111,13 +117,11 @@ def initial_labels(task: Task, config: ConfigDict, rollouts: int, seed_offset: i
   n, S = int(config.credit.model_episodes), int(config.credit.model_snapshots)
   keys = jax.vmap(episode_key, (None, 0))(config.seed + seed_offset, jnp.arange(n))
 
-  def sample(params, k):
-    one = lambda key: sample_episode(  # noqa: E731
-      task.env, task.policy, task.env_params, params, jax.random.fold_in(key, 0)
-    )
-    return jax.vmap(one)(k)
+  def sample_and_label(params, k):
+    traj = labeler.sample_under(params, k)
+    return traj, labeler.label_under(params, traj, k)
 
-  run = jax.jit(lambda p, k: (lambda t: (t, labeler.label_under(p, t, k)))(sample(p, k)))
+  run = jax.jit(sample_and_label)
   parts = []
   for j, chunk in enumerate(np.array_split(np.arange(n), max(S, 1))):
     params = task.policy.default_params()
@@ -127,10 +131,9 @@ def initial_labels(task: Task, config: ConfigDict, rollouts: int, seed_offset: i
     parts.append(run(params, keys[chunk]))
   traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p[0] for p in parts])
   labels = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p[1] for p in parts])
-  # Charged as `mc_credit` is: the episodes and the keep and replace arms (a credit model
-  # learns credit; the phi arm that also runs feeds fields it does not use).
+  # Charged the episodes and what credit needs of their labels (`credit_arm_steps`).
   arms = np.asarray(labels.pop("arm_steps"))
-  steps = int(traj.mask.sum()) + int(arms[:, KEEP].sum() + arms[:, REPLACE].sum())
+  steps = int(traj.mask.sum()) + int(credit_arm_steps(arms))
   return traj, labels, steps
 
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
-from flax import nnx
 from ml_collections import ConfigDict
 
 from hindsight.envs import make
 from hindsight.envs.base import Environment
 from hindsight.envs.reasoning import Reasoning, competence_features
-from hindsight.policies.neural import MLP, NeuralPolicy, observation_features
+from hindsight.policies.neural import NeuralPolicy, observation_features
 
 PyTree = Any
 
@@ -30,13 +28,7 @@ PyTree = Any
 class Task:
   env: Environment
   env_params: PyTree
-  policy: NeuralPolicy  # its default_params are theta_0 of seed 0 (`init_params` for others)
-
-  def init_params(self, key: jax.Array) -> PyTree:
-    """theta_0 for one seed: the MLP's hidden layers drawn from `key`, its last layer 0."""
-    p = self.policy
-    net = MLP(p.feature_dim, p.hidden, self.env.num_actions, 0.0, nnx.Rngs(params=key))
-    return nnx.state(net)
+  policy: NeuralPolicy  # a seed's theta_0: policy.init_params(key)
 
 
 def make_task(config: ConfigDict) -> Task:

@@ -29,13 +29,12 @@ from ml_collections import ConfigDict
 
 from hindsight.config_io import check_workdir
 from hindsight.files import write_json
-from hindsight.labeling.config import LabelConfig
 from hindsight.progress import CompileAwareBar
 from hindsight.rl.config import LEARNED_SOURCES, check_config
 from hindsight.rl.measure import LabeledSampler, evaluate_point, point_keys
 from hindsight.rl.ppo import Programs
 from hindsight.rl.refresh import audit_and_refresh
-from hindsight.rl.sources import prepare
+from hindsight.rl.sources import label_config, prepare
 from hindsight.rl.task import make_task
 
 EVAL_STREAM, AUDIT_STREAM = 2, 3
@@ -153,19 +152,13 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     }
   done = int(np.asarray(ts.update)[0])
 
-  label_cfg = LabelConfig(
-    num_rollouts=int(config.eval.rollouts), replacement=config.credit.replacement
-  )
-  reference = LabeledSampler(task, label_cfg)
+  reference = LabeledSampler(task, label_config(config, config.eval.rollouts))
   auditor = None
   score = None
   if source.predictor is not None:
     score = jax.jit(source.predictor.credit_fn())
   if config.source == "learned_current":
-    audit_cfg = LabelConfig(
-      num_rollouts=int(config.refresh.rollouts), replacement=config.credit.replacement
-    )
-    auditor = LabeledSampler(task, audit_cfg)
+    auditor = LabeledSampler(task, label_config(config, config.refresh.rollouts))
 
   def measure(update: int) -> dict:
     seeds = []
