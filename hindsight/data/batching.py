@@ -19,7 +19,7 @@ import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
 from hindsight.data.episode import Episode, check_length
-from hindsight.data.spec import DataSpec
+from hindsight.data.spec import DataSpec, observation_statistics, value_scale
 from hindsight.errors import HindsightError
 
 SPLITS = ("train", "validation", "test")
@@ -80,17 +80,15 @@ class EpisodeReader:
       kind, dim = "discrete", int(max(int(o.max(initial=0)) for o in obs)) + 1
       mean, std = (), ()
     elif np.issubdtype(first.dtype, np.floating) and first.ndim == 2:
-      flat = np.concatenate(obs).astype(np.float64)
+      flat = np.concatenate(obs)
       kind, dim = "vector", flat.shape[1]
-      mean, std = tuple(flat.mean(0).tolist()), tuple(np.maximum(flat.std(0), 1e-6).tolist())
+      mean, std = observation_statistics(flat)
     else:
       raise HindsightError(
         f"{self.labels.path}: observations of dtype {first.dtype} and shape {first.shape[1:]} "
         "are neither int ids nor float vectors"
       )
-    c = np.concatenate(credits)
-    c = c[np.isfinite(c)]
-    scale = float(c.std()) if c.size > 1 and c.std() > 0 else 1.0
+    scale = value_scale(np.concatenate(credits))
     spec = DataSpec(
       num_agents=len(meta.get("agent_names") or ()),
       success_threshold=float(meta.get("success_threshold", 0.0)),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
@@ -49,3 +51,18 @@ class DataSpec:
     d = json.loads(text)
     d["obs_mean"], d["obs_std"] = tuple(d["obs_mean"]), tuple(d["obs_std"])
     return cls(**d)
+
+
+def observation_statistics(flat: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """(obs_mean, obs_std) of vector observations flat [N, D], per feature in float64; the
+  std floored at 1e-6 (the model divides by it, and a feature can be constant)."""
+  flat = np.asarray(flat, np.float64)
+  return tuple(flat.mean(0).tolist()), tuple(np.maximum(flat.std(0), 1e-6).tolist())
+
+
+def value_scale(credits: np.ndarray) -> float:
+  """The spread credits are divided by inside the model: the std of the finite credits, or
+  1 when fewer than two are finite or they do not vary."""
+  c = np.asarray(credits, np.float64).reshape(-1)
+  c = c[np.isfinite(c)]
+  return float(c.std()) if c.size > 1 and c.std() > 0 else 1.0

@@ -24,7 +24,7 @@ import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data.episode import Episode
-from hindsight.data.spec import DataSpec
+from hindsight.data.spec import DataSpec, observation_statistics, value_scale
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.labeling.rollout import Trajectory, episode_length
@@ -209,18 +209,19 @@ def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_para
 
 def batch_spec(env, batch: dict, config=None) -> DataSpec:
   """The DataSpec of a model trained on `trajectory_batch(..., labels)` (host arrays):
-  observation statistics over the valid steps, the finite credits' spread as value scale,
-  the environment's horizon as max_length, the label config's class rule (`config`)."""
+  observation statistics over the valid steps and the labeled credits' spread as value
+  scale (the rules of a dataset's spec, `data.spec`), the environment's horizon as
+  max_length, the label config's class rule (`config`)."""
   mask = np.asarray(batch["mask"], bool)
   obs = np.asarray(batch["observations"])
   if np.issubdtype(obs.dtype, np.integer):
     kind, dim, mean, std = "discrete", int(env.num_states), (), ()
   else:
-    flat = obs[mask].astype(np.float64)
-    kind, dim = "vector", flat.shape[1]
-    mean, std = tuple(flat.mean(0).tolist()), tuple(np.maximum(flat.std(0), 1e-6).tolist())
-  credit = np.asarray(batch.get("credit", np.zeros(mask.shape)))[mask]
-  scale = float(credit.std()) if credit.size > 1 and credit.std() > 0 else 1.0
+    kind, dim = "vector", obs.shape[-1]
+    mean, std = observation_statistics(obs[mask])
+  # trajectory_batch writes an undefined credit as 0 outside label_mask: leave those out.
+  labeled = np.asarray(batch.get("label_mask", np.zeros(mask.shape, bool)), bool)
+  scale = value_scale(np.asarray(batch.get("credit", np.zeros(mask.shape)))[labeled])
   return DataSpec(
     obs_kind=kind,
     obs_dim=dim,
