@@ -102,10 +102,7 @@ def main(argv=None) -> dict:
       "gap_confidence_sequence": [float(t.gap_lower[-1]), float(t.gap_upper[-1])],
       "coverage_upper_bound": float(t.coverage_upper[-1]),
       "coverage_mean": float(check.terms[1].mean()),
-      "slice_confidence_sequences": {
-        name: [float(t.slice_lower[j, -1]), float(t.slice_upper[j, -1])]
-        for j, name in enumerate(t.slice_names)
-      },
+      "slice_confidence_sequences": {k: list(v) for k, v in t.final_slice_bounds().items()},
       "alarm": t.first is not None,
       "reason": t.reason,
     },

@@ -124,18 +124,11 @@ def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
     },
     "slices": slices,
     # The alarm's per-tag confidence sequences (alpha / (3 m) each), at the last draw.
-    "slice_alarm": _slice_alarm(trace) if n else [],
+    "slice_alarm": [
+      {"slice": name, "confidence_sequence": list(bounds)}
+      for name, bounds in trace.final_slice_bounds().items()
+    ],
   }
-
-
-def _slice_alarm(trace) -> list[dict]:
-  return [
-    {
-      "slice": name,
-      "confidence_sequence": [float(trace.slice_lower[j, -1]), float(trace.slice_upper[j, -1])],
-    }
-    for j, name in enumerate(trace.slice_names)
-  ]
 
 
 def markdown(report: dict) -> str:

@@ -126,6 +126,16 @@ class AlarmTrace:
   slice_upper: np.ndarray | None = None  # [m, n]
   slice_names: tuple[str, ...] = ()
 
+  def final_slice_bounds(self) -> dict[str, tuple[float, float]]:
+    """{tag: (lo, hi)}: each slice's confidence sequence after the last draw ({} without
+    slices or draws)."""
+    if not self.slice_names or self.slice_lower is None or not self.slice_lower.shape[1]:
+      return {}
+    return {
+      name: (float(self.slice_lower[j, -1]), float(self.slice_upper[j, -1]))
+      for j, name in enumerate(self.slice_names)
+    }
+
 
 def drift_alarm(
   gap_terms: np.ndarray,
