@@ -19,6 +19,10 @@
                     --budget N [--tolerance EPS] [--alpha A] --out DIR
                     (spot-check the model against rollouts: drift alarm, gap per slice,
                     the audited steps as a label dataset to fine-tune on)
+  hindsight label   --env text:FILE.jsonl --endpoint URL --model NAME ...  (text traces
+                    resampled through an OpenAI-compatible endpoint: docs/text.md)
+  hindsight import  thought-anchors DIR --out OUT   (their resamples as a label dataset)
+  hindsight text-world serve|prompts|exact   (a local model whose credit is exact)
 
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
@@ -90,15 +94,61 @@ ENV_HELP = (
   "tabular:PATH.npz | key_corridor | key_to_door[:p_key=P] | "
   "reasoning[:decorative_rate=D,horizon=H,competence_max=C] | "
   "team[:agents=N,rounds=R,p_error=E] | gymnax:ID | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
-  "(docs/environments.md)"
+  "| text:FILE.jsonl (docs/environments.md, docs/text.md)"
 )
+
+
+def _text_flags(lab) -> None:
+  """`hindsight label`'s flags for --env text:FILE.jsonl (docs/text.md)."""
+  from hindsight.labeling.config import TextOptions as T
+
+  text = lab.add_argument_group("text traces (--env text:FILE.jsonl, docs/text.md)")
+  option(text, T, "endpoint", "OpenAI-compatible base URL (.../v1)")
+  option(text, T, "model", "the endpoint's model name (required for text)")
+  option(text, T, "api_key_env", "environment variable holding the API key (unset: none sent)")
+  option(text, T, "temperature", "sampling temperature of every continuation")
+  option(text, T, "top_p", "nucleus top-p of every continuation")
+  option(text, T, "max_tokens", "cap on each continuation")
+  text.add_argument("--stop", action="append", default=[], help="stop sequence (repeatable)")
+  option(text, T, "chunking", "steps of a `text` trace: sentences | newlines | re:PATTERN")
+  option(text, T, "verifier", "boxed (last \\boxed{} vs `reference`) or MODULE:FN")
+  option(text, T, "embedding", "what counts as restating a step: lexical or MODULE:FN")
+  option(text, T, "similarity", "cosine at or above which a step restates another")
+  option(text, T, "max_draws", "policy_other/no_repeat: draws per step, in units of K")
+  option(text, T, "null_text", "null: the step that replaces step t")
+  option(text, T, "samples_per_request", "n of each request")
+  option(text, T, "concurrency", "requests in flight")
+  option(text, T, "budget_completions", "most completions this run may request (0: no limit)")
+  option(text, T, "budget_tokens", "most completion tokens this run may spend (0: no limit)")
+  option(text, T, "cache", "completion cache file (default: OUT/completions.sqlite)")
+  option(text, T, "timeout", "seconds per request")
+  option(text, T, "retries", "retries of a failed request")
+
+
+def _text_options(args):
+  """The TextOptions of `hindsight label` (None without --env text:...); a text flag given
+  with another environment is an error."""
+  import dataclasses
+
+  from hindsight.labeling.config import TextOptions
+
+  if args.env.split(":", 1)[0] != "text":
+    changed = [f.name for f in dataclasses.fields(TextOptions)
+               if getattr(args, f.name) not in (f.default, [], ())]  # fmt: skip
+    if changed:
+      from hindsight.errors import HindsightError
+
+      flag = "--" + changed[0].replace("_", "-")
+      raise HindsightError(f"{flag} is for --env text:FILE.jsonl only")
+    return None
+  return build(TextOptions, args, stop=tuple(args.stop))
 
 
 def _parser() -> argparse.ArgumentParser:
   from hindsight.audit.config import AuditConfig
   from hindsight.credit.names import REPLACEMENTS
   from hindsight.drift.config import DriftConfig
-  from hindsight.labeling.config import LabelConfig, LabelJob
+  from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
   from hindsight.serving.config import ServeConfig
 
   p = _Parser(prog="hindsight", description="Interventional credit for every step.")
@@ -147,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   multi.add_argument("--num-processes", type=int, default=1, help="processes in the job")
   multi.add_argument("--process-id", type=int, default=0, help="this process's index")
+  _text_flags(lab)
 
   trn = sub.add_parser(
     "train",
@@ -255,6 +306,31 @@ def _parser() -> argparse.ArgumentParser:
   option(au, AuditConfig, "seed", "root of the pool, draws and rollouts")
   option(au, AuditConfig, "out", "report directory", required=True)
   au.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+  imp = sub.add_parser("import", help="resamples in another tool's layout -> a label dataset")
+  imp.add_argument("layout", choices=("thought-anchors",), help="the layout of DIR")
+  imp.add_argument("dir", help="the directory of problem_<n> folders")
+  imp.add_argument("--out", required=True, help="output directory")
+  imp.add_argument("--replacement", default="policy", choices=("policy", "policy_other"),
+                   help="policy: resampling importance; policy_other: counterfactual")  # fmt: skip
+  option(imp, TextOptions, "embedding", "what counts as the same chunk: lexical or MODULE:FN")
+  option(imp, TextOptions, "similarity", "cosine at or above which a resample is the same chunk")
+  option(imp, LabelConfig, "decorative_tolerance", "|credit| under this is decorative",
+         flag="--tolerance")  # fmt: skip
+  option(imp, LabelConfig, "confidence", "level of the klass interval")
+
+  tw = sub.add_parser("text-world", help="the text world: a local model with exact credit")
+  tw_sub = tw.add_subparsers(dest="world_command", required=True, parser_class=_Parser)
+  tws = tw_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-text-world)")
+  tws.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+  tws.add_argument("--port", type=int, default=8100, help="port")
+  twp = tw_sub.add_parser("prompts", help="write N problems as prompt-only traces (JSONL)")
+  twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
+  twp.add_argument("--seed", type=int, default=0, help="seed of the problems")
+  twp.add_argument("--out", required=True, help="output JSONL file")
+  twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
+  twe.add_argument("dir", help="a `hindsight label --env text:...` output against the world")
+  twe.add_argument("--out", required=True, help="output JSON (per-trace exact labels, z-scores)")
   return p
 
 
@@ -385,9 +461,55 @@ def _label(args) -> int:
   distributed.check_processes(args.coordinator, args.num_processes, args.process_id)
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)
   config = build(LabelConfig, args, stratify=not args.unstratified)
-  job = build(LabelJob, args, config=config)
+  job = build(LabelJob, args, config=config, text=_text_options(args))
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")
+  return 0
+
+
+def _import(args) -> int:
+  from hindsight.text.similarity import Similarity
+  from hindsight.text.thought_anchors import import_thought_anchors
+
+  path = import_thought_anchors(
+    args.dir,
+    args.out,
+    replacement=args.replacement,
+    similarity=Similarity(args.embedding, args.similarity),
+    tolerance=args.decorative_tolerance,
+    confidence=args.confidence,
+  )
+  print(f"labels: {path}")
+  return 0
+
+
+def _text_world(args) -> int:
+  from hindsight.text import world
+
+  if args.world_command == "serve":
+    from hindsight.text.server import serve
+
+    serve(args.host, args.port)
+    return 0
+  if args.world_command == "prompts":
+    from hindsight.errors import HindsightError
+    from hindsight.text.trace import write_traces
+
+    if args.episodes < 1:
+      raise HindsightError(f"--episodes must be >= 1, got {args.episodes}")
+    write_traces(args.out, world.prompt_traces(args.seed, args.episodes))
+    print(f"prompts: {args.out}")
+    return 0
+  from hindsight.files import write_json
+  from hindsight.text.exact import compare_to_exact
+
+  report = compare_to_exact(args.dir)
+  write_json(args.out, report)
+  s = report["summary"]
+  print(
+    f"{s['steps']} steps of {s['traces']} traces: z RMS {s['z_rms']:.3f}, |z| > 3 on "
+    f"{s['z_over_3']}, exact zeros where the truth is not 0: {s['false_zeros']}"
+  )
   return 0
 
 
@@ -480,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     "score": _score,
     "serve": _serve,
     "audit": _audit,
+    "import": _import,
+    "text-world": _text_world,
   }
   try:
     return report_errors("hindsight", commands[args.command], args)

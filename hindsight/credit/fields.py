@@ -136,7 +136,7 @@ def step_fields(
     est = _exact_estimates(G, lo, hi, upper_rates, z, exact)
   else:
     est = _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma)
-  phi_hard, phi_hard_se = _hard_estimate(success, bounds, upper_rates)
+  phi_hard, phi_hard_se = hard_estimate(success, bounds, upper_rates)
   return _label_fields(est, phi_hard, phi_hard_se, g_tau, mask, undefined, tolerance, z)
 
 
@@ -194,7 +194,7 @@ def _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma) -> dic
   }
 
 
-def _hard_estimate(success, bounds, upper_rates):
+def hard_estimate(success, bounds, upper_rates):
   """phi_hard [H] (any of K continuations from s_{t+1} succeeds) and its plug-in stderr."""
   K = success.shape[1]
   hits = success.sum(-1)

@@ -67,6 +67,11 @@ AGENT_FIELDS = (
 )
 
 
+# Per-episode text fields of text traces (`--env text:...`), and the per-step one.
+TEXT_FIELDS = ("prompt", "trace_id")
+STEP_TEXT = "step_text"
+
+
 def build_features(
   obs_shape: tuple[int, ...],
   obs_dtype,
@@ -74,12 +79,14 @@ def build_features(
   num_agents: int = 0,
   partial: bool = False,
   coalitions: bool = True,
+  texts: bool = False,
 ):
   """The TFDS features of one episode of T steps (T varies); with num_agents > 0 also the
   agent-level fields (AGENT_FIELDS; without `coalitions` only the Shapley values and their
   stderrs, as sampled Shapley values have no others) and the acting agent of every step;
   with `partial` a per-step `labeled` flag (an audit labels a few steps of each episode:
-  the others carry NaN credit and stay out of every loss)."""
+  the others carry NaN credit and stay out of every loss); with `texts` the prompt, the
+  trace's id and the text of every step (text traces)."""
   tfds = _tfds()
   step = lambda dtype: tfds.features.Tensor(shape=(None,), dtype=dtype)  # noqa: E731
   features = {
@@ -109,6 +116,10 @@ def build_features(
     features["agent"] = step(np.int32)
   if partial:
     features["labeled"] = step(np.bool_)
+  if texts:
+    for name in TEXT_FIELDS:
+      features[name] = tfds.features.Text()
+    features[STEP_TEXT] = tfds.features.Sequence(tfds.features.Text())
   return tfds.features.FeaturesDict(features)
 
 
@@ -140,6 +151,7 @@ EXAMPLE_STEP_ARRAYS = (
   "labeled",
   "states",
   "agent",
+  STEP_TEXT,
   *STEP_FIELDS,
   *AUX_STEP_FIELDS,
 )
@@ -152,8 +164,10 @@ def make_example(fields: dict[str, Any]) -> dict[str, Any]:
   out: dict[str, Any] = {}
   for name, value in fields.items():
     dtype = _EXAMPLE_DTYPES.get(name)
-    if name == "tags":
-      out[name] = list(value)
+    if name in ("tags", STEP_TEXT):
+      out[name] = [str(v) for v in value]
+    elif name in TEXT_FIELDS:
+      out[name] = str(value)
     elif dtype is None:
       out[name] = value  # observations: the environment's dtype
     elif np.ndim(value) == 0:
@@ -407,8 +421,10 @@ def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[st
   tags and klass as names."""
   out = {}
   for key, value in example.items():
-    if key == "tags":
+    if key in ("tags", STEP_TEXT):
       out[key] = [t.decode() if isinstance(t, bytes) else str(t) for t in value]
+    elif key in TEXT_FIELDS:
+      out[key] = value.decode() if isinstance(value, bytes) else str(value)
     elif key == "klass":
       out[key] = [klass_names[int(k)] for k in value]
     elif isinstance(value, np.ndarray | np.generic):

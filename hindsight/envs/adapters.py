@@ -23,6 +23,7 @@ import importlib
 import numpy as np
 
 from hindsight.errors import HindsightError
+from hindsight.plugins import import_function
 
 DEFAULT_HORIZON = 1000
 
@@ -170,15 +171,7 @@ def is_adapter_spec(spec: str) -> bool:
 
 def import_policy(spec: str):
   """(module, FN) of a `--policy MODULE:FN`; a one-line error if either cannot be had."""
-  module_name, _, name = spec.partition(":")
-  try:
-    module = importlib.import_module(module_name)
-    fn = getattr(module, name)
-  except (ImportError, AttributeError, ValueError) as e:
-    raise HindsightError(f"--policy {spec}: cannot load it ({e})") from None
-  if not callable(fn):
-    raise HindsightError(f"--policy {spec}: not callable")
-  return module, fn
+  return import_function(spec, "--policy")
 
 
 def load_policy(spec: str | None, num_actions: int):

@@ -63,6 +63,84 @@ class LabelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TextOptions:
+  """How to label text traces (`--env text:FILE.jsonl`) through a completions endpoint.
+
+  endpoint, model: the OpenAI-compatible server (its base URL, .../v1) and model name;
+    api_key_env: the environment variable that holds its key (unset: no key sent).
+  temperature, top_p, max_tokens, stop: the sampling of every continuation (the trace's own
+    distribution: set them to what produced the traces).
+  chunking: how a trace given as `text` is cut into steps (hindsight.text.trace).
+  verifier: `boxed` or MODULE:FN (hindsight.text.verify).
+  embedding, similarity: what counts as restating a step (hindsight.text.similarity), for
+    policy_other and policy_no_repeat.
+  max_draws: policy_other / policy_no_repeat draw up to max_draws x K continuations per step
+    to find K that do not restate it.
+  null_text: the step that replaces step t under `null`.
+  samples_per_request: `n` of each request; concurrency: requests in flight.
+  budget_completions, budget_tokens: most a run may request (0: no limit).
+  cache: the completion cache (default OUT/completions.sqlite).
+  timeout, retries: per request.
+  """
+
+  endpoint: str = "http://127.0.0.1:8100/v1"
+  model: str = ""
+  api_key_env: str = "OPENAI_API_KEY"
+  temperature: float = 1.0
+  top_p: float = 1.0
+  max_tokens: int = 1024
+  stop: tuple[str, ...] = ()
+  chunking: str = "sentences"
+  verifier: str = "boxed"
+  embedding: str = "lexical"
+  similarity: float = 0.8
+  max_draws: int = 4
+  null_text: str = ""
+  samples_per_request: int = 16
+  concurrency: int = 16
+  budget_completions: int = 0
+  budget_tokens: int = 0
+  cache: str = ""
+  timeout: float = 60.0
+  retries: int = 6
+
+  # Fields that change how a job runs, not what it labels: left out of its description.
+  OPERATIONAL = (
+    "endpoint",
+    "api_key_env",
+    "concurrency",
+    "budget_completions",
+    "budget_tokens",
+    "cache",
+    "timeout",
+    "retries",
+  )
+
+  def __post_init__(self):
+    if not self.model:
+      raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
+    if not 0.0 <= self.temperature <= 2.0:
+      raise HindsightError(f"--temperature must be in [0, 2], got {self.temperature}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise HindsightError(f"--top-p must be in (0, 1], got {self.top_p}")
+    for name in ("max_tokens", "max_draws", "samples_per_request", "concurrency"):
+      if getattr(self, name) < 1:
+        raise HindsightError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+    for name in ("budget_completions", "budget_tokens", "retries"):
+      if getattr(self, name) < 0:
+        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+    if not self.timeout > 0:
+      raise HindsightError(f"--timeout must be > 0, got {self.timeout}")
+
+  def describe(self) -> dict:
+    d = dataclasses.asdict(self)
+    for name in self.OPERATIONAL:
+      d.pop(name)
+    d["stop"] = list(d["stop"])
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
 class LabelJob:
   """Everything that determines a label dataset (all of it goes into its metadata)."""
 
@@ -76,6 +154,7 @@ class LabelJob:
   workers: int = 1  # adapters only: processes (labels do not depend on it)
   return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
   permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
+  text: TextOptions | None = None  # text traces only (--env text:FILE.jsonl)
 
   def describe(self) -> dict:
     """The job as plain JSON types (what the dataset's metadata and a resumed job's check
@@ -84,6 +163,10 @@ class LabelJob:
     d = dataclasses.asdict(self)
     d.update(d.pop("config"))
     d.pop("workers")
+    if self.text is None:
+      d.pop("text")  # what every job without text traces has always described
+    else:
+      d["text"] = self.text.describe()
     if d["return_range"] is not None:
       d["return_range"] = [float(x) for x in d["return_range"]]
     return d

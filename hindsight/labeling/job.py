@@ -101,6 +101,8 @@ def _gymnax_horizon(job: LabelJob) -> int | None:
 class _JaxSource:
   """Chunks from the JAX engine (sharded over devices)."""
 
+  texts = False  # no prompt or step texts (hindsight.text.source's sources have them)
+
   def __init__(self, job: LabelJob):
     self.env, self.policy = make(job.env, job.policy, _gymnax_horizon(job), job.return_range)
     self.labeler = Labeler(self.env, self.policy, job.config)
@@ -159,6 +161,8 @@ class _JaxSource:
 class _PySource:
   """Chunks from Gymnasium / dm_env environments over a process pool."""
 
+  texts = False
+
   def __init__(self, job: LabelJob):
     from hindsight.envs.adapters import load_policy, make_py_env
 
@@ -189,6 +193,17 @@ class _PySource:
     return label_episodes(self.py_job, range(start, stop), self.workers, lambda: bar.update(1))
 
 
+def _source(job: LabelJob, out_dir: str):
+  """The job's source of labeled chunks: text traces, Gymnasium/dm_env, or the JAX engine."""
+  from hindsight.text.source import TextSource, is_text_spec
+
+  if is_text_spec(job.env):
+    return TextSource(job, out_dir)
+  if job.text is not None:
+    raise HindsightError("--model, --endpoint and the other text flags are for --env text:... only")
+  return _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+
+
 def _chunk_path(work: str, start: int, stop: int) -> str:
   return os.path.join(work, f"episodes_{start:09d}_{stop:09d}.npz")
 
@@ -211,6 +226,7 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
     for i in range(len(c["episode"])):
       T = int(c["length"][i])
       fields = {name: c[name][i, :T] for name in label_io.EXAMPLE_STEP_ARRAYS if name in c}
+      fields.update({name: c[name][i] for name in label_io.TEXT_FIELDS if name in c})
       fields.update(
         {
           "episode": c["episode"][i],
@@ -223,6 +239,16 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       if "agent" in c:  # sampled Shapley values come without interactions and coalitions
         fields.update({name: c[name][i] for name in label_io.AGENT_FIELDS if name in c})
       yield label_io.make_example(fields)
+
+
+def _chunk_totals(paths: list[str], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+  """The per-episode arrays `names` of every chunk file, concatenated."""
+  parts: dict[str, list] = {name: [] for name in names}
+  for path in paths:
+    with np.load(path) as z:
+      for name in names:
+        parts[name].append(z[name])
+  return {name: np.concatenate(v) for name, v in parts.items()}
 
 
 def _differing(previous: dict, described: dict) -> str:
@@ -301,7 +327,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   _check(job)
   rank, count = jax.process_index(), jax.process_count()
   with together("starting the job"):
-    source = _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+    source = _source(job, out_dir)
   if rank == 0 and takes_policy_options(job.env) and job.return_range is None:
     bound = (
       "the tie bound of a near-tied step is then infinite (stderr inf, klass undetermined)"
@@ -343,8 +369,9 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     for start, stop in todo:
       arrays = source.label(job.seed, start, stop, chunk, bar)
       atomic_savez(_chunk_path(work, start, stop), arrays)
-      env_steps += int(arrays["rollout_steps"].sum())
-      bar.set_postfix(env_steps=f"{env_steps:.3g}")
+      if "rollout_steps" in arrays:  # text sources show their own rates
+        env_steps += int(arrays["rollout_steps"].sum())
+        bar.set_postfix(env_steps=f"{env_steps:.3g}")
 
   path = label_io.dataset_dir(out_dir)
   with together(f"writing the dataset in --out {out_dir}"):
@@ -390,8 +417,16 @@ def _finish(job: LabelJob, source, out_dir: str, work: str, ranges, described: d
     source.with_states,
     source.num_agents,
     coalitions=source.coalitions,
+    texts=source.texts,
   )
   paths = [_chunk_path(work, *r) for r in ranges]
+  if source.texts:
+    # Text traces: the horizon is the longest trace, and the cost is in completions.
+    totals = _chunk_totals(paths, ("length", "completions"))
+    metadata["horizon"] = int(totals["length"].max())
+    metadata["completions"] = int(totals["completions"].sum())
+    metadata.update({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                     for k, v in source.metadata.items()})  # fmt: skip
   path = label_io.write_dataset(
     out_dir,
     features,

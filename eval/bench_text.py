@@ -1,0 +1,186 @@
+"""Text labeling's speed and cost against the text world (no network, no GPU).
+
+Starts `hindsight text-world serve` in a subprocess and prints:
+  1. completions/s of the client against it at concurrency 1, 16 and 64 (n = 1 per request);
+  2. a rerun of the same draws: the share answered from the cache and the requests sent;
+  3. the client's own overhead per completion, against a server that does no work
+     (httpx.MockTransport), at n = 1 and 16 per request;
+  4. labels per completion: `hindsight label --env text:...` on --traces prompts at K = 16
+     and 64 (policy), with the completions each labeled step cost, the mean credit stderr,
+     and the error against the world's exact credit; beside it thought-anchors' 100
+     resamples per chunk.
+
+  python eval/bench_text.py [--traces 16] [--completions 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+
+from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
+from hindsight.labeling.job import run_label_job
+from hindsight.text import world
+from hindsight.text.client import CompletionCache, CompletionClient, Draw, Sampling
+from hindsight.text.exact import compare_to_exact
+from hindsight.text.trace import write_traces
+
+
+def _start_server(port: int) -> subprocess.Popen:
+  cmd = [sys.executable, "-m", "hindsight.cli", "text-world", "serve", "--port", str(port)]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    try:
+      if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+        return proc
+    except httpx.TransportError:
+      time.sleep(0.1)
+  proc.kill()
+  raise SystemExit(f"the text world did not start: {proc.stderr.read().decode()[-300:]}")
+
+
+def _draws(count: int, seed: int) -> list[Draw]:
+  """`count` one-sample draws from prefixes of sampled world traces (varied lengths)."""
+  traces = world.sample_traces(seed, max(1, count // 8))
+  prefixes = [t.prefix(j) for t in traces for j in range(len(t.steps))]
+  return [Draw(prefixes[i % len(prefixes)], seed + i, 0, 1) for i in range(count)]
+
+
+def _client(url: str, cache_path: str, concurrency: int, transport=None) -> CompletionClient:
+  return CompletionClient(url, world.MODEL_NAME, Sampling(max_tokens=512),
+                          CompletionCache(cache_path), concurrency=concurrency,
+                          transport=transport)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--traces", type=int, default=16, help="prompts labeled in part 4")
+  p.add_argument("--completions", type=int, default=512, help="completions per concurrency")
+  p.add_argument("--port", type=int, default=8131)
+  args = p.parse_args(argv)
+  url = f"http://127.0.0.1:{args.port}/v1"
+  work = tempfile.mkdtemp(prefix="bench_text_")
+  server = _start_server(args.port)
+  try:
+    print("1. completions/s against the text world (n = 1 per request; server: one process)")
+    print(f"{'concurrency':>12}{'completions/s':>15}{'requests/s':>12}")
+    for c in (1, 16, 64):
+      client = _client(url, os.path.join(work, f"c{c}.sqlite"), c)
+      draws = _draws(args.completions, 1000 * c)
+      tic = time.perf_counter()
+      client.sample(draws)
+      rate = len(draws) / (time.perf_counter() - tic)
+      print(f"{c:>12}{rate:>15.1f}{client.stats.requests / (time.perf_counter() - tic):>12.1f}")
+
+    again = _client(url, os.path.join(work, "c16.sqlite"), 16)
+    draws = _draws(args.completions, 16000)
+    again.sample(draws)
+    share = again.stats.cached / len(draws)
+    print(f"\n2. rerun of {len(draws)} draws: {100 * share:.1f}% from the cache, "
+          f"{again.stats.requests} requests sent")  # fmt: skip
+
+    print("\n3. client overhead per completion (a server that does no work)")
+    for n in (1, 16):
+      body = {"choices": [{"index": i, "text": "x.", "finish_reason": "stop"} for i in range(n)]}
+      transport = httpx.MockTransport(lambda r, body=body: httpx.Response(200, json=body))
+      client = _client("http://mock/v1", os.path.join(work, f"mock{n}.sqlite"), 16, transport)
+      draws = [Draw(f"p{i}", i, 0, n) for i in range(2048 // n)]
+      tic = time.perf_counter()
+      client.sample(draws)
+      per = (time.perf_counter() - tic) / (len(draws) * n)
+      print(f"  n = {n:>2}: {1e6 * per:8.1f} us per completion")
+
+    print("\n4. labels per completion (policy, the text world's exact credit as the truth)")
+    prompts = os.path.join(work, "prompts.jsonl")
+    write_traces(prompts, world.prompt_traces(7, args.traces))
+    print(f"{'K':>4}{'steps':>7}{'completions':>13}{'per step':>10}{'mean stderr':>13}"
+          f"{'RMSE':>8}{'z RMS':>7}{'seconds':>9}")  # fmt: skip
+    rmse = {}
+    for K in (16, 64):
+      options = TextOptions(endpoint=url, model=world.MODEL_NAME, concurrency=16)
+      job = LabelJob(f"text:{prompts}", args.traces, LabelConfig(num_rollouts=K), text=options)
+      tic = time.perf_counter()
+      path = run_label_job(job, os.path.join(work, f"labels{K}"), progress=False)
+      seconds = time.perf_counter() - tic
+      from hindsight.data import open_labels
+
+      labels = open_labels(path)
+      se = np.concatenate([np.asarray(e["credit_stderr"]) for e in labels])
+      report = compare_to_exact(path)
+      f = report["fields"]["credit"]
+      completions = report["summary"]["completions"]
+      rmse[K] = float(np.sqrt(np.mean(np.square(_errors(labels)))))
+      print(f"{K:>4}{f['steps']:>7}{completions:>13}{completions / f['steps']:>10.1f}"
+            f"{se.mean():>13.4f}{rmse[K]:>8.4f}{f['z_rms']:>7.2f}{seconds:>9.1f}")  # fmt: skip
+    print(f"  thought-anchors' 100 resamples per chunk cost 100 completions per step; at that "
+          f"cost this estimator's RMSE would be about {rmse[64] * np.sqrt(64 / 100):.4f} "
+          "(the K = 64 figure scaled by 1/sqrt(K))")  # fmt: skip
+    _stratified(prompts, args.traces, url, os.path.join(work, "labels16", "completions.sqlite"))
+  finally:
+    server.terminate()
+    server.wait(timeout=10)
+  return 0
+
+
+def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:
+  """5. Plain resampling against a stratified estimator on the same K = 16 pools (all from
+  the cache): a redraw of step t that repeats it verbatim continues exactly as the trace
+  does, so with w the share of verbatim redraws, Delta_t = (1 - w) (Q(step t) - E[Q | a
+  different step]); the verbatim redraws' outcomes join the keep arm."""
+  from hindsight.text.exact import exact_labels
+  from hindsight.text.labeler import TextLabeler
+  from hindsight.text.trace import chunk_text
+
+  options = TextOptions(endpoint=url, model=world.MODEL_NAME)
+  labeler = TextLabeler(f"text:{prompts}", traces, LabelConfig(num_rollouts=16), options, 0)
+  labeler.open(cache)
+  plain_err, strat_err, shares = [], [], []
+  requests_before = labeler.client.stats.requests
+  for found in labeler.resamples(0, traces):
+    trace, pools, outcomes, R = found.trace, found.pools, found.outcomes, found.outcome
+    T = len(trace.steps)
+    truth = exact_labels({"prompt": trace.prompt, "step_text": [s.text for s in trace.steps]},
+                         "policy")["credit"]  # fmt: skip
+    for t in range(T):
+      keep = outcomes[t + 1] if t + 1 < T else np.array([R])
+      first = [(chunk_text(c.text) or [""])[0].strip() for c in pools[t]]
+      same = np.array([f == trace.steps[t].text.strip() for f in first])
+      w = same.mean()
+      plain = keep.mean() - outcomes[t].mean()
+      if same.all():
+        strat = 0.0
+      else:
+        pooled = keep if t + 1 == T else np.concatenate([keep, outcomes[t][same]])
+        strat = (1 - w) * (pooled.mean() - outcomes[t][~same].mean())
+      plain_err.append(plain - truth[t])
+      strat_err.append(strat - truth[t])
+      shares.append(w)
+  assert labeler.client.stats.requests == requests_before  # every pool came from the cache
+  mse_p, mse_s = np.mean(np.square(plain_err)), np.mean(np.square(strat_err))
+  print(f"\n5. plain against stratified on the same K = 16 pools ({len(shares)} steps; verbatim "
+        f"redraws: {100 * np.mean(shares):.0f}% of draws)")  # fmt: skip
+  print(f"  MSE against the exact credit: plain {mse_p:.4f}, stratified {mse_s:.4f} "
+        f"(ratio {mse_s / mse_p:.2f}); bias: plain {np.mean(plain_err):+.4f}, "
+        f"stratified {np.mean(strat_err):+.4f}")  # fmt: skip
+
+
+def _errors(labels) -> np.ndarray:
+  from hindsight.text.exact import exact_labels
+
+  out = []
+  for example in labels:
+    truth = exact_labels(example, labels.metadata["replacement"])
+    out.append(np.asarray(example["credit"], np.float64) - truth["credit"])
+  return np.concatenate(out)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,33 @@
+"""Text traces: label language-model traces by resampling them through an OpenAI-compatible
+completions endpoint (docs/text.md).
+
+  hindsight label --env text:FILE.jsonl --endpoint URL --model NAME --out DIR
+  hindsight import thought-anchors DIR --out OUT
+  hindsight text-world serve | prompts | exact        (a local model with exact credit)
+
+From Python: `read_traces` / `write_traces` and `chunk_text` (the format), `load_verifier`,
+`CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, and the
+text world (`hindsight.text.world`, `running_world` serves it from a thread).
+"""
+
+from hindsight._lazy import lazy_exports
+
+_HOMES = {
+  "TextStep": "hindsight.text.trace",
+  "TextTrace": "hindsight.text.trace",
+  "chunk_text": "hindsight.text.trace",
+  "read_traces": "hindsight.text.trace",
+  "write_traces": "hindsight.text.trace",
+  "load_verifier": "hindsight.text.verify",
+  "Similarity": "hindsight.text.similarity",
+  "CompletionCache": "hindsight.text.client",
+  "CompletionClient": "hindsight.text.client",
+  "Draw": "hindsight.text.client",
+  "Sampling": "hindsight.text.client",
+  "TextLabeler": "hindsight.text.labeler",
+  "import_thought_anchors": "hindsight.text.thought_anchors",
+  "compare_to_exact": "hindsight.text.exact",
+  "running_world": "hindsight.text.server",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+__all__ = sorted(_HOMES)

@@ -1,0 +1,360 @@
+"""Completions from an OpenAI-compatible `/v1/completions` endpoint: async, cached, bounded.
+
+`CompletionClient.sample(draws)` returns the completions of a list of `Draw`s (a prompt, a
+seed, a block of sample indices). It
+  * looks every sample up in the on-disk `CompletionCache` first (SQLite, one committed
+    transaction per response: a job killed at any moment keeps every response it received,
+    and a rerun asks for nothing it already has);
+  * sends what is missing with `n` samples per request, at most `concurrency` in flight, in
+    the order given (the labeler orders draws by trace and prefix, so requests that share a
+    prefix reach the server together and hit its prefix cache);
+  * retries 408/409/429/5xx answers, timeouts, dropped connections and malformed JSON with
+    exponential backoff (honouring Retry-After), `retries` times, then stops with a one-line
+    error; any other 4xx is a one-line error at once (a wrong model name, a refused key);
+  * refuses to go past its budget in completions or tokens (checked before each request:
+    the run stops with what it has cached, and a rerun with a larger budget goes on).
+
+A sample's cache key is SHA-256 of (model, prompt, sampling parameters, seed, index). Which
+indices share a request is fixed by (start, n) of the draw, never by what is cached, so a
+resumed job sends exactly the requests the killed one had not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sqlite3
+import time
+
+from hindsight.errors import HindsightError, one_line
+
+RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """The sampling parameters every request carries (part of every cache key)."""
+
+  temperature: float = 1.0
+  top_p: float = 1.0
+  max_tokens: int = 1024
+  stop: tuple[str, ...] = ()
+
+  def body(self) -> dict:
+    out = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+    if self.stop:
+      out["stop"] = list(self.stop)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  text: str
+  finish_reason: str
+  tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+  """Samples start .. start + n - 1 of (prompt, seed): one request when not cached."""
+
+  prompt: str
+  seed: int
+  start: int
+  n: int
+
+
+def block_seed(seed: int, start: int) -> int:
+  """The `seed` of the request for samples start .. start + n - 1 of a draw seeded `seed`:
+  servers seed a request's choices from it, so every block needs its own (31 bits: what
+  every server accepts)."""
+  digest = hashlib.sha256(f"{seed}:{start}".encode()).digest()
+  return int.from_bytes(digest[:4], "little") >> 1
+
+
+class CompletionCache:
+  """Completions on disk, keyed by `key(...)`; safe against a kill at any moment."""
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+      self._db.execute("PRAGMA journal_mode=WAL")
+      # Durable against a killed process (what resuming needs), without an fsync per response.
+      self._db.execute("PRAGMA synchronous=NORMAL")
+      self._db.execute(
+        "CREATE TABLE IF NOT EXISTS completions "
+        "(key TEXT PRIMARY KEY, text TEXT NOT NULL, finish TEXT NOT NULL, tokens INTEGER)"
+      )
+    except sqlite3.DatabaseError as e:
+      raise HindsightError(f"--cache {path}: not a completion cache ({e})") from None
+
+  @staticmethod
+  def key(model: str, prompt: str, sampling: Sampling, seed: int, index: int) -> str:
+    blob = json.dumps([model, prompt, dataclasses.asdict(sampling), seed, index])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+  def get(self, keys: list[str]) -> dict[str, Completion]:
+    out: dict[str, Completion] = {}
+    for lo in range(0, len(keys), 500):
+      part = keys[lo : lo + 500]
+      marks = ",".join("?" * len(part))
+      rows = self._db.execute(
+        f"SELECT key, text, finish, tokens FROM completions WHERE key IN ({marks})", part
+      )
+      out.update({k: Completion(t, f, n) for k, t, f, n in rows})
+    return out
+
+  def put(self, items: list[tuple[str, Completion]]) -> None:
+    self._db.execute("BEGIN")
+    self._db.executemany(
+      "INSERT OR REPLACE INTO completions VALUES (?, ?, ?, ?)",
+      [(k, c.text, c.finish_reason, c.tokens) for k, c in items],
+    )
+    self._db.execute("COMMIT")
+
+  def __len__(self) -> int:
+    return int(self._db.execute("SELECT COUNT(*) FROM completions").fetchone()[0])
+
+  def close(self) -> None:
+    self._db.close()
+
+
+@dataclasses.dataclass
+class Budget:
+  """Most completions and tokens a run may request (0: no limit)."""
+
+  completions: int = 0
+  tokens: int = 0
+  spent_completions: int = 0
+  spent_tokens: int = 0
+
+  def reserve(self, n: int) -> None:
+    if self.completions and self.spent_completions + n > self.completions:
+      raise HindsightError(
+        f"the budget of {self.completions} completions is spent ({self.spent_completions} "
+        "requested by this run; cached samples cost nothing): rerun with a larger "
+        "--budget-completions to go on"
+      )
+    if self.tokens and self.spent_tokens >= self.tokens:
+      raise HindsightError(
+        f"the budget of {self.tokens} tokens is spent ({self.spent_tokens} by this run): rerun "
+        "with a larger --budget-tokens to go on"
+      )
+    self.spent_completions += n
+
+
+@dataclasses.dataclass
+class ClientStats:
+  requests: int = 0
+  completions: int = 0
+  cached: int = 0
+  tokens: int = 0
+  retries: int = 0
+  truncated: int = 0  # finish_reason "length": max_tokens cut the sample short
+  seconds: float = 0.0
+
+
+class _Retry(Exception):
+  """A failure worth another try (the message says what it was)."""
+
+  def __init__(self, message: str, wait: float | None = None):
+    super().__init__(message)
+    self.wait = wait
+
+
+class CompletionClient:
+  """See the module docstring. `transport` replaces the network (tests: httpx.MockTransport)."""
+
+  def __init__(
+    self,
+    endpoint: str,
+    model: str,
+    sampling: Sampling,
+    cache: CompletionCache,
+    *,
+    api_key: str | None = None,
+    concurrency: int = 16,
+    retries: int = 6,
+    timeout: float = 60.0,
+    backoff: float = 0.5,
+    budget: Budget | None = None,
+    transport=None,
+    bar=None,
+  ):
+    if concurrency < 1:
+      raise HindsightError(f"--concurrency must be >= 1, got {concurrency}")
+    if not endpoint.startswith(("http://", "https://")):
+      raise HindsightError(f"--endpoint {endpoint}: expected an http:// or https:// URL")
+    self.url = endpoint.rstrip("/") + "/completions"
+    self.endpoint, self.model, self.sampling, self.cache = endpoint, model, sampling, cache
+    self.api_key, self.concurrency, self.retries = api_key, concurrency, retries
+    self.timeout, self.backoff, self.transport = timeout, backoff, transport
+    self.budget = budget or Budget()
+    self.stats = ClientStats()
+    self.bar = bar  # a tqdm bar to show the rates on (its postfix)
+    self._started = time.monotonic()
+
+  def _keys(self, draw: Draw) -> list[str]:
+    return [
+      CompletionCache.key(self.model, draw.prompt, self.sampling, draw.seed, draw.start + j)
+      for j in range(draw.n)
+    ]
+
+  def sample(self, draws: list[Draw]) -> list[list[Completion]]:
+    """The completions of every draw, in order ([len(draws)][n])."""
+    keys = [self._keys(d) for d in draws]
+    found = self.cache.get([k for ks in keys for k in ks])
+    missing = [i for i, ks in enumerate(keys) if any(k not in found for k in ks)]
+    self.stats.cached += sum(len(ks) for ks in keys) - sum(len(keys[i]) for i in missing)
+    if missing:
+      fetched = asyncio.run(self._fetch_all([draws[i] for i in missing]))
+      for i, completions in zip(missing, fetched, strict=True):
+        found.update(zip(keys[i], completions, strict=True))
+    return [[found[k] for k in ks] for ks in keys]
+
+  async def _fetch_all(self, draws: list[Draw]) -> list[list[Completion]]:
+    """`concurrency` workers take the draws in order, each on a connection of its own: one
+    shared httpx pool serialises its requests on a lock, and its throughput fell as
+    concurrency rose (encode/httpx#3215)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+    # One TLS context for every worker (each would load the CA bundle again, 30 ms apiece).
+    verify = _tls_context() if self.url.startswith("https://") else False
+    todo = collections.deque(enumerate(draws))
+    results: list[list[Completion] | None] = [None] * len(draws)
+    started = self._started = time.monotonic()
+
+    async def worker():
+      limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+      async with httpx.AsyncClient(
+        headers=headers,
+        timeout=self.timeout,
+        limits=limits,
+        transport=self.transport,
+        verify=verify,
+      ) as http:
+        while todo:
+          i, draw = todo.popleft()
+          results[i] = await self._fetch(http, draw)
+
+    try:
+      async with asyncio.TaskGroup() as group:
+        for _ in range(min(self.concurrency, len(draws))):
+          group.create_task(worker())
+    except* HindsightError as errors:
+      raise errors.exceptions[0] from None
+    finally:
+      self.stats.seconds += time.monotonic() - started
+    return results  # type: ignore[return-value]
+
+  async def _fetch(self, http, draw: Draw) -> list[Completion]:
+    """One draw: its request, retried (module docstring), its samples cached."""
+    self.budget.reserve(draw.n)
+    body = {"model": self.model, "prompt": draw.prompt, "n": draw.n,
+            "seed": block_seed(draw.seed, draw.start), **self.sampling.body()}  # fmt: skip
+    for attempt in range(self.retries + 1):
+      try:
+        completions, tokens = await self._request(http, body, draw.n)
+        break
+      except _Retry as e:
+        if attempt == self.retries:
+          raise HindsightError(
+            f"--endpoint {self.endpoint}: {e} after {self.retries} retries"
+          ) from None
+        self.stats.retries += 1
+        wait = self.backoff * 2**attempt if e.wait is None else e.wait
+        await asyncio.sleep(min(wait, 30.0))
+    self.cache.put(list(zip(self._keys(draw), completions, strict=True)))
+    self.budget.spent_tokens += tokens
+    s = self.stats
+    s.requests += 1
+    s.completions += len(completions)
+    s.tokens += tokens
+    s.truncated += sum(c.finish_reason == "length" for c in completions)
+    self._report()
+    return completions
+
+  def _report(self) -> None:
+    """Requests/s, tokens/s and the cache's share on the progress bar (at most 5 times/s)."""
+    now = time.monotonic()
+    if self.bar is None or now - getattr(self, "_reported", 0.0) < 0.2:
+      return
+    self._reported = now
+    s = self.stats
+    elapsed = max(s.seconds + now - self._started, 1e-9)
+    rates = {"req_s": f"{s.requests / elapsed:.1f}", "tok_s": f"{s.tokens / elapsed:.3g}"}
+    self.bar.set_postfix(completions=s.completions, cached=s.cached, **rates)
+
+  async def _request(self, http, body: dict, n: int) -> tuple[list[Completion], int]:
+    """The n completions of one request and the completion tokens it used (the server's
+    `usage`, else the samples' words)."""
+    import httpx
+
+    try:
+      response = await http.post(self.url, json=body)
+    except httpx.TimeoutException:
+      raise _Retry(f"no answer within {self.timeout:g} s") from None
+    except httpx.TransportError as e:
+      raise _Retry(f"unreachable ({one_line(e) or type(e).__name__})") from None
+    if response.status_code in RETRY_STATUS:
+      wait = response.headers.get("retry-after")
+      try:
+        wait = float(wait) if wait is not None else None
+      except ValueError:
+        wait = None
+      raise _Retry(f"HTTP {response.status_code}", wait)
+    if response.status_code >= 400:
+      raise HindsightError(
+        f"--endpoint {self.endpoint} refused the request (HTTP {response.status_code}): "
+        f"{_error_message(response)}"
+      )
+    try:
+      payload = response.json()
+      choices = sorted(payload["choices"], key=lambda c: int(c["index"]))
+      out = [_completion(c) for c in choices]
+    except (ValueError, KeyError, TypeError):
+      raise _Retry("malformed response (not a completions JSON body)") from None
+    if len(out) != n:
+      raise _Retry(f"malformed response ({len(out)} choices for n = {n})")
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return out, int(tokens) if isinstance(tokens, int) else sum(c.tokens for c in out)
+
+
+@functools.cache
+def _tls_context():
+  import ssl
+
+  import certifi
+
+  return ssl.create_default_context(cafile=certifi.where())
+
+
+def _completion(choice: dict) -> Completion:
+  text = choice["text"]
+  if not isinstance(text, str):
+    raise TypeError("text")
+  # Servers count tokens in `usage` for the whole request; a sample's own count is
+  # estimated by its words (kept in the cache, for the record).
+  return Completion(text, str(choice.get("finish_reason") or "stop"), len(text.split()))
+
+
+def _error_message(response) -> str:
+  try:
+    payload = response.json()
+    message = payload.get("error", {}).get("message") or payload.get("message") or ""
+  except (ValueError, AttributeError):
+    message = response.text[:200]
+  return one_line(message) or response.reason_phrase
+
+
+def api_key_from(env_var: str) -> str | None:
+  """The API key in environment variable `env_var` (None: unset, no Authorization header)."""
+  return os.environ.get(env_var) or None

@@ -1,0 +1,307 @@
+"""Labels text traces by resampling them through a completions endpoint.
+
+`TextLabeler.label(start, stop)` labels traces start .. stop-1 of the job's JSONL file: it
+samples a trace first where the file holds only its prompt, then draws K continuations from
+every prefix (and the replace arm's draws), verifies every continuation, and reduces the
+outcomes with `hindsight.text.estimate`. The estimands are those of docs/design.md read for
+text (docs/text.md):
+
+  policy            step t redrawn from the prefix before it, then continued
+  policy_other      the same, keeping only draws whose new step is not a restatement of step
+                    t (cosine < --similarity), up to --max-draws x K draws per step
+  policy_no_repeat  policy_other, and no later step of the continuation restates step t
+                    either (resilience: thought-anchors resample until the content does not
+                    come back)
+  null              step t replaced by --null-text, then continued
+  uniform           has no meaning for text (no finite action set): refused
+
+Every request's seed comes from a jax.random key folded from (seed, trace, arm, prefix), so
+a deterministic server (vLLM's batch-invariant mode, the text world) gives the same labels
+on every run; the completion cache makes a rerun free either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import msgspec
+import numpy as np
+
+from hindsight.errors import HindsightError
+from hindsight.labeling.config import LabelConfig, TextOptions
+from hindsight.text.client import (
+  Budget,
+  Completion,
+  CompletionCache,
+  CompletionClient,
+  Draw,
+  Sampling,
+  api_key_from,
+)
+from hindsight.text.estimate import text_step_fields
+from hindsight.text.similarity import Similarity
+from hindsight.text.trace import TextStep, TextTrace, check_chunking, chunk_text, read_traces
+from hindsight.text.verify import load_verifier
+
+TEXT_REPLACEMENTS = ("policy", "policy_other", "policy_no_repeat", "null")
+ARM_BASE, ARM_POOL, ARM_NULL = 0, 1, 2
+
+
+def check_text_replacement(replacement: str, options: TextOptions) -> None:
+  if replacement not in TEXT_REPLACEMENTS:
+    raise HindsightError(
+      f"replacement '{replacement}' has no meaning for text traces (choose from "
+      f"{', '.join(TEXT_REPLACEMENTS)})"
+    )
+  if replacement == "null" and not options.null_text.strip():
+    raise HindsightError(
+      "replacement 'null' on text needs --null-text (the step that replaces step t; deleting "
+      "the step and continuing is the `policy` replacement)"
+    )
+
+
+def text_path(env: str) -> str:
+  """FILE of `--env text:FILE.jsonl`."""
+  path = env.partition(":")[2]
+  if not path:
+    raise HindsightError("--env text needs a trace file: text:FILE.jsonl")
+  return path
+
+
+def tag_of(step: TextStep) -> str:
+  return "tool_call" if step.tool_call is not None else (step.role or "step")
+
+
+@functools.cache
+def _seed_program():
+  def seeds(seed, episode, arm, prefixes):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), episode), arm)
+    keys = jax.vmap(lambda j: jax.random.fold_in(key, j))(prefixes)
+    return jax.vmap(lambda k: jax.random.bits(k, dtype=np.uint32))(keys)
+
+  return jax.jit(seeds)
+
+
+def request_seeds(seed: int, episode: int, arm: int, count: int) -> np.ndarray:
+  """uint32 [count]: the seed of each prefix's requests, from a jax.random key."""
+  out = _seed_program()(np.uint32(seed), np.int32(episode), np.int32(arm), np.arange(count))
+  return np.asarray(out).astype(np.int64)
+
+
+@dataclasses.dataclass
+class Resamples:
+  """One trace and the policy's continuations of its prefixes.
+
+  trace: the trace with its steps; episode: its index; seeds [T]: of each prefix's requests;
+  pools [T][K]: the completions continuing x_t (the prompt and steps 0 .. t-1); outcomes
+  [T][K]: their verified outcomes; outcome: the trace's own; sampled: the trace itself was
+  sampled from its prompt."""
+
+  trace: TextTrace
+  episode: int
+  seeds: np.ndarray
+  pools: list[list[Completion]]
+  outcomes: list[np.ndarray]
+  outcome: float
+  sampled: bool
+
+
+class TextLabeler:
+  """See the module docstring. `open(cache_path)` before `label`."""
+
+  def __init__(self, env: str, episodes: int, config: LabelConfig, options: TextOptions, seed: int):
+    self.path = text_path(env)
+    check_text_replacement(config.replacement, options)
+    check_chunking(options.chunking)
+    if config.exact:
+      raise HindsightError("--exact needs a tabular MDP (text traces are labeled by resampling)")
+    if not config.stratify:
+      raise HindsightError("--unstratified has no meaning for text traces")
+    self.traces = read_traces(self.path, limit=episodes)
+    if len(self.traces) < episodes:
+      raise HindsightError(f"--episodes {episodes}: {self.path} holds {len(self.traces)} traces")
+    self.config, self.options, self.seed = config, options, seed
+    self.verify = load_verifier(options.verifier)
+    self.similarity = Similarity(options.embedding, options.similarity)
+    self.sampling = Sampling(options.temperature, options.top_p, options.max_tokens,
+                             tuple(options.stop))  # fmt: skip
+    roles = {tag_of(s) for t in self.traces for s in t.steps or ()}
+    self.tag_names = ("step", *sorted(roles - {"step"}))
+    self.client: CompletionClient | None = None
+
+  def open(self, cache_path: str, bar=None) -> None:
+    o = self.options
+    self.client = CompletionClient(
+      o.endpoint,
+      o.model,
+      self.sampling,
+      CompletionCache(cache_path),
+      api_key=api_key_from(o.api_key_env),
+      concurrency=o.concurrency,
+      retries=o.retries,
+      timeout=o.timeout,
+      budget=Budget(o.budget_completions, o.budget_tokens),
+      bar=bar,
+    )
+
+  # -- draws ------------------------------------------------------------------------------
+  def _blocks(self, prompt: str, seed: int, lo: int, hi: int) -> list[Draw]:
+    """Draws of samples lo .. hi-1 in the fixed blocks of the request size: the first K in
+    blocks of n from 0 (the last cut at K), later ones in blocks of n from K."""
+    K, n = self.config.num_rollouts, min(self.options.samples_per_request, self.config.num_rollouts)
+    starts = [*range(0, K, n)]
+    out = []
+    for b in starts:
+      end = min(b + n, K)
+      if b < hi and end > lo:
+        out.append(Draw(prompt, seed, b, end - b))
+    b = K
+    while b < hi:
+      if b + n > lo:
+        out.append(Draw(prompt, seed, b, n))
+      b += n
+    return out
+
+  def _sample(self, requests: list[tuple[str, int, int, int]]) -> list[list]:
+    """Completions of (prompt, seed, lo, hi) requests: [len][hi - lo]."""
+    draws, spans = [], []
+    for prompt, seed, lo, hi in requests:
+      blocks = self._blocks(prompt, seed, lo, hi)
+      spans.append((len(draws), len(blocks), lo, hi))
+      draws.extend(blocks)
+    got = self.client.sample(draws)
+    out = []
+    for first, count, lo, hi in spans:
+      flat = [c for i in range(first, first + count) for c in got[i]]
+      base = draws[first].start
+      out.append(flat[lo - base : hi - base])
+    return out
+
+  # -- labeling ---------------------------------------------------------------------------
+  def _with_steps(self, traces: list[TextTrace], episodes: range) -> list[TextTrace]:
+    """Each trace with its steps: its own, its text chunked, or sampled from its prompt."""
+    out, todo = list(traces), []
+    for i, trace in enumerate(traces):
+      if trace.steps is None and trace.text is None:
+        todo.append(i)
+      elif trace.steps is None:
+        out[i] = self._chunked(trace, trace.text, episodes[i])
+    if todo:
+      seeds = [int(request_seeds(self.seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
+      got = self._sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
+      for i, completions in zip(todo, got, strict=True):
+        out[i] = self._chunked(traces[i], completions[0].text, episodes[i])
+    return out
+
+  def _chunked(self, trace: TextTrace, text: str, episode: int) -> TextTrace:
+    steps = [TextStep(text=c) for c in chunk_text(text, self.options.chunking)]
+    if not steps or not text.strip():
+      raise HindsightError(f"trace {trace.id or episode}: no steps (the completion is empty)")
+    return msgspec.structs.replace(trace, steps=steps, text=None)
+
+  def _outcomes(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
+    """Outcomes of continuations of the prefix with t steps (and `inserted` after it)."""
+    written = "".join(s.text for s in trace.steps[:t]) + inserted
+    return np.array([self.verify(written + c.text, trace) for c in completions], np.float64)
+
+  def _restates(self, step: str, completion: str, anywhere: bool) -> bool:
+    """The continuation's first step (or, `anywhere`, any of its steps) restates `step`."""
+    chunks = [c.strip() for c in chunk_text(completion, self.options.chunking) if c.strip()]
+    if not chunks:
+      return False
+    return bool(self.similarity.same(step.strip(), chunks if anywhere else chunks[:1]).any())
+
+  def resamples(self, start: int, stop: int) -> list[Resamples]:
+    """The policy's continuations of every prefix of traces start .. stop-1 (the keep and
+    phi arms, and the replace arm under `policy`), verified: what the labels reduce."""
+    K = self.config.num_rollouts
+    episodes = range(start, stop)
+    sampled = [t.steps is None and t.text is None for t in self.traces[start:stop]]
+    traces = self._with_steps(self.traces[start:stop], episodes)
+    seeds = [request_seeds(self.seed, e, ARM_POOL, len(t.steps)) for e, t in
+             zip(episodes, traces, strict=True)]  # fmt: skip
+    requests = [(t.prefix(j), int(s[j]), 0, K) for t, s in zip(traces, seeds, strict=True)
+                for j in range(len(t.steps))]  # fmt: skip
+    got = iter(self._sample(requests))
+    out = []
+    for e, trace, s, was_sampled in zip(episodes, traces, seeds, sampled, strict=True):
+      pools = [next(got) for _ in trace.steps]
+      outcomes = [self._outcomes(trace, j, pool) for j, pool in enumerate(pools)]
+      outcome = self.verify(trace.completion(), trace)
+      out.append(Resamples(trace, e, s, pools, outcomes, outcome, was_sampled))
+    return out
+
+  def label(self, start: int, stop: int) -> list[dict]:
+    """The label fields of traces start .. stop-1, one dict per trace."""
+    K, q = self.config.num_rollouts, self.config.replacement
+    found = self.resamples(start, stop)
+    if q == "null":
+      null = self.options.null_text
+      requests = [(r.trace.prefix(j) + null, int(s), 0, K) for r in found
+                  for j, s in enumerate(request_seeds(self.seed, r.episode, ARM_NULL,
+                                                      len(r.trace.steps)))]  # fmt: skip
+      got = iter(self._sample(requests))
+      extra = [[next(got) for _ in r.trace.steps] for r in found]
+      replace = [[self._outcomes(r.trace, j, c, inserted=null) for j, c in enumerate(x)]
+                 for r, x in zip(found, extra, strict=True)]  # fmt: skip
+    elif q in ("policy_other", "policy_no_repeat"):
+      accepted, extra = self._rejection_sample(found, anywhere=q == "policy_no_repeat")
+      replace = [[self._outcomes(r.trace, j, c) for j, c in enumerate(a)]
+                 for r, a in zip(found, accepted, strict=True)]  # fmt: skip
+    else:
+      replace = [r.outcomes for r in found]
+      extra = [[] for _ in found]
+    out = []
+    for r, rep, more in zip(found, replace, extra, strict=True):
+      keep = [*r.outcomes[1:], np.array([r.outcome])]
+      fields = text_step_fields(keep, r.outcomes, rep, r.outcome,
+                                tolerance=self.config.decorative_tolerance,
+                                confidence=self.config.confidence)  # fmt: skip
+      # What the labels cost: the pools, the replace arm's own draws, the trace if sampled.
+      drawn = sum(map(len, r.pools)) + sum(map(len, more)) + r.sampled
+      fields.update(self._trace_arrays(r.trace, r.episode, drawn))
+      out.append(fields)
+    return out
+
+  def _rejection_sample(self, found: list[Resamples], anywhere: bool):
+    """For every step, the first K draws from the prefix before it that do not restate it:
+    the pool first, then further blocks from the same prefix (up to max_draws x K draws).
+    Returns (the accepted completions [trace][t], the extra draws [trace][t])."""
+    K, cap = self.config.num_rollouts, self.options.max_draws * self.config.num_rollouts
+    n = min(self.options.samples_per_request, K)
+    draws = [[list(p) for p in r.pools] for r in found]
+    accepted = [[[] for _ in r.trace.steps] for r in found]
+    checked = [[0] * len(r.trace.steps) for r in found]
+    while True:
+      for i, r in enumerate(found):
+        for t, step in enumerate(r.trace.steps):
+          for c in draws[i][t][checked[i][t] :]:
+            if len(accepted[i][t]) < K and not self._restates(step.text, c.text, anywhere):
+              accepted[i][t].append(c)
+          checked[i][t] = len(draws[i][t])
+      short = [(i, t) for i, r in enumerate(found) for t in range(len(r.trace.steps))
+               if len(accepted[i][t]) < K and len(draws[i][t]) < cap]  # fmt: skip
+      if not short:
+        extra = [[d[K:] for d in per] for per in draws]
+        return accepted, extra
+      requests = []
+      for i, t in short:
+        lo = len(draws[i][t])
+        requests.append((found[i].trace.prefix(t), int(found[i].seeds[t]), lo, min(lo + n, cap)))
+      for (i, t), more in zip(short, self._sample(requests), strict=True):
+        draws[i][t].extend(more)
+
+  def _trace_arrays(self, trace: TextTrace, episode: int, drawn: int) -> dict:
+    T = len(trace.steps)
+    return {
+      "episode": episode,
+      "actions": np.full(T, -1, np.int32),
+      "observations": (np.arange(T, dtype=np.float32) / T)[:, None],
+      "tags": [self.tag_names.index(tag_of(s)) for s in trace.steps],
+      "step_text": [s.text for s in trace.steps],
+      "prompt": trace.prompt,
+      "trace_id": trace.id or f"trace_{episode}",
+      "completions": drawn,
+    }

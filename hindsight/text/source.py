@@ -1,0 +1,98 @@
+"""Text traces as a source of the labeling job (`hindsight.labeling.job`): chunks of traces
+labeled through the endpoint, written, resumed and turned into the TFDS dataset like every
+other environment's. Beside the usual fields the dataset carries each trace's `prompt`,
+`trace_id` and the text of every step (`step_text`), for a text encoder."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hindsight.labeling.config import LabelJob
+from hindsight.text.estimate import SUCCESS_THRESHOLD
+
+CACHE_FILE = "completions.sqlite"
+
+
+def is_text_spec(spec: str) -> bool:
+  return spec.split(":", 1)[0] == "text"
+
+
+class TextSource:
+  """The job's chunks from `TextLabeler` (see hindsight.labeling.job's sources)."""
+
+  def __init__(self, job: LabelJob, out_dir: str):
+    from hindsight.errors import HindsightError
+    from hindsight.labeling.config import TextOptions
+    from hindsight.text.labeler import TextLabeler
+
+    if job.text is None:
+      raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
+    import jax
+
+    if jax.process_count() > 1:
+      raise HindsightError(
+        "text traces are labeled by one process (the endpoint does the work: raise "
+        "--concurrency instead of --num-processes)"
+      )
+    options: TextOptions = job.text
+    self.labeler = TextLabeler(job.env, job.episodes, job.config, options, job.seed)
+    self.cache_path = options.cache or os.path.join(out_dir, CACHE_FILE)
+    self.name, self.policy_name = "text", options.model
+    self.horizon = None  # the longest trace: known once every chunk is labeled
+    self.num_actions, self.null_action = 0, None
+    self.success_threshold, self.success_from_return = SUCCESS_THRESHOLD, True
+    self.tag_names = self.labeler.tag_names
+    self.obs_shape, self.obs_dtype = (1,), np.float32
+    self.with_states, self.texts = False, True
+    self.num_agents, self.agent_names = 0, ()
+    self.coalitions, self.permutations = False, 0
+    self.metadata = {"text": options.describe()}
+    self._truncated = 0
+
+  def chunk_multiple(self) -> int:
+    return 1
+
+  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
+    del seed, chunk  # the labeler carries the seed; chunks are any size
+    if self.labeler.client is None:
+      self.labeler.open(self.cache_path, bar)
+    rows = self.labeler.label(start, stop)
+    bar.update(stop - start)
+    arrays = pad_rows(rows)
+    truncated = self.labeler.client.stats.truncated
+    if truncated > self._truncated:
+      from hindsight.errors import note
+
+      cap = self.labeler.options.max_tokens
+      note(f"{truncated} continuations so far ended at --max-tokens {cap} (finish_reason "
+           "length): the verifier scored them as written")  # fmt: skip
+      self._truncated = truncated
+    return arrays
+
+
+def pad_rows(rows: list[dict]) -> dict:
+  """Per-trace fields -> arrays [n, H, ...] of the longest trace H (floats NaN-padded,
+  ints and flags 0, texts empty); per-trace scalars -> [n]."""
+  H = max(int(r["length"]) for r in rows)
+  out = {}
+  for name, value in rows[0].items():
+    if isinstance(value, np.ndarray | list) and name != "prompt":
+      sample = np.asarray(value)
+      if sample.dtype.kind == "f":
+        pad = np.nan
+      elif sample.dtype.kind in "US":
+        pad = ""
+      else:
+        pad = 0
+      shape = (len(rows), H, *sample.shape[1:])
+      dtype = sample.dtype if sample.dtype.kind not in "US" else object
+      block = np.full(shape, pad, dtype)
+      for i, r in enumerate(rows):
+        v = np.asarray(r[name])
+        block[i, : len(v)] = v
+      out[name] = block.astype(str) if dtype is object else block
+    else:
+      out[name] = np.array([r[name] for r in rows])
+  return out

@@ -1,0 +1,172 @@
+"""Text traces: the format `hindsight label --env text:FILE.jsonl` reads, and chunking.
+
+One trace per JSONL line (docs/text.md):
+
+  {"id": "p0",                      optional name
+   "prompt": "...",                 what the model was given; it writes from its end
+   "steps": [{"text": "...", "role": "assistant", "tool_call": {...}}, ...],
+   "text": "...",                   or the whole completion, chunked by the chunking rule
+   "answer": "42",                  optional: the model's final answer (informational)
+   "reference": "42",               optional: the gold answer, for the built-in verifier
+   "outcome": 1.0}                  optional: the verifier's score as the user recorded it
+
+With neither `steps` nor `text` the trace is a prompt alone: the labeler first samples the
+model's own trace from the endpoint. The steps of a trace tile its completion exactly:
+prompt + "".join(step texts) is the text the model wrote (chunking keeps each chunk's
+trailing whitespace), so the prefix before step t is prompt + steps[:t], byte for byte.
+
+Chunking rules (`chunk_text`):
+  sentences   the thought-anchors rule (Bogdan, Macar et al. 2025): split after . ? ! when
+              whitespace follows, and at blank lines; chunks under 10 characters are merged
+              into the next one (the last into the one before)
+  newlines    one chunk per line
+  re:PATTERN  split after every match of the regular expression PATTERN
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from hindsight.errors import HindsightError
+
+MIN_CHUNK_CHARS = 10
+CHUNKINGS = ("sentences", "newlines", "re:PATTERN")
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n\s*\n\s*")
+
+
+class TextStep(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+  """One step of a trace: its text (with trailing whitespace), who wrote it, a tool call."""
+
+  text: str
+  role: str | None = None
+  tool_call: dict | None = None
+
+
+class TextTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+  """One trace (the module docstring's fields)."""
+
+  prompt: str
+  steps: list[TextStep] | None = None
+  text: str | None = None
+  id: str | None = None
+  answer: str | None = None
+  reference: str | None = None
+  outcome: float | None = None
+
+  def completion(self) -> str:
+    """What the model wrote after the prompt."""
+    if self.steps is not None:
+      return "".join(s.text for s in self.steps)
+    return self.text or ""
+
+  def prefix(self, t: int) -> str:
+    """The prompt and the first t steps: what the model had written before step t."""
+    assert self.steps is not None
+    return self.prompt + "".join(s.text for s in self.steps[:t])
+
+
+def _spans(text: str, cuts) -> list[str]:
+  """text cut at the ends of the matches of `cuts` (each match stays with the span before)."""
+  out, start = [], 0
+  for m in cuts:
+    if m.end() > start:
+      out.append(text[start : m.end()])
+      start = m.end()
+  if start < len(text):
+    out.append(text[start:])
+  return out
+
+
+def _merge_short(chunks: list[str]) -> list[str]:
+  """Chunks with fewer than MIN_CHUNK_CHARS visible characters merged into the next one (the
+  last into the one before): "3." on its own is no step."""
+  out: list[str] = []
+  carry = ""
+  for chunk in chunks:
+    carry += chunk
+    if len(carry.strip()) >= MIN_CHUNK_CHARS:
+      out.append(carry)
+      carry = ""
+  if carry:
+    if out:
+      out[-1] += carry
+    else:
+      out.append(carry)
+  return out
+
+
+def check_chunking(rule: str) -> None:
+  """A one-line HindsightError for a rule `chunk_text` does not know or cannot compile."""
+  if rule in ("sentences", "newlines"):
+    return
+  if rule.startswith("re:"):
+    try:
+      re.compile(rule[3:])
+    except re.error as e:
+      raise HindsightError(f"chunking '{rule}': not a regular expression ({e})") from None
+    if not rule[3:]:
+      raise HindsightError("chunking 're:' needs a pattern after the colon")
+    return
+  raise HindsightError(f"unknown chunking '{rule}' (choose from {', '.join(CHUNKINGS)})")
+
+
+def chunk_text(text: str, rule: str = "sentences") -> list[str]:
+  """text -> its chunks by `rule` (the module docstring); "".join(chunks) == text."""
+  check_chunking(rule)
+  if rule == "sentences":
+    chunks = _merge_short(_spans(text, _SENTENCE_END.finditer(text)))
+  elif rule == "newlines":
+    chunks = _spans(text, re.finditer(r"\n", text))
+  else:
+    chunks = _spans(text, re.finditer(rule[3:], text))
+  # Leading whitespace of the whole text stays with the first chunk.
+  return [c for c in chunks if c]
+
+
+def chunked(trace: TextTrace, rule: str) -> TextTrace:
+  """The trace with `steps` (its own, or its `text` chunked by `rule`)."""
+  if trace.steps is not None:
+    return trace
+  steps = [TextStep(text=c) for c in chunk_text(trace.text or "", rule)]
+  return msgspec.structs.replace(trace, steps=steps, text=None)
+
+
+_DECODER = msgspec.json.Decoder(TextTrace)
+
+
+def read_traces(path: str, limit: int | None = None) -> list[TextTrace]:
+  """The traces of a JSONL file (the first `limit`), or a one-line error naming the line."""
+  traces: list[TextTrace] = []
+  try:
+    f = open(path, "rb")  # noqa: SIM115 (closed below; a missing file is one line)
+  except OSError as e:
+    raise HindsightError(f"{path}: cannot read it ({e.strerror or e})") from None
+  with f:
+    for number, line in enumerate(f, 1):
+      if limit is not None and len(traces) >= limit:
+        break
+      if not line.strip():
+        continue
+      try:
+        trace = _DECODER.decode(line)
+      except msgspec.DecodeError as e:
+        raise HindsightError(f"{path}:{number}: not a trace ({e})") from None
+      if trace.steps is not None and trace.text is not None:
+        raise HindsightError(f"{path}:{number}: give `steps` or `text`, not both")
+      if trace.steps is not None and not trace.steps:
+        raise HindsightError(f"{path}:{number}: `steps` is empty")
+      traces.append(trace)
+  if not traces:
+    raise HindsightError(f"{path}: no traces in it")
+  return traces
+
+
+def write_traces(path: str, traces) -> None:
+  """Traces as JSONL (atomically)."""
+  from hindsight.files import atomic_open
+
+  with atomic_open(path, "wb") as f:
+    for trace in traces:
+      f.write(msgspec.json.encode(trace) + b"\n")

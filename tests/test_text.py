@@ -1,0 +1,403 @@
+"""Text traces: the format and chunking, verifiers, the completions client's failure modes,
+the labeler against the text world's exact credit (served on loopback), resumability, and
+the thought-anchors importer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from hindsight.data import open_labels
+from hindsight.errors import HindsightError
+from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
+from hindsight.labeling.job import run_label_job
+from hindsight.text import world
+from hindsight.text.client import Budget, CompletionCache, CompletionClient, Draw, Sampling
+from hindsight.text.exact import compare_to_exact
+from hindsight.text.server import running_world
+from hindsight.text.similarity import Similarity
+from hindsight.text.thought_anchors import import_thought_anchors
+from hindsight.text.trace import TextStep, TextTrace, chunk_text, read_traces, write_traces
+from hindsight.text.verify import boxed, last_boxed, load_verifier
+from tests.conftest import HINDSIGHT, ROOT, run_cli
+
+NULL_TEXT = world.render(world.Problem(0, (1, 1, 1)), 0, 0) + " "
+
+
+@pytest.fixture(scope="module")
+def world_url():
+  with running_world() as url:
+    yield url
+
+
+def _served(url: str) -> dict:
+  return httpx.get(url.removesuffix("/v1") + "/stats").json()
+
+
+def _job(path, episodes, url, K=16, replacement="policy", **text):
+  options = TextOptions(endpoint=url, model=world.MODEL_NAME, **text)
+  return LabelJob(f"text:{path}", episodes, LabelConfig(num_rollouts=K, replacement=replacement),
+                  chunk_size=4, text=options)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+  path = tmp_path_factory.mktemp("text") / "prompts.jsonl"
+  write_traces(str(path), world.prompt_traces(0, 12))
+  return str(path)
+
+
+# -- format, chunking, verifiers -----------------------------------------------------------
+
+
+def test_thought_anchors_chunking_tiles_the_text():
+  text = "First we add. Then? Ok!\n\nNew paragraph here. 3. Last one without end"
+  chunks = chunk_text(text)
+  assert "".join(chunks) == text
+  # "Then? " and "Ok!\n\n" are under 10 characters: merged into the next chunk.
+  assert chunks == [
+    "First we add. ",
+    "Then? Ok!\n\nNew paragraph here. ",
+    "3. Last one without end",
+  ]
+  assert chunk_text("a\nb\n", "newlines") == ["a\n", "b\n"]
+  assert chunk_text("x;y;z", "re:;") == ["x;", "y;", "z"]
+  with pytest.raises(HindsightError, match="unknown chunking 'words'"):
+    chunk_text("x", "words")
+  with pytest.raises(HindsightError, match="not a regular expression"):
+    chunk_text("x", "re:(")
+
+
+def test_trace_files_bad_lines_are_named(tmp_path):
+  path = tmp_path / "t.jsonl"
+  path.write_text('{"prompt": "p", "text": "a. b."}\n{"prompt": 3}\n')
+  with pytest.raises(HindsightError, match=r"t.jsonl:2: not a trace"):
+    read_traces(str(path))
+  path.write_text('{"prompt": "p", "text": "x", "steps": [{"text": "y"}]}\n')
+  with pytest.raises(HindsightError, match="not both"):
+    read_traces(str(path))
+  path.write_text('{"prompt": "p", "steps": []}\n')
+  with pytest.raises(HindsightError, match="`steps` is empty"):
+    read_traces(str(path))
+  with pytest.raises(HindsightError, match="cannot read it"):
+    read_traces(str(tmp_path / "missing.jsonl"))
+  trace = TextTrace(prompt="Q: ", steps=[TextStep("a. ", role="assistant"), TextStep("b.")])
+  write_traces(str(path), [trace])
+  assert read_traces(str(path)) == [trace]
+  assert trace.prefix(1) == "Q: a. "
+
+
+def raising_verifier(completion, trace):
+  raise RuntimeError("the grader is down")
+
+
+def test_verifiers():
+  assert last_boxed(r"so \boxed{\frac{1}{2}} then \boxed{42}") == "42"
+  assert last_boxed(r"\boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+  assert last_boxed(r"\boxed{12") is None
+  trace = TextTrace(prompt="", reference="1,000", id="t7")
+  assert boxed(r"... \boxed{1000.0}", trace) == 1.0
+  assert boxed(r"... \boxed{999}", trace) == 0.0
+  assert boxed("no answer", trace) == 0.0
+  with pytest.raises(HindsightError, match="no `reference`"):
+    boxed(r"\boxed{1}", TextTrace(prompt=""))
+  verify = load_verifier("tests.test_text:raising_verifier")
+  with pytest.raises(HindsightError, match="raised RuntimeError on trace t7: the grader is down"):
+    verify("x", trace)
+  with pytest.raises(HindsightError, match="cannot load it"):
+    load_verifier("tests.test_text:nothing_here")
+
+
+def test_the_similarity_agrees_with_the_worlds_content_classes():
+  """Same content class <=> cosine >= 0.8, for every pair of sentences the world can write
+  in one configuration, over many problems: what makes the text labeler's rejection of
+  restatements the exact DP's `policy_other`."""
+  sim = Similarity()
+  for problem in [*world.problems(3, 6), world.Problem(1, (5, 5, 5)), world.Problem(2, (9, 90, 9))]:
+    for cfg in range(world.NUM_CONFIGS):
+      texts = [world.render(problem, cfg, a) for a in range(world.NUM_ACTIONS)]
+      for a, text in enumerate(texts):
+        same = sim.same(text, texts)
+        assert (same == (world.CLASS_OF_ACTION[a] == world.CLASS_OF_ACTION)).all(), text
+      assert [world.parse_action(problem, t) for t in texts] == list(range(world.NUM_ACTIONS))
+
+
+def test_the_worlds_dynamic_programme_matches_its_sampler():
+  """V_0 of the DP against 4000 episodes sampled by the world's own continuation."""
+  problem = world.problems(5, 1)[0]
+  rng = np.random.default_rng(0)
+  start = world.parse_prefix(problem.prompt())
+  wins = []
+  for _ in range(4000):
+    last = world.continue_prefix(start, rng)[-1]
+    wins.append(world.parse_action(problem, last) == world.ANSWER_RIGHT)
+  # The exact value of the first step's state: progress + credit identities at t = 0.
+  first = world.parse_action(problem, world.continue_prefix(start, np.random.default_rng(1))[0])
+  exact = world.exact_credit(problem, [first], "policy")
+  # Q(x_0, a_0) - V_0 is `progress`; V_0 itself from a one-step trace's realized credit:
+  # G - V_0 with G = 0 for a non-answer step.
+  v0 = -exact["credit_realized"][0] if first < world.ANSWER_RIGHT else None
+  if v0 is not None:
+    se = np.std(wins) / np.sqrt(len(wins))
+    assert abs(np.mean(wins) - v0) < 4 * se + 1e-9, (np.mean(wins), v0)
+  assert np.isclose(exact["credit"][0], exact["progress"][0])
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def _choices(n, text="So \\boxed{1}."):
+  return {"choices": [{"index": i, "text": text, "finish_reason": "stop"} for i in range(n)],
+          "usage": {"completion_tokens": 2 * n}}  # fmt: skip
+
+
+def _client(tmp_path, handler, **kw):
+  cache = CompletionCache(str(tmp_path / "c.sqlite"))
+  return CompletionClient("http://test/v1", "m", Sampling(), cache, backoff=0.001,
+                          transport=httpx.MockTransport(handler), **kw)  # fmt: skip
+
+
+def test_the_client_retries_what_is_worth_retrying(tmp_path):
+  calls = []
+  failures = [
+    httpx.Response(429, headers={"retry-after": "0"}),
+    httpx.Response(503),
+    "timeout",
+    httpx.Response(200, text="{not json"),
+    httpx.Response(200, json={"choices": [{"index": 0, "text": "x"}]}),  # 1 choice for n = 2
+  ]
+
+  def handler(request):
+    calls.append(json.loads(request.content))
+    if len(calls) <= len(failures):
+      f = failures[len(calls) - 1]
+      if f == "timeout":
+        raise httpx.ReadTimeout("slow", request=request)
+      return f
+    return httpx.Response(200, json=_choices(2))
+
+  client = _client(tmp_path, handler)
+  out = client.sample([Draw("p", 7, 0, 2)])
+  assert [c.text for c in out[0]] == ["So \\boxed{1}."] * 2
+  assert client.stats.retries == 5 and client.stats.tokens == 4
+  assert {c["n"] for c in calls} == {2} and len({c["seed"] for c in calls}) == 1
+  # A rerun asks for nothing: every sample is in the cache.
+  again = _client(tmp_path, lambda r: pytest.fail("a cached sample was requested"))
+  assert again.sample([Draw("p", 7, 0, 2)]) == out and again.stats.cached == 2
+
+
+def test_the_client_gives_up_in_one_line(tmp_path):
+  client = _client(tmp_path, lambda r: httpx.Response(500), retries=2)
+  with pytest.raises(HindsightError, match=r"HTTP 500 after 2 retries"):
+    client.sample([Draw("p", 1, 0, 1)])
+  refused = _client(tmp_path, lambda r: httpx.Response(
+    404, json={"error": {"message": "The model `m` does not exist."}}))  # fmt: skip
+  with pytest.raises(HindsightError, match=r"refused the request \(HTTP 404\): The model `m`"):
+    refused.sample([Draw("p", 1, 0, 1)])
+  # Nothing listens on port 9 of loopback (discard): the endpoint is down.
+  cache = CompletionCache(str(tmp_path / "d.sqlite"))
+  down = CompletionClient("http://127.0.0.1:9/v1", "m", Sampling(), cache, retries=1,
+                          backoff=0.001, timeout=2)  # fmt: skip
+  with pytest.raises(HindsightError, match=r"unreachable .* after 1 retries"):
+    down.sample([Draw("p", 1, 0, 1)])
+
+
+def test_the_budget_stops_a_run_and_a_rerun_goes_on(tmp_path):
+  handler = lambda r: httpx.Response(200, json=_choices(json.loads(r.content)["n"]))  # noqa: E731
+  draws = [Draw(f"p{i}", i, 0, 4) for i in range(5)]
+  client = _client(tmp_path, handler, concurrency=1, budget=Budget(completions=8))
+  with pytest.raises(HindsightError, match="budget of 8 completions is spent"):
+    client.sample(draws)
+  assert len(client.cache) == 8  # what it got before the budget ran out is kept
+  more = _client(tmp_path, handler, budget=Budget(completions=12))
+  assert len(more.sample(draws)) == 5 and more.stats.completions == 12
+
+
+# -- the labeler against the text world's exact credit ------------------------------------
+
+
+def _honest(report, field="credit"):
+  f = report["fields"][field]
+  assert f["false_zeros"] == 0, f
+  assert 0.2 < f["z_rms"] < 1.3, f
+  assert f["z_over_3"] <= max(1, 0.01 * f["steps"]), f
+
+
+@pytest.mark.parametrize(
+  ("replacement", "K", "episodes"),
+  [("policy", 16, 12), ("policy", 64, 4), ("policy_other", 16, 8), ("null", 16, 4)],
+)
+def test_text_labels_match_the_worlds_exact_credit(tmp_path, world_url, prompts, replacement, K,
+                                                   episodes):  # fmt: skip
+  text = {"null_text": NULL_TEXT} if replacement == "null" else {}
+  job = _job(prompts, episodes, world_url, K=K, replacement=replacement, **text)
+  path = run_label_job(job, str(tmp_path / "out"), progress=False)
+  report = compare_to_exact(path)
+  for field in ("credit", "credit_realized", "progress"):
+    _honest(report, field)
+  assert report["summary"]["undefined_too_rare"] == 0
+  assert report["summary"]["undefined_missed"] == 0
+  labels = open_labels(path)
+  example = labels[0]
+  assert len(example["step_text"]) == len(example["credit"])
+  assert labels.metadata["completions"] > 0 and labels.metadata["env_name"] == "text"
+
+
+def test_no_repeat_conditions_on_the_content_never_coming_back(tmp_path, world_url, prompts):
+  job = _job(prompts, 4, world_url, K=16, replacement="policy_no_repeat")
+  report = compare_to_exact(run_label_job(job, str(tmp_path / "out"), progress=False))
+  _honest(report)
+  assert report["summary"]["undefined_missed"] == 0
+
+
+def test_a_rerun_from_the_cache_sends_no_request(tmp_path, world_url, prompts):
+  first = run_label_job(_job(prompts, 3, world_url), str(tmp_path / "a"), progress=False)
+  before = _served(world_url)
+  cache = str(tmp_path / "a" / "completions.sqlite")
+  again = run_label_job(_job(prompts, 3, world_url, cache=cache), str(tmp_path / "b"),
+                        progress=False)  # fmt: skip
+  assert _served(world_url) == before
+  a, b = open_labels(first), open_labels(again)
+  for x, y in zip(a, b, strict=True):
+    np.testing.assert_array_equal(x["credit"], y["credit"])
+    np.testing.assert_array_equal(x["step_text"], y["step_text"])
+
+
+def test_a_model_that_never_stops_is_cut_at_max_tokens(tmp_path, world_url, prompts, capfd):
+  job = _job(prompts, 1, world_url, K=4, max_tokens=6)
+  labels = open_labels(run_label_job(job, str(tmp_path / "out"), progress=False))
+  assert "ended at --max-tokens 6" in capfd.readouterr().err
+  assert labels[0]["length"] >= 1  # the base trace too was cut: its steps are what it wrote
+
+
+@pytest.mark.slow
+def test_kill_9_mid_job_then_rerun_gives_the_same_dataset(tmp_path, world_url, prompts):
+  args = ["label", "--env", f"text:{prompts}", "--episodes", "6", "--rollouts", "16",
+          "--chunk-size", "2", "--endpoint", world_url, "--model", world.MODEL_NAME,
+          "--concurrency", "2", "--samples-per-request", "8", "--no-progress"]  # fmt: skip
+  whole = run_cli(*args, "--out", tmp_path / "whole")
+  assert whole.returncode == 0, whole.stderr
+  served_whole = _served(world_url)["completions"]
+  out = tmp_path / "killed"
+  cache = out / "completions.sqlite"
+  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+  proc = subprocess.Popen([*HINDSIGHT, *args, "--out", str(out)], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+  deadline = time.monotonic() + 120
+  rows = 0
+  while time.monotonic() < deadline and proc.poll() is None:
+    time.sleep(0.05)
+    try:
+      with sqlite3.connect(cache) as db:
+        rows = db.execute("SELECT COUNT(*) FROM completions").fetchone()[0]
+    except sqlite3.Error:
+      continue
+    if rows >= 300:
+      proc.send_signal(signal.SIGKILL)
+      break
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the job finished before it could be killed"
+  with sqlite3.connect(cache) as db:
+    cached = db.execute("SELECT COUNT(*) FROM completions").fetchone()[0]
+  total = len(CompletionCache(str(tmp_path / "whole" / "completions.sqlite")))
+  start = _served(world_url)["completions"]
+  rerun = run_cli(*args, "--out", out)
+  assert rerun.returncode == 0, rerun.stderr
+  # Exactly the samples the killed job had not cached were requested.
+  assert _served(world_url)["completions"] - start == total - cached
+  assert served_whole > 0
+  for x, y in zip(open_labels(str(tmp_path / "whole")), open_labels(str(out)), strict=True):
+    for name in ("credit", "credit_stderr", "progress", "phi"):
+      np.testing.assert_array_equal(x[name], y[name])
+
+
+def test_text_cli_bad_input_is_one_line(tmp_path, prompts, world_url):
+  base = ["label", "--env", f"text:{prompts}", "--episodes", "1", "--out", tmp_path / "o",
+          "--no-progress"]  # fmt: skip
+  cases = [
+    ([*base], "needs --model NAME"),
+    ([*base, "--model", "m", "--replacement", "uniform"], "has no meaning for text"),
+    ([*base, "--model", "m", "--replacement", "null"], "needs --null-text"),
+    ([*base, "--model", "m", "--episodes", "99"], "holds 12 traces"),
+    (["label", "--env", "reasoning", "--episodes", "1", "--out", tmp_path / "r", "--model", "m"],
+     "--model is for --env text"),
+    ([*base, "--model", world.MODEL_NAME, "--endpoint", world_url, "--verifier",
+      "tests.test_text:raising_verifier"], "raised RuntimeError"),
+    ([*base, "--model", "nope", "--endpoint", world_url], "HTTP 404"),
+  ]  # fmt: skip
+  for i, (args, message) in enumerate(cases):
+    r = run_cli(*[tmp_path / f"o{i}" if a == tmp_path / "o" else a for a in args])
+    assert r.returncode == 2, (args, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], (args, r.stderr)
+    assert not os.path.exists(tmp_path / f"o{i}" / "hindsight_labels" / "1.0.0")
+
+
+# -- thought-anchors importer ---------------------------------------------------------------
+
+
+def _write_layout(root, problems):
+  """problems: [(base_correct, chunks, per-chunk [(chunk_resampled, is_correct)])]."""
+  for n, (base_correct, chunks, resamples) in enumerate(problems):
+    d = root / f"problem_{n}"
+    d.mkdir(parents=True)
+    (d / "base_solution.json").write_text(json.dumps({
+      "prompt": f"Q{n}", "solution": "", "full_cot": " ".join(chunks), "answer": "1",
+      "is_correct": base_correct}))  # fmt: skip
+    (d / "chunks.json").write_text(json.dumps({"source_text": "", "solution_text": "",
+                                               "chunks": chunks}))  # fmt: skip
+    for i, rows in enumerate(resamples):
+      (d / f"chunk_{i}").mkdir()
+      records = [
+        {"chunk_removed": chunks[i], "prefix_without_chunk": "", "chunk_resampled": new,
+         "rollout": "", "full_cot": "", "answer": "", "is_correct": ok}
+        for new, ok in rows
+      ]  # fmt: skip
+      (d / f"chunk_{i}" / "solutions.json").write_text(json.dumps(records))
+
+
+def test_thought_anchors_layout_becomes_a_dataset(tmp_path):
+  chunks = ["We need the sum of the boxes.", "The first box holds seven apples.",
+            "So the answer is seven."]  # fmt: skip
+  same, other = "We need the sum of the boxes.", "Let me think about something else entirely."
+  resamples = [
+    [(same, True)] * 3 + [(other, False)] * 5,  # acc 3/8 before chunk 0
+    [(other, True)] * 6 + [("x", None)] + [(other, False)] * 2,  # 6/8; one failed sample
+    [(other, True)] * 4,  # 4/4
+  ]
+  _write_layout(tmp_path / "ta", [(True, chunks, resamples)])
+  path = import_thought_anchors(str(tmp_path / "ta"), str(tmp_path / "out"))
+  ex = open_labels(path)[0]
+  acc = np.array([3 / 8, 6 / 8, 1.0, 1.0])  # the last: the base solution's is_correct
+  np.testing.assert_allclose(ex["credit"], acc[1:] - acc[:-1], atol=1e-6)
+  np.testing.assert_allclose(ex["phi"], acc[:-1], atol=1e-6)
+  assert [s.decode() for s in ex["step_text"]] == chunks
+  assert ex["prompt"].decode() == "Q0" and ex["credit_stderr"][0] > 0
+  # Counterfactual importance: only resamples whose new chunk differs from chunk 0.
+  cf = open_labels(import_thought_anchors(str(tmp_path / "ta"), str(tmp_path / "cf"),
+                                          replacement="policy_other"))[0]  # fmt: skip
+  np.testing.assert_allclose(cf["credit"][0], 6 / 8 - 0.0, atol=1e-6)
+  with pytest.raises(HindsightError, match="already holds another dataset"):
+    import_thought_anchors(str(tmp_path / "ta"), str(tmp_path / "out"), replacement="policy_other")
+  os.remove(tmp_path / "ta" / "problem_0" / "chunk_1" / "solutions.json")
+  with pytest.raises(HindsightError, match=r"chunk_1/solutions.json: cannot read it"):
+    import_thought_anchors(str(tmp_path / "ta"), str(tmp_path / "again"))
+  r = run_cli("import", "thought-anchors", tmp_path / "nowhere", "--out", tmp_path / "x")
+  assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+def test_text_world_cli_prompts_and_exact(tmp_path):
+  r = run_cli("text-world", "prompts", "--episodes", "2", "--out", tmp_path / "p.jsonl")
+  assert r.returncode == 0, r.stderr
+  traces = read_traces(str(tmp_path / "p.jsonl"))
+  assert len(traces) == 2 and traces[0].steps is None and world.parse_problem(traces[0].prompt)
+  assert sys.executable  # the CLI ran under this interpreter
