@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 # Label the reasoning environment, train the credit model (runs/demo/report.json: the test
 # split against its own training labels), then the drift report against the reference
 # credit on 512 of the test episodes, every baseline and the policy-gradient table:
-# runs/demo/drift/report.md (+ plots). Rerunning resumes or reuses (the reference is cached).
+# runs/demo/drift/report.md (+ plots). Rerunning resumes; on a finished run it computes
+# nothing (the report, the reference and the learned baselines are cached).
 demo: $(STAMP)
 	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
 	$(BIN)/python -m hindsight.cli eval --checkpoint runs/demo --episodes 512

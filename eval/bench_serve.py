@@ -4,7 +4,8 @@ Starts the server on a trained run (default runs/demo) in a subprocess, waits un
 ready (warmed up), then for each client count sends requests of one trajectory of `--steps`
 steps (random observations and actions of the model's shape) from that many threads with
 keep-alive connections, for `--seconds` each. Prints p50/p99 latency and steps scored per
-second; the server is stopped at the end (and on any error).
+second; the server is stopped at the end (and on any error). Then the same trajectories
+scored in process, in batches of each client count (the server's ceiling).
 
   python eval/bench_serve.py --checkpoint runs/demo
 """
@@ -71,7 +72,7 @@ def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--checkpoint", default="runs/demo")
   p.add_argument("--steps", type=int, default=128, help="steps per trajectory")
-  p.add_argument("--clients", default="1,64", help="client counts to measure")
+  p.add_argument("--clients", default="1,16,64", help="client counts to measure")
   p.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
   p.add_argument("--port", type=int, default=8791)
   args = p.parse_args()
@@ -106,6 +107,25 @@ def main() -> None:
   finally:
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
+  _in_process(args, [int(c) for c in args.clients.split(",")])
+
+
+def _in_process(args, batches: list[int]) -> None:
+  """`Predictor.score` on batches of the same trajectories in this process (the server's
+  ceiling: HTTP adds parsing, batching and the clients' threads)."""
+  predictor = Predictor.load(args.checkpoint)
+  rng = np.random.default_rng(0)
+  print(f"in process, Predictor.score on B trajectories of {args.steps} steps:")
+  for B in batches:
+    episodes = [_trajectory(predictor.spec, args.steps, rng) for _ in range(B)]
+    predictor.score(episodes, allow_longer=True)  # compile
+    calls, tic = 0, time.perf_counter()
+    while time.perf_counter() - tic < min(args.seconds, 3.0):
+      predictor.score(episodes, allow_longer=True)
+      calls += 1
+    seconds = time.perf_counter() - tic
+    print(f"  B = {B:>3}: {calls * B * args.steps / seconds:>10,.0f} steps/s  "
+          f"({seconds / calls * 1e3:.1f} ms per call)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -76,3 +76,28 @@ def write_json(path: str, obj) -> None:
   import json
 
   atomic_write_text(path, json.dumps(json_safe(obj), indent=1, sort_keys=True, allow_nan=False))
+
+
+# Beside a finished report: the digest of everything it was made from (written last).
+INPUTS_FILE = "report.inputs"
+
+
+def finished_report(directory: str, inputs: str) -> dict | None:
+  """DIRECTORY/report.json if DIRECTORY/INPUTS_FILE holds `inputs` (a finished run of the
+  same inputs), else None. A program that finds it has nothing left to compute."""
+  import json
+
+  try:
+    with open(os.path.join(directory, INPUTS_FILE)) as f:
+      if f.read() != inputs:
+        return None
+    with open(os.path.join(directory, "report.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def mark_finished(directory: str, inputs: str) -> None:
+  """Records that DIRECTORY's report (and whatever was written before it) is finished and
+  made from `inputs`: call it last."""
+  atomic_write_text(os.path.join(directory, INPUTS_FILE), inputs)

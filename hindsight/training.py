@@ -53,15 +53,21 @@ from hindsight.data.batching import (
   process_rows,
   split_episodes,
 )
-from hindsight.data.labels import is_complete, open_training_labels
+from hindsight.data.labels import (
+  CHECKSUMS,
+  dataset_dir,
+  is_complete,
+  job_dir,
+  open_training_labels,
+)
 from hindsight.distributed import CONFIG_NAMES, any_process, check_processes, initialize
 from hindsight.errors import HindsightError
 from hindsight.evaluators.label_fit import summary_text
-from hindsight.files import write_json
+from hindsight.files import finished_report, mark_finished, sha256_file, write_json
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
 from hindsight.model.calibration import CALIBRATION_FILE, calibration_text
-from hindsight.model.checkpoints import Checkpoints
+from hindsight.model.checkpoints import Checkpoints, verify_manifest
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
 from hindsight.model.programs import ProgramsConfig, state_digest, train_programs
@@ -235,6 +241,10 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   d = config.distributed
   initialize(d.coordinator, d.num_processes, d.process_id)
   check_workdir(config, workdir, RESTART_FREE)
+  inputs = _inputs_key(config, workdir)
+  finished = _finished_report(workdir, inputs)
+  if finished is not None:
+    return finished  # a finished run of this config on these labels: nothing to compute
   data = _load_data(config, workdir)
   layout = _layout(config, data)
   programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
@@ -245,9 +255,47 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     outcome = _train(config, workdir, data, layout, programs, ckpt, start, state)
     if outcome["preempted"]:
       return {"preempted": True, "step": outcome["step"]}
-    return _evaluate(config, workdir, data, layout, programs, ckpt, outcome)
+    report = _evaluate(config, workdir, data, layout, programs, ckpt, outcome)
+    if jax.process_index() == 0:
+      mark_finished(workdir, inputs)  # last, after the report
+    return report
   finally:
     ckpt.close()
+
+
+def _inputs_key(config: ConfigDict, workdir: str) -> str:
+  """What a finished run's report depends on: the config (but its launch fields), the
+  labels (their checksums; made first if the config labels them), the hindsight version."""
+  from importlib.metadata import version
+
+  from hindsight.drift.reference import cache_key
+
+  labels = [_labels_dir(config, workdir)]
+  if config.data.mix_labels_dir:
+    labels.append(config.data.mix_labels_dir)
+  digests = [sha256_file(os.path.join(dataset_dir(job_dir(p)), CHECKSUMS)) for p in labels]
+  fields = config.to_dict()
+  for dotted in RESTART_FREE:  # fields that may differ between launches of one run
+    *path, name = dotted.split(".")
+    node = fields
+    for part in path:
+      node = node.get(part, {})
+    node.pop(name, None)
+  return cache_key(config=fields, labels=digests, version=version("hindsight"))
+
+
+def _finished_report(workdir: str, inputs: str) -> dict | None:
+  """The report a finished run with the same inputs wrote in `workdir`, or None. None too
+  when a checkpoint step fails its manifest: the full path then refuses it in one line, or
+  falls back past it (`checkpoint.fallback`), as for any run."""
+  report = finished_report(workdir, inputs)
+  if report is None:
+    return None
+  root = os.path.join(workdir, "checkpoints")
+  steps = [d for d in os.listdir(root) if d.isdigit()] if os.path.isdir(root) else []
+  if not steps or any(verify_manifest(os.path.join(root, d)) is not None for d in steps):
+    return None
+  return report
 
 
 def _load_data(config: ConfigDict, workdir: str) -> _Data:

@@ -549,3 +549,24 @@ def test_not_ready_until_warm_then_concurrent_requests_share_batches(run, episod
   count = float(re.search(r"hindsight_batch_trajectories_count (\S+)", metrics)[1])
   singles = float(re.search(r'hindsight_batch_trajectories_bucket\{le="1.0"\} (\S+)', metrics)[1])
   assert count < 8 and singles < count, (count, singles)  # 8 requests in fewer batches
+
+
+def test_long_episodes_are_scored_fewer_to_a_call_with_the_same_answers(run):
+  """rows_per_call keeps rows x pad^2 attention scores within the budget (64 rows of 128
+  steps ran at half the speed of 16); the split batch scores every episode as alone."""
+  from hindsight.model.predictor import rows_per_call
+
+  assert [rows_per_call(p) for p in (8, 32, 64, 128, 256, 1024)] == [64, 64, 64, 16, 4, 1]
+  assert rows_per_call(32, batch_size=4) == 4
+  predictor = Predictor.load(run)
+  spec = predictor.spec
+  rng = np.random.default_rng(3)
+  eps = [
+    {"observations": rng.integers(0, spec.obs_dim, n),
+     "actions": rng.integers(0, spec.num_actions, n), "rewards": rng.normal(size=n)}
+    for n in rng.integers(65, 129, 20)
+  ]  # fmt: skip
+  together = predictor.score(eps, allow_longer=True)
+  for ep, got in zip(eps, together, strict=True):
+    alone = predictor.score([ep], allow_longer=True)[0]
+    np.testing.assert_allclose(got["credit"], alone["credit"], rtol=1e-5, atol=1e-6)

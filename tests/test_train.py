@@ -264,7 +264,7 @@ def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labe
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_inprocess")
-def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
+def test_tabular_smoke_config_labels_trains_and_reports(tmp_path, monkeypatch):
   """A config's whole path on :smoke: label (discrete observations), train, evaluate, report.
   (`make demo` runs the same path on configs/reasoning.py; its labeler compiles 10 s longer.)"""
   workdir = tmp_path / "demo"
@@ -288,6 +288,11 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path):
   assert os.path.getsize(workdir / "test_scatter.png") > 1000
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tensorboard"))
   assert os.path.isfile(workdir / "labels" / "hindsight_labels" / "1.0.0" / "dataset_info.json")
+  # A rerun of the finished run reads its report back: nothing is loaded, trained or scored.
+  from hindsight import training
+
+  monkeypatch.setattr(training, "_load_data", lambda *a: pytest.fail("a finished run recomputed"))
+  assert train_and_evaluate(config, str(workdir)) == on_disk
 
 
 @pytest.mark.slow

@@ -145,6 +145,24 @@ def train_history_model(
   return nnx.split(model)
 
 
+def state_arrays(state: nnx.State) -> dict[str, np.ndarray]:
+  """A trained history model's parameters as named arrays (for the harness's npz cache)."""
+  return {f"leaf_{i:04d}": np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
+
+
+def history_model_from_arrays(
+  kind: str, spec: DataSpec, model_cfg: ModelConfig, arrays: dict[str, np.ndarray]
+) -> tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, state) of a history model whose parameters are `state_arrays`' output."""
+  model = HistoryModel(model_cfg, spec, shift=kind == "td_advantage", rngs=nnx.Rngs(params=0))
+  graphdef, template = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(template)
+  if len(arrays) != len(leaves):
+    raise ValueError(f"{len(arrays)} cached arrays for a model of {len(leaves)}")
+  restored = [jnp.asarray(arrays[f"leaf_{i:04d}"], leaf.dtype) for i, leaf in enumerate(leaves)]
+  return graphdef, jax.tree.unflatten(treedef, restored)
+
+
 def history_credit(
   kind: str, graphdef, state, batch: dict, base: float, return_scale: float
 ) -> np.ndarray:

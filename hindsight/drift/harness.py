@@ -34,7 +34,7 @@ from hindsight.envs import make, make_labeled
 from hindsight.envs.adapters import is_adapter_spec
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
-from hindsight.files import atomic_savez, sha256_file
+from hindsight.files import atomic_savez, finished_report, mark_finished, sha256_file
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
@@ -220,6 +220,10 @@ def run_drift(cfg: DriftConfig) -> dict:
   workdirs, labels, base = run.workdirs, run.labels, run.base
   out = make_dir(cfg.out or _default_out(run), "--out")
   ctx = _context(cfg, run, out)
+  inputs = _inputs_key(cfg, predictor, ctx)
+  finished = finished_report(out, inputs)
+  if finished is not None:
+    return {**finished, "out": out}
   env, k_ref = ctx.env, ctx.ref_cfg.num_rollouts
   main_env = cfg.env or labels.metadata.get("env", "")
   report: dict = {
@@ -244,7 +248,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
   shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
 
-  score_seconds, models = _add_signals(cfg, predictor, run, [main, *shift_sets])
+  score_seconds, models = _add_signals(ctx, predictor, run, [main, *shift_sets])
 
   from hindsight.drift.render import write_report
   from hindsight.drift.report import build_report
@@ -268,14 +272,30 @@ def run_drift(cfg: DriftConfig) -> dict:
     )
   report["seconds"]["total"] = round(time.perf_counter() - tic, 1)
   write_report(out, report, main, shift_sets)
+  mark_finished(out, inputs)  # last, after the report and its plots
   report["out"] = out
   return report
 
 
-def _add_signals(cfg: DriftConfig, predictor, run: _Run, sets: list[EpisodeSet]):
+def _inputs_key(cfg: DriftConfig, predictor, ctx: _Context) -> str:
+  """Everything the report depends on: the config (but where it is written and whether
+  bars show), the model's parameters, the labels, the hindsight version."""
+  import hashlib
+  from importlib.metadata import version
+
+  params = hashlib.sha256()
+  for leaf in jax.tree.leaves(predictor.state):
+    params.update(np.asarray(leaf).tobytes())
+  config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "progress")}
+  return ref_lib.cache_key(config=config, params=params.hexdigest(), data=ctx.digest,
+                           version=version("hindsight"))  # fmt: skip
+
+
+def _add_signals(ctx: _Context, predictor, run: _Run, sets: list[EpisodeSet]):
   """Signals on every set: the model (timed after one untimed pass that compiles), the
   outcome, and the learned baselines. Returns (model scoring seconds, learned baselines).
   Shifted sets may run longer than the model was trained on: that is the slice they read."""
+  cfg = ctx.cfg
   predictor.score(sets[0].episodes, allow_longer=True)
   tic = time.perf_counter()
   for s in sets:
@@ -287,7 +307,7 @@ def _add_signals(cfg: DriftConfig, predictor, run: _Run, sets: list[EpisodeSet])
     s.add_episode_signal("outcome", [np.full(len(e), e.episode_return) for e in s.episodes])
   models = []
   if cfg.baseline_steps:
-    models = _learned_baselines(cfg, predictor, EpisodeReader(run.labels), run.record)
+    models = _learned_baselines(ctx, predictor, EpisodeReader(run.labels), run.record)
   for m in models:
     for s in sets:
       s.add_episode_signal(
@@ -424,10 +444,11 @@ def _noise_ratio(cols: dict) -> dict:
   }
 
 
-def _learned_baselines(cfg, predictor, reader, run) -> list:
-  """prm, td_advantage and rudder trained on the run's training split (outcomes only).
-  (Retrained on every run: seconds each, and deterministic.)"""
-  spec = predictor.spec
+def _learned_baselines(ctx: _Context, predictor, reader, run) -> list:
+  """prm, td_advantage and rudder trained on the run's training split (outcomes only),
+  cached beside the reference (keyed by the labels, the split, the model config and the
+  baseline config): a rerun that changes nothing trains nothing."""
+  cfg, spec = ctx.cfg, predictor.spec
   train_ids = np.asarray(run["train"], np.int64)
   lengths = np.array([len(reader[int(i)]) for i in train_ids])
   returns = np.array([reader[int(i)].episode_return for i in train_ids])
@@ -444,9 +465,23 @@ def _learned_baselines(cfg, predictor, reader, run) -> list:
   bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}
   models = []
   for kind in bl.LEARNED:
-    graphdef, state = bl.train_history_model(
-      kind, batches, spec, predictor.model_config, bcfg, return_scale, cfg.progress
+
+    def train(kind=kind):
+      _, state = bl.train_history_model(
+        kind, batches, spec, predictor.model_config, bcfg, return_scale, cfg.progress
+      )
+      return bl.state_arrays(state)
+
+    arrays = ctx.cached(
+      f"baseline_{kind}",
+      train,
+      data=ctx.digest,
+      train_ids=ref_lib.cache_key(ids=train_ids.tolist()),
+      model=dataclasses.asdict(predictor.model_config),
+      spec=dataclasses.asdict(spec),
+      baseline=dataclasses.asdict(bcfg),
     )
+    graphdef, state = bl.history_model_from_arrays(kind, spec, predictor.model_config, arrays)
     models.append(bl.LearnedBaseline(kind, graphdef, state, bases[kind], return_scale))
   return models
 

@@ -52,6 +52,17 @@ MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no
 PAD_MULTIPLE = 8  # episodes up to 64 steps are padded to a multiple of this, longer ones
 # to a power of two: few shapes, so few compiles, and little padding where episodes are short
 ROW_BUCKETS = (1, 4, 16, 64)  # rows of a scored batch (the largest is the batch size)
+# Most rows x pad^2 attention scores one call computes. Past it the scores no longer fit the
+# CPU's cache: 64 rows of 128 steps ran at half the steps/s of 16 rows (eval/bench_serve.py),
+# so a larger batch is scored as several calls of the rows that fit.
+ATTENTION_BUDGET = 16 * 128 * 128
+
+
+def rows_per_call(pad: int, batch_size: int = ROW_BUCKETS[-1]) -> int:
+  """The rows one call scores at length bucket `pad`: the largest row bucket (at most
+  batch_size) whose rows x pad^2 fit ATTENTION_BUDGET, and never fewer than 1."""
+  fits = [r for r in ROW_BUCKETS if r <= batch_size and r * pad * pad <= ATTENTION_BUDGET]
+  return max(fits, default=1)
 
 
 def model_files(model_cfg: ModelConfig, spec: DataSpec) -> dict[str, str]:
@@ -290,12 +301,14 @@ class Predictor:
     the model's max_length), so a steady stream of calls never compiles; returns the
     number of programs compiled."""
     pads = sorted({pad_length(n) for n in range(1, (max_steps or self.spec.max_length) + 1)})
+    compiled = 0
     for pad in pads:
-      for rows in ROW_BUCKETS:
+      for rows in (r for r in ROW_BUCKETS if r <= rows_per_call(pad)):
         jax.block_until_ready(
           self._score(self.state, episodes_batch([None] * rows, pad, self.spec))
         )
-    return len(pads) * len(ROW_BUCKETS)
+        compiled += 1
+    return compiled
 
   def compiled_programs(self) -> int:
     """How many programs `score` has compiled so far (jit's cache of shapes)."""
@@ -316,17 +329,21 @@ class Predictor:
       they are refused with a one-line error naming the episode.
 
     Episodes are grouped into length buckets (`pad_length`) and batches of ROW_BUCKETS rows
-    (chunks of at most batch_size), so repeated calls reuse a few compiled programs.
+    (chunks of at most batch_size, and of at most `rows_per_call(pad)`: long episodes go
+    fewer to a call), so repeated calls reuse a few compiled programs. Every call is
+    dispatched before the first result is read back.
     """
     eps = self._parse(episodes, allow_longer)
     if not eps:
       return []
     lengths = np.array([len(e) for e in eps])
     results: list[dict | None] = [None] * len(eps)
+    pending = []
     for pad in sorted({pad_length(n) for n in lengths}):
       ids = np.flatnonzero([pad_length(n) == pad for n in lengths])
-      for start in range(0, ids.size, batch_size):
-        chunk = ids[start : start + batch_size]
+      step = rows_per_call(pad, batch_size)
+      for start in range(0, ids.size, step):
+        chunk = ids[start : start + step]
         rows = next((r for r in ROW_BUCKETS if r >= chunk.size), chunk.size)
         batch = episodes_batch(
           [eps[i] for i in chunk] + [None] * (rows - chunk.size),
@@ -334,9 +351,11 @@ class Predictor:
           self.spec,
           allow_longer=allow_longer,
         )
-        out = jax.device_get(self._score(self.state, batch))
-        for row, i in enumerate(chunk):
-          results[i] = {k: np.asarray(v[row, : lengths[i]]) for k, v in out.items()}
+        pending.append((chunk, self._score(self.state, batch)))
+    for chunk, out in pending:
+      out = jax.device_get(out)
+      for row, i in enumerate(chunk):
+        results[i] = {k: np.asarray(v[row, : lengths[i]]) for k, v in out.items()}
     return results
 
   def describe(self) -> dict:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
 
+from hindsight.errors import HindsightError, note
 from hindsight.labeling.config import LabelJob
 from hindsight.text.estimate import SUCCESS_THRESHOLD
 
@@ -23,20 +25,16 @@ class TextSource:
   """The job's chunks from `TextLabeler` (see hindsight.labeling.job's sources)."""
 
   def __init__(self, job: LabelJob, out_dir: str):
-    from hindsight.errors import HindsightError
-    from hindsight.labeling.config import TextOptions
     from hindsight.text.labeler import TextLabeler
 
     if job.text is None:
       raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
-    import jax
-
     if jax.process_count() > 1:
       raise HindsightError(
         "text traces are labeled by one process (the endpoint does the work: raise "
         "--concurrency instead of --num-processes)"
       )
-    options: TextOptions = job.text
+    options = job.text
     self.labeler = TextLabeler(job.env, job.episodes, job.config, options, job.seed)
     self.cache_path = options.cache or os.path.join(out_dir, CACHE_FILE)
     self.name, self.policy_name = "text", options.model
@@ -63,8 +61,6 @@ class TextSource:
     arrays = pad_rows(rows)
     truncated = self.labeler.client.stats.truncated
     if truncated > self._truncated:
-      from hindsight.errors import note
-
       cap = self.labeler.options.max_tokens
       note(f"{truncated} continuations so far ended at --max-tokens {cap} (finish_reason "
            "length): the verifier scored them as written")  # fmt: skip
