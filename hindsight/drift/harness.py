@@ -450,9 +450,10 @@ def _learned_baselines(ctx: _Context, predictor, reader, run) -> list:
   baseline config): a rerun that changes nothing trains nothing."""
   cfg, spec = ctx.cfg, predictor.spec
   train_ids = np.asarray(run["train"], np.int64)
-  lengths = np.array([len(reader[int(i)]) for i in train_ids])
-  returns = np.array([reader[int(i)].episode_return for i in train_ids])
-  success = np.array([reader[int(i)].success for i in train_ids])
+  train = [reader[int(i)] for i in train_ids]  # one read of each episode
+  lengths = np.array([len(e) for e in train])
+  returns = np.array([e.episode_return for e in train])
+  success = np.array([e.success for e in train])
   return_scale = float(max(returns.std(), 1e-6))
   bcfg = bl.BaselineConfig(steps=cfg.baseline_steps, seed=cfg.seed)
   pads = bucket_lengths(lengths, 2)

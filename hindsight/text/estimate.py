@@ -94,8 +94,9 @@ def _difference(a, b):
   return ma - mb, se, either
 
 
-def _hard(keep: list[np.ndarray], exact_last: bool, confidence: float):
-  """phi_hard [T] and its stderr (`credit.fields.hard_estimate`, per pool size)."""
+def _hard(keep: list[np.ndarray], confidence: float):
+  """phi_hard [T] and its stderr (`credit.fields.hard_estimate`, per pool size); keep[T-1]
+  is the finished trace's own outcome, which cannot vary."""
   T = len(keep)
   phi_hard, se = np.zeros(T), np.zeros(T)
   groups = collections.defaultdict(list)
@@ -107,7 +108,7 @@ def _hard(keep: list[np.ndarray], exact_last: bool, confidence: float):
     success[: len(members)] = [np.asarray(keep[t]) > SUCCESS_THRESHOLD for t in members]
     # After step t the outcome can vary, except after the last step of a finished trace.
     bounds = np.zeros((R + 1, 2), np.float32)
-    bounds[1 : len(members) + 1, 1] = [not (exact_last and t == T - 1) for t in members]
+    bounds[1 : len(members) + 1, 1] = [t != T - 1 for t in members]
     h, s = _hard_rows(success, bounds, _rates(k, confidence))
     phi_hard[members], se[members] = np.asarray(h)[: len(members)], np.asarray(s)[: len(members)]
   return phi_hard, se
@@ -144,7 +145,7 @@ def text_step_fields(
   realized = np.where(undefined, np.nan, realized)
   credit_se = np.where(undefined, np.nan, credit_se)
   realized_se = np.where(undefined, np.nan, realized_se)
-  phi_hard, phi_hard_se = _hard(keep, True, confidence)
+  phi_hard, phi_hard_se = _hard(keep, confidence)
   klass = np.asarray(classify(credit, credit_se, tolerance, z_value(confidence)))
   f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
   rewards = np.zeros(T, np.float32)

@@ -42,7 +42,14 @@ from hindsight.text.client import (
 )
 from hindsight.text.estimate import text_step_fields
 from hindsight.text.similarity import Similarity
-from hindsight.text.trace import TextStep, TextTrace, check_chunking, chunk_text, read_traces
+from hindsight.text.trace import (
+  TextStep,
+  TextTrace,
+  check_chunking,
+  chunk_text,
+  chunked,
+  read_traces,
+)
 from hindsight.text.verify import load_verifier
 
 TEXT_REPLACEMENTS = ("policy", "policy_other", "policy_no_repeat", "null")
@@ -151,17 +158,11 @@ class TextLabeler:
     """Draws of samples lo .. hi-1 in the fixed blocks of the request size: the first K in
     blocks of n from 0 (the last cut at K), later ones in blocks of n from K."""
     K, n = self.config.num_rollouts, min(self.options.samples_per_request, self.config.num_rollouts)
-    starts = [*range(0, K, n)]
     out = []
-    for b in starts:
-      end = min(b + n, K)
-      if b < hi and end > lo:
-        out.append(Draw(prompt, seed, b, end - b))
-    b = K
-    while b < hi:
-      if b + n > lo:
-        out.append(Draw(prompt, seed, b, n))
-      b += n
+    for b in [*range(0, K, n), *range(K, hi, n)]:
+      size = min(n, K - b) if b < K else n
+      if b < hi and b + size > lo:
+        out.append(Draw(prompt, seed, b, size))
     return out
 
   def _sample(self, requests: list[tuple[str, int, int, int]]) -> list[list]:
@@ -182,24 +183,14 @@ class TextLabeler:
   # -- labeling ---------------------------------------------------------------------------
   def _with_steps(self, traces: list[TextTrace], episodes: range) -> list[TextTrace]:
     """Each trace with its steps: its own, its text chunked, or sampled from its prompt."""
-    out, todo = list(traces), []
-    for i, trace in enumerate(traces):
-      if trace.steps is None and trace.text is None:
-        todo.append(i)
-      elif trace.steps is None:
-        out[i] = self._chunked(trace, trace.text, episodes[i])
+    out = list(traces)
+    todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
       seeds = [int(request_seeds(self.seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
       got = self._sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
       for i, completions in zip(todo, got, strict=True):
-        out[i] = self._chunked(traces[i], completions[0].text, episodes[i])
-    return out
-
-  def _chunked(self, trace: TextTrace, text: str, episode: int) -> TextTrace:
-    steps = [TextStep(text=c) for c in chunk_text(text, self.options.chunking)]
-    if not steps or not text.strip():
-      raise HindsightError(f"trace {trace.id or episode}: no steps (the completion is empty)")
-    return msgspec.structs.replace(trace, steps=steps, text=None)
+        out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
+    return [chunked(t, self.options.chunking, str(e)) for t, e in zip(out, episodes, strict=True)]
 
   def _outcomes(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
     """Outcomes of continuations of the prefix with t steps (and `inserted` after it)."""

@@ -125,11 +125,15 @@ def chunk_text(text: str, rule: str = "sentences") -> list[str]:
   return [c for c in chunks if c]
 
 
-def chunked(trace: TextTrace, rule: str) -> TextTrace:
-  """The trace with `steps` (its own, or its `text` chunked by `rule`)."""
+def chunked(trace: TextTrace, rule: str, name: str = "") -> TextTrace:
+  """The trace with `steps`: its own, or its `text` chunked by `rule` (a one-line error,
+  naming the trace by its id or `name`, when that text is empty)."""
   if trace.steps is not None:
     return trace
-  steps = [TextStep(text=c) for c in chunk_text(trace.text or "", rule)]
+  text = trace.text or ""
+  if not text.strip():
+    raise HindsightError(f"trace {trace.id or name}: no steps (the completion is empty)")
+  steps = [TextStep(text=c) for c in chunk_text(text, rule)]
   return msgspec.structs.replace(trace, steps=steps, text=None)
 
 

@@ -38,6 +38,8 @@ import numpy as np
 
 from hindsight.envs import reasoning as rz
 from hindsight.errors import HindsightError
+from hindsight.text.trace import chunk_text
+from hindsight.text.verify import last_boxed, same_answer
 
 MODEL_NAME = "hindsight-text-world"
 HORIZON = 20
@@ -212,8 +214,6 @@ def parse_action(problem: Problem, sentence: str) -> int:
   for action, opening in _OPENINGS:
     if s.startswith(opening):
       if action == ANSWER_RIGHT:
-        from hindsight.text.verify import last_boxed, same_answer
-
         return ANSWER_RIGHT if same_answer(last_boxed(s), str(problem.total)) else ANSWER_WRONG
       return action
   return rz.RESTATE
@@ -233,8 +233,6 @@ class WorldState:
 def parse_prefix(prompt: str, sentences: list[str] | None = None) -> WorldState:
   """The state after `prompt` (a problem header and, after it, the world's sentences, split
   by the thought-anchors rule) or after the header and the given `sentences`."""
-  from hindsight.text.trace import chunk_text
-
   problem = parse_problem(prompt)
   if problem is None:
     raise HindsightError("not a text-world prompt: it must begin with the problem header")
