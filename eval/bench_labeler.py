@@ -1,8 +1,8 @@
 """Benchmark: the labeler's start-up and its env steps per second against a NumPy twin.
 
-1. Start-up, each in a fresh process: cold (an empty persistent compilation cache) and
-   warm (the cache the cold run filled): seconds to build the labeler and trace, lower and
-   compile the chunk program `hindsight label` runs.
+1. Start-up, each in a fresh process: a small `hindsight label` job cold (an empty
+   persistent compilation cache) and warm (the cache a first run filled, with and without
+   its stored unit program), beside python + jax's own start and `hindsight --help`.
 2. Steady state on a tabular job (default: S=16, A=4, H=40, one terminal state, K=64,
    `uniform` replacement): the compiled JAX program against a NumPy twin of the same
    estimator (keep / replace / phi arms sharing continuation random numbers, K branches per
@@ -25,8 +25,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.compile_cache import enable_compilation_cache
 from hindsight.envs import TabularEnv, make, random_mdp
 from hindsight.envs.tabular import cdf_table, with_peaked_policy
 from hindsight.labeling import LabelConfig, Labeler, to_numpy
@@ -157,40 +156,75 @@ def _tabular_labeler(args) -> Labeler:
   return Labeler(TabularEnv(mdp), TabularPolicy(mdp.pi), config)
 
 
-def _cache_entries() -> int:
-  """Files in the persistent compilation cache this process uses (0 if none is set)."""
-  cache = os.environ.get("HINDSIGHT_COMPILATION_CACHE", "")
-  return sum(len(files) for _, _, files in os.walk(cache)) if os.path.isdir(cache) else 0
-
-
-def measure_startup(args) -> dict:
-  """In this (fresh) process: seconds to build the labeler and trace, lower and compile the
-  program of `hindsight label` (Labeler.unit_program; from the persistent cache when it
-  holds it), and how many programs the compile wrote into that cache (0: it loaded)."""
-  before = _cache_entries()
+def _seconds(cmd: list[str], env: dict) -> float:
   start = time.perf_counter()
+  subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+  return time.perf_counter() - start
+
+
+def cli_startup(repeats: int) -> dict[str, float]:
+  """Seconds of small `hindsight` commands, each in a fresh process (median of `repeats`):
+
+  python_jax   python, import jax, one jnp op (the floor every command pays);
+  help         `hindsight --help`;
+  cold         `hindsight label --env tabular:M.npz --episodes 10 --rollouts 16` (S=12, A=4,
+               H=30) with an empty compilation cache;
+  warm_traced  the same with the compiled program cached but the stored unit program
+               (`labeling.stored`) removed first: traced and lowered again;
+  warm         the same on the cache a first run filled: nothing traced, nothing compiled.
+  """
+  median = lambda xs: float(np.median(xs))  # noqa: E731
+  hindsight = [sys.executable, "-m", "hindsight.cli"]
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    mdp = os.path.join(tmp, "M.npz")
+    random_mdp(0, num_states=12, num_actions=4, horizon=30).save(mdp)
+    jax_op = "import jax, jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
+    out["python_jax"] = median(
+      [_seconds([sys.executable, "-c", jax_op], os.environ) for _ in range(repeats)]
+    )
+    out["help"] = median([_seconds([*hindsight, "--help"], os.environ) for _ in range(repeats)])
+
+    def label(cache: str, run: str) -> list[str]:
+      env = dict(os.environ, HINDSIGHT_COMPILATION_CACHE=cache)
+      cmd = [*hindsight, "label", "--env", f"tabular:{mdp}", "--episodes", "10", "--rollouts",
+             "16", "--out", os.path.join(tmp, run), "--no-progress"]  # fmt: skip
+      return cmd, env
+
+    cold = []
+    for i in range(repeats):
+      cold.append(_seconds(*label(os.path.join(tmp, f"cold{i}"), f"cold{i}")))
+    out["cold"] = median(cold)
+    cache = os.path.join(tmp, "cold0")
+    traced = []
+    for i in range(repeats):
+      shutil.rmtree(os.path.join(cache, "programs"), ignore_errors=True)
+      traced.append(_seconds(*label(cache, f"traced{i}")))
+    out["warm_traced"] = median(traced)
+    out["warm"] = median([_seconds(*label(cache, f"warm{i}")) for i in range(repeats)])
+  return out
+
+
+def end_to_end(args) -> dict[str, float]:
+  """`hindsight label` on the steady-state job with `--episodes args.e2e_episodes`, in its own
+  process on a warm cache (every field, the dataset written), against the compacting NumPy
+  twin's credit on the same episodes (in this process; sampling not counted)."""
+  mdp = random_mdp(
+    args.seed, args.states, args.actions, args.horizon, num_terminal=args.terminal, branching=4
+  )
+  n = args.e2e_episodes
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "M.npz")
+    mdp.save(path)
+    cmd = [sys.executable, "-m", "hindsight.cli", "label", "--env", f"tabular:{path}",
+           "--episodes", str(n), "--rollouts", str(args.rollouts), "--replacement", "uniform",
+           "--seed", str(args.seed), "--no-progress", "--out"]  # fmt: skip
+    _seconds([*cmd, os.path.join(tmp, "warmup")], os.environ)  # fills the caches
+    cli = min(_seconds([*cmd, os.path.join(tmp, f"run{i}")], os.environ) for i in range(2))
   labeler = _tabular_labeler(args)
-  program = labeler.unit_program()  # what chunk_program runs, block by block
-  idx = np.arange(labeler.chunk_multiple(), dtype=np.int32)
-  lowered = program.lower(np.uint32(args.seed), idx)
-  traced = time.perf_counter()
-  lowered.compile()
-  done = time.perf_counter()
-  return {"trace_s": traced - start, "compile_s": done - traced, "total_s": done - start,
-          "cache_written": _cache_entries() - before}  # fmt: skip
-
-
-def startup(args) -> tuple[dict, dict]:
-  """Cold (empty compilation cache) and warm (the cache the cold run filled) start-up, each
-  in a fresh process: what every `hindsight label` run pays before its first episode."""
-  with tempfile.TemporaryDirectory() as cache:
-    env = dict(os.environ, HINDSIGHT_COMPILATION_CACHE=cache)
-    cmd = [sys.executable, __file__, "--measure-startup", *sys.argv[1:]]
-    out = []
-    for _ in range(2):
-      run = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-      out.append(json.loads(run.stdout.strip().splitlines()[-1]))
-  return out[0], out[1]
+  traj, _ = sample_and_label(labeler, args.seed, n, progress=False)
+  twin, _ = best_of(lambda: numpy_label(mdp, traj, args.rollouts, args.seed), 2)
+  return {"cli_s": cli, "numpy_s": twin}
 
 
 def time_labeling(labeler: Labeler, episodes: int, seed: int, repeats: int):
@@ -243,13 +277,9 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=2)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--env-episodes", type=int, default=256, help="episodes of the other envs")
-  p.add_argument("--measure-startup", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--e2e-episodes", type=int, default=1500, help="episodes of the end-to-end job")
+  p.add_argument("--startup-repeats", type=int, default=3, help="fresh processes per figure")
   args = p.parse_args(argv)
-
-  if args.measure_startup:  # the child of `startup`
-    enable_compilation_cache()
-    print(json.dumps(measure_startup(args)))
-    return
 
   labeler = _tabular_labeler(args)
   multiple = labeler.chunk_multiple()  # whole micro-batches on every device
@@ -264,13 +294,20 @@ def main(argv=None):
     f"{labeler.micro_batch()} episodes"
   )
 
-  cold, warm = startup(args)
-  for name, t in (("cold start", cold), ("warm start", warm)):
-    print(
-      f"{name}: {t['total_s']:6.2f} s  (build + trace {t['trace_s']:.2f} s, "
-      f"compile {t['compile_s']:.2f} s; {t['cache_written']} programs written to the "
-      "persistent compilation cache)"
-    )
+  t = cli_startup(args.startup_repeats)
+  floor = t["python_jax"]
+  print(
+    f"start-up, fresh processes, median of {args.startup_repeats} (hindsight label --env "
+    "tabular:M.npz --episodes 10 --rollouts 16; S=12 A=4 H=30):"
+  )
+  print(f"  python + import jax + one op : {floor:5.2f} s")
+  print(f"  hindsight --help             : {t['help']:5.2f} s")
+  for name, what in (
+    ("cold", "empty compilation cache"),
+    ("warm_traced", "compiled program cached, unit program traced"),
+    ("warm", "compiled and stored programs cached"),
+  ):
+    print(f"  label, {what:45s}: {t[name]:5.2f} s = {t[name] / floor:.1f}x python + jax")
 
   jax_time, (traj, labels) = time_labeling(labeler, args.episodes, args.seed, args.repeats)
   jax_steps = int(labels["rollout_steps"].sum())
@@ -303,6 +340,12 @@ def main(argv=None):
     "lock-step one without compaction"
   )
   print(f"  check : RMS z of (jax - numpy) credit over {ok.sum()} steps = {z_rms:.3f} (expect ~1)")
+  e2e = end_to_end(args)
+  print(
+    f"end to end, {args.e2e_episodes} episodes: hindsight label (own process, warm cache, every "
+    f"field, dataset written) {e2e['cli_s']:.2f} s; compacting numpy twin (credit only) "
+    f"{e2e['numpy_s']:.2f} s: {e2e['numpy_s'] / e2e['cli_s']:.2f}x"
+  )
 
   print(f"other environments (JAX, K={args.rollouts}, policy replacement, steady state):")
   for spec in ("reasoning", "key_to_door"):

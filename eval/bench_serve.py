@@ -2,10 +2,14 @@
 
 Starts the server on a trained run (default runs/demo) in a subprocess, waits until it is
 ready (warmed up), then for each client count sends requests of one trajectory of `--steps`
-steps (random observations and actions of the model's shape) from that many threads with
-keep-alive connections, for `--seconds` each. Prints p50/p99 latency and steps scored per
-second; the server is stopped at the end (and on any error). Then the same trajectories
-scored in process, in batches of each client count (the server's ceiling).
+steps (random observations and actions of the model's shape) over that many keep-alive
+connections, for `--seconds` each. Prints p50/p99 latency and steps scored per second; the
+server is stopped at the end (and on any error). Then the same trajectories scored in
+process, in batches of each client count (the server's ceiling).
+
+The load comes from `hey` (a compiled load generator, the Debian package `hey`) where it is
+on PATH, else from Python threads, which share the server's cores and so take part of the
+throughput they measure (`--load-generator` picks one).
 
   python eval/bench_serve.py --checkpoint runs/demo
 """
@@ -15,9 +19,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -68,6 +75,38 @@ def _load(port: int, body: bytes, clients: int, seconds: float) -> list[float]:
   return latencies
 
 
+def _threads(port: int, body: bytes, clients: int, seconds: float) -> tuple[int, float, float]:
+  """(requests, p50 s, p99 s) of `clients` Python threads for `seconds`."""
+  lat = np.asarray(_load(port, body, clients, seconds))
+  p50, p99 = np.percentile(lat, [50, 99])
+  return lat.size, float(p50), float(p99)
+
+
+def hey_command(hey: str, url: str, body_file: str, clients: int, seconds: float) -> list[str]:
+  """`hey` POSTing body_file to url over `clients` connections for `seconds`."""
+  return [hey, "-z", f"{seconds:g}s", "-c", str(clients), "-m", "POST", "-T",
+          "application/json", "-D", body_file, url]  # fmt: skip
+
+
+def parse_hey(output: str) -> tuple[int, float, float]:
+  """(requests answered 200, p50 s, p99 s) from hey's summary; raises on any other status."""
+  codes = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", output)}
+  if not codes or set(codes) != {200}:
+    raise RuntimeError(f"hey: status codes {codes or 'none'}")
+  quantile = {q: float(s) for q, s in re.findall(r"(\d+)% in ([\d.]+) secs", output)}
+  return codes[200], quantile["50"], quantile["99"]
+
+
+def _hey(hey: str, port: int, body: bytes, clients: int, seconds: float):
+  with tempfile.NamedTemporaryFile(suffix=".json") as f:
+    f.write(body)
+    f.flush()
+    url = f"http://127.0.0.1:{port}/v1/credit"
+    run = subprocess.run(hey_command(hey, url, f.name, clients, seconds), capture_output=True,
+                         text=True, check=True)  # fmt: skip
+  return parse_hey(run.stdout)
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--checkpoint", default="runs/demo")
@@ -75,7 +114,12 @@ def main() -> None:
   p.add_argument("--clients", default="1,16,64", help="client counts to measure")
   p.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
   p.add_argument("--port", type=int, default=8791)
+  p.add_argument("--load-generator", choices=("auto", "hey", "threads"), default="auto",
+                 help="auto: hey where it is on PATH, else Python threads")  # fmt: skip
   args = p.parse_args()
+  hey = shutil.which("hey") if args.load_generator != "threads" else None
+  if args.load_generator == "hey" and hey is None:
+    raise SystemExit("bench_serve: --load-generator hey, but no hey on PATH")
 
   spec = Predictor.load(args.checkpoint).spec
   rng = np.random.default_rng(0)
@@ -94,15 +138,19 @@ def main() -> None:
       time.sleep(0.2)
     _load(args.port, body, 1, 1.0)  # warm connections and caches
     single = None
-    print(f"{args.steps}-step trajectories, one per request, {args.seconds:g} s per row:")
+    generator = f"hey ({hey})" if hey else "Python client threads on the server's cores"
+    print(f"{args.steps}-step trajectories, one per request, {args.seconds:g} s per row, "
+          f"load from {generator}:")  # fmt: skip
     for clients in (int(c) for c in args.clients.split(",")):
-      lat = np.asarray(_load(args.port, body, clients, args.seconds))
-      rate = lat.size * args.steps / args.seconds
+      if hey:
+        requests, p50, p99 = _hey(hey, args.port, body, clients, args.seconds)
+      else:
+        requests, p50, p99 = _threads(args.port, body, clients, args.seconds)
+      rate = requests * args.steps / args.seconds
       single = rate if single is None else single
-      p50, p99 = np.percentile(lat, [50, 99]) * 1e3
       print(
-        f"  {clients:>3} clients: {lat.size:>6} requests  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
-        f"{rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
+        f"  {clients:>3} clients: {requests:>6} requests  p50 {p50 * 1e3:6.2f} ms  p99 "
+        f"{p99 * 1e3:6.2f} ms  {rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
       )
   finally:
     server.send_signal(signal.SIGTERM)

@@ -8,8 +8,10 @@ stored under
   $XDG_CACHE_HOME/hindsight/jax         (default ~/.cache/hindsight/jax)
 
 and loaded, not recompiled, by every later process on this machine with the same jax,
-jaxlib and XLA flags (the cache key covers them, so a stale entry is never used). Delete the
-directory to clear it.
+jaxlib and XLA flags (the cache key covers them, so a stale entry is never used). Beside
+them, in `programs/`, `hindsight label` keeps its traced and lowered unit programs
+(`labeling.stored`, keyed by the package's source, the versions, the environment and the
+config). Delete the directory to clear both.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def cache_dir() -> str | None:
     return None if value.strip().lower() in _OFF else os.path.expanduser(value)
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
   return os.path.join(base, "hindsight", "jax")
+
+
+def program_dir() -> str | None:
+  """Where `labeling.stored` keeps exported programs (None: the cache is off)."""
+  path = cache_dir()
+  return None if path is None else os.path.join(path, "programs")
 
 
 def enable_compilation_cache() -> str | None:

@@ -468,16 +468,51 @@ def test_readme_policy_gradient_example_runs(run, episodes):
   np.testing.assert_allclose(w[moved], -1e-3 * np.sign(g[moved]), rtol=1e-3)
 
 
+# A stand-in for `hey` (rakyll/hey) with its flags and its summary format: the bench's path
+# through a compiled load generator, where none is installed.
+_FAKE_HEY = """#!{python}
+import argparse, http.client, threading, time, urllib.parse
+p = argparse.ArgumentParser()
+for flag in ("-z", "-c", "-m", "-T", "-D"):
+  p.add_argument(flag)
+p.add_argument("url")
+a = p.parse_args()
+assert a.m == "POST" and a.T == "application/json", (a.m, a.T)
+url, body = urllib.parse.urlparse(a.url), open(a.D, "rb").read()
+stop, lat, codes = time.perf_counter() + float(a.z.rstrip("s")), [], {{}}
+def run():
+  conn = http.client.HTTPConnection(url.hostname, url.port)
+  while time.perf_counter() < stop:
+    tic = time.perf_counter()
+    conn.request("POST", url.path, body, {{"Content-Type": a.T}})
+    r = conn.getresponse(); r.read()
+    lat.append(time.perf_counter() - tic); codes[r.status] = codes.get(r.status, 0) + 1
+threads = [threading.Thread(target=run) for _ in range(int(a.c))]
+[t.start() for t in threads]; [t.join() for t in threads]
+lat.sort()
+print("Summary:\\n  Requests/sec:\\t%.4f\\n\\nLatency distribution:" % (len(lat) / float(a.z[:-1])))
+for q in (10, 50, 90, 99):
+  print("  %d%% in %.4f secs" % (q, lat[min(len(lat) - 1, len(lat) * q // 100)]))
+print("\\nStatus code distribution:")
+for code, n in codes.items():
+  print("  [%d]\\t%d responses" % (code, n))
+"""
+
+
 @pytest.mark.slow
-def test_bench_serve_smoke(run):
+def test_bench_serve_smoke(run, tmp_path):
   port = 19000 + os.getpid() % 1000
-  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  hey = tmp_path / "hey"
+  hey.write_text(_FAKE_HEY.format(python=sys.executable))
+  hey.chmod(0o755)
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, PATH=f"{tmp_path}:{os.environ['PATH']}")
   proc = subprocess.run(
     [sys.executable, "eval/bench_serve.py", "--checkpoint", run, "--steps", "16",
-     "--clients", "1,4", "--seconds", "0.5", "--port", str(port)],
+     "--clients", "1,4", "--seconds", "0.5", "--port", str(port), "--load-generator", "hey"],
     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
   )  # fmt: skip
   assert proc.returncode == 0, proc.stderr
+  assert f"load from hey ({hey})" in proc.stdout, proc.stdout
   rows = re.findall(r"(\d+) clients: +(\d+) requests +p50 +([\d.]+) ms +p99 +([\d.]+) ms +"
                     r"([\d,]+) steps/s +\(([\d.]+)x", proc.stdout)  # fmt: skip
   assert [int(r[0]) for r in rows] == [1, 4], proc.stdout

@@ -25,8 +25,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.adapters import import_policy
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
@@ -35,7 +35,7 @@ from hindsight.policies.base import Policy
 PyTree = Any
 
 
-@struct.dataclass
+@pytree.dataclass
 class GymnaxState:
   env_state: PyTree  # the gymnax state
   obs: jax.Array  # the observation of env_state (float32)

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.base import Environment
 from hindsight.policies.base import Policy
 
@@ -39,7 +39,7 @@ TAGS = ("move", "key", "apple", "door")
 MOVE, KEY, APPLE, DOOR = range(4)
 
 
-@struct.dataclass
+@pytree.dataclass
 class KeyToDoorState:
   time: jax.Array  # int32 []
   done: jax.Array  # bool []
@@ -50,7 +50,7 @@ class KeyToDoorState:
   door_open: jax.Array  # bool []
 
 
-@struct.dataclass
+@pytree.dataclass
 class KeyToDoorParams:
   door_reward: jax.Array  # float32 []
   apple_low: jax.Array  # float32 []

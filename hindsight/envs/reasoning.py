@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.base import Environment
 from hindsight.policies.base import Policy
 
@@ -73,7 +73,7 @@ TAG_NAMES = (
 _TAG_OF_ACTION = (0, 1, 2, 3, 3, 3, 4, 5, 6, 7)
 
 
-@struct.dataclass
+@pytree.dataclass
 class ReasoningState:
   time: jax.Array  # int32 []
   done: jax.Array  # bool []
@@ -87,7 +87,7 @@ class ReasoningState:
   succeeded: jax.Array  # bool []
 
 
-@struct.dataclass
+@pytree.dataclass
 class ReasoningParams:
   forget: jax.Array  # float32 [] per-step probability of losing each held fact
   p_correct: jax.Array  # float32 [] success probability with a correct draft

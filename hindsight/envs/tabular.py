@@ -24,8 +24,8 @@ import zipfile
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 
@@ -33,14 +33,14 @@ from hindsight.errors import HindsightError
 _SUM_TOL = 1e-6
 
 
-@struct.dataclass
+@pytree.dataclass
 class TabularState:
   s: jax.Array  # int32 [] state index
   time: jax.Array  # int32 [] steps taken since reset
   done: jax.Array  # bool [] the episode has ended
 
 
-@struct.dataclass
+@pytree.dataclass
 class TabularParams:
   P_cdf: jax.Array  # float32 [S, A, S] cumulative transition probabilities over s'
   r: jax.Array  # float32 [S, A]

@@ -26,8 +26,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
@@ -37,7 +37,7 @@ ROLE_NAMES = ("planner", "researcher", "critic", "solver")
 NULL, ACT, CHATTER = range(3)
 
 
-@struct.dataclass
+@pytree.dataclass
 class TeamState:
   time: jax.Array  # int32 []
   done: jax.Array  # bool []
@@ -46,7 +46,7 @@ class TeamState:
   error: jax.Array  # bool [] the draft carries the planted error
 
 
-@struct.dataclass
+@pytree.dataclass
 class TeamParams:
   p_find: jax.Array  # float32 []
   p_error: jax.Array  # float32 []

@@ -37,9 +37,23 @@ def sharded_over_local_devices(fn: Callable, n_shared: int, n_split: int) -> Cal
   """fn(*shared [n_shared], *per_episode [n_split]) jitted over a 1-D `data` mesh of the
   local devices: shared arguments replicated, per-episode ones (and every output) split on
   their leading axis."""
+  return jit(shard_over_local_devices(fn, n_shared, n_split))
+
+
+def local_mesh_shardings(n_shared: int, n_split: int):
+  """(in_shardings, out_sharding) of `shard_over_local_devices`'s arguments and outputs, as
+  NamedShardings of its mesh (for `jax.jit` and `jax.export`)."""
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
+  P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+  split = named(mesh, P("data"))
+  return (named(mesh, P()),) * n_shared + (split,) * n_split, split
+
+
+def shard_over_local_devices(fn: Callable, n_shared: int, n_split: int) -> Callable:
+  """`sharded_over_local_devices` before the jit: the shard_map alone."""
   mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
   spec = jax.sharding.PartitionSpec("data")
-  sharded = jax.shard_map(
+  return jax.shard_map(
     fn,
     mesh=mesh,
     in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
@@ -48,7 +62,6 @@ def sharded_over_local_devices(fn: Callable, n_shared: int, n_split: int) -> Cal
     # environment code free of pcast annotations.
     check_vma=False,
   )
-  return jit(sharded)
 
 
 def in_blocks(unit: Callable, chunk_size: int, block: int, n_shared: int) -> Callable:

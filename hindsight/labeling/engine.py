@@ -36,6 +36,7 @@ env steps that happen rather than the longest branch.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -50,7 +51,13 @@ from hindsight.envs.base import Environment
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
-from hindsight.labeling.dispatch import in_blocks, micro_batch_size, sharded_over_local_devices
+from hindsight.labeling.dispatch import (
+  in_blocks,
+  local_mesh_shardings,
+  micro_batch_size,
+  shard_over_local_devices,
+  sharded_over_local_devices,
+)
 from hindsight.labeling.rollout import (
   Trajectory,
   hash_words,
@@ -60,6 +67,7 @@ from hindsight.labeling.rollout import (
   unit_uniforms,
 )
 from hindsight.labeling.spot_check import label_one_step, return_bounds
+from hindsight.labeling.stored import program_key, program_path, stored_program
 from hindsight.labeling.xla import jit, unroll_threefry_on_cpu
 from hindsight.policies.base import Policy, sample_categorical_from_uniform
 
@@ -93,7 +101,11 @@ class Labeler:
     config: LabelConfig,
     env_params: PyTree | None = None,
     policy_params: PyTree | None = None,
+    program_dir: str | None = None,
   ):
+    """program_dir: where `unit_program` keeps its sample-and-label program between
+    processes (`labeling.stored`: a warm process neither traces nor lowers it); None traces
+    it in every process."""
     check_label_config(env, config)
     unroll_threefry_on_cpu()
     self.env, self.policy, self.config = env, policy, config
@@ -103,14 +115,27 @@ class Labeler:
     if config.exact:
       q, v = tabular_values(env.mdp, config.gamma)
       self._tables = (jnp.asarray(q, jnp.float32), jnp.asarray(v, jnp.float32))
-    self._z = z_value(config.confidence)
-    self._upper_rates = jnp.asarray(tie_upper_rates(config.num_rollouts, config.confidence))
     self._units = {}  # relabel -> unit_program
+    self._program_dir = program_dir
+    # How unit_program() came to be: "traced", or from program_dir "exported" / "loaded".
+    self.program_source = None
     self.label = jit(self._label_batch)
     self.label_steps = jit(jax.vmap(self._label_step))
     self.step_info = jit(jax.vmap(self._step_info))
     self.sample = jit(lambda keys: self.sample_under(self.policy_params, keys))
     self.sample_and_label = jit(self._sample_and_label)
+
+  # Read only while a program is traced: a process that loads its stored unit program
+  # never computes them (they import scipy.special, 0.4 s). NumPy, not jax: a jax array
+  # made inside a trace would be that trace's tracer, cached past it.
+  @functools.cached_property
+  def _z(self) -> float:
+    return z_value(self.config.confidence)
+
+  @functools.cached_property
+  def _upper_rates(self) -> np.ndarray:
+    """float32 [MIN_OFF_TIE]: `tie_upper_rates` of the config."""
+    return np.asarray(tie_upper_rates(self.config.num_rollouts, self.config.confidence), np.float32)
 
   # -- the chunk program used by labeling jobs ---------------------------------------------
 
@@ -157,7 +182,25 @@ class Labeler:
   def _unit_program(self, relabel: bool):
     if relabel:
       return sharded_over_local_devices(self._label_batch, n_shared=0, n_split=2)
-    return sharded_over_local_devices(self._sample_and_label, n_shared=1, n_split=1)
+    avals = (
+      jax.ShapeDtypeStruct((), jnp.uint32),
+      jax.ShapeDtypeStruct((self.chunk_multiple(),), jnp.int32),
+    )
+    # The labeler's own class too: a subclass from outside the package is traced every time.
+    parts = (type(self), self.env, self.policy, self.env_params, self.policy_params, self.config)
+    key = program_key("sample_and_label", parts, avals) if self._program_dir else None
+    if key is None:
+      self.program_source = "traced"
+      return sharded_over_local_devices(self._sample_and_label, n_shared=1, n_split=1)
+    in_shardings, out_sharding = local_mesh_shardings(n_shared=1, n_split=1)
+    program, self.program_source = stored_program(
+      shard_over_local_devices(self._sample_and_label, n_shared=1, n_split=1),
+      avals,
+      in_shardings,
+      out_sharding,
+      program_path(self._program_dir, key),
+    )
+    return program
 
   def _chunked(self, chunk_size: int, unit, n_shared: int):
     return in_blocks(unit, chunk_size, self.chunk_multiple(), n_shared)
@@ -191,7 +234,7 @@ class Labeler:
       traj,
       t,
       key,
-      upper_rates=self._upper_rates,
+      upper_rates=jnp.asarray(self._upper_rates),
       z=self._z,
     )
 
@@ -361,7 +404,7 @@ class Labeler:
       undefined,
       keep_share=keep_share,
       bounds=jax.vmap(self._return_bounds)(traj.states),
-      upper_rates=self._upper_rates,
+      upper_rates=jnp.asarray(self._upper_rates),
       gamma=gamma,
       tolerance=cfg.decorative_tolerance,
       z=self._z,

@@ -21,6 +21,7 @@ import shutil
 import jax
 import numpy as np
 
+from hindsight.compile_cache import program_dir
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
@@ -105,16 +106,22 @@ class _JaxSource:
 
   def __init__(self, job: LabelJob):
     self.env, self.policy = make(job.env, job.policy, _gymnax_horizon(job), job.return_range)
-    self.labeler = Labeler(self.env, self.policy, job.config)
+    self.labeler = Labeler(self.env, self.policy, job.config, program_dir=program_dir())
     env = self.env
     self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
     self.num_actions, self.null_action = env.num_actions, env.null_action
     self.success_threshold, self.tag_names = env.success_threshold, tuple(env.tag_names)
     self.success_from_return = env.success_from_return
-    state = env.reset(jax.random.key(0), env.default_params())
-    obs = jax.eval_shape(lambda: env.observation(state, env.default_params()))
+    params = self.labeler.env_params
+
+    def first_step():
+      state = env.reset(jax.random.key(0), params)
+      return env.observation(state, params), env.state_index(state)
+
+    # Shapes only: nothing is compiled (eager ops would compile one small program each).
+    obs, index = jax.eval_shape(first_step)
     self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
-    self.with_states = env.state_index(state) is not None
+    self.with_states = index is not None
     self._program, self._chunk = None, None
     # Multi-agent environments also get agent-level labels (Shapley values by coalition
     # rollouts from each episode's initial state, non-members' turns made null): every

@@ -17,8 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
+from hindsight import pytree
 from hindsight.envs.base import Environment
 from hindsight.policies.base import Policy, sample_categorical, sample_categorical_from_uniform
 
@@ -28,7 +28,7 @@ PyTree = Any
 _REFILL_FRACTION = 8
 
 
-@struct.dataclass
+@pytree.dataclass
 class Trajectory:
   """One episode padded to the horizon H (batch dims are added by vmap).
 
@@ -193,7 +193,7 @@ def _env_step(env: Environment, env_params, env_input, state, action):
 # -- branch continuations ------------------------------------------------------------------
 
 
-@struct.dataclass
+@pytree.dataclass
 class Branch:
   """One continuation in flight: do(a_t = first_action) at s_t, then pi.
 
