@@ -220,10 +220,11 @@ def end_to_end(args) -> dict[str, float]:
            "--episodes", str(n), "--rollouts", str(args.rollouts), "--replacement", "uniform",
            "--seed", str(args.seed), "--no-progress", "--out"]  # fmt: skip
     _seconds([*cmd, os.path.join(tmp, "warmup")], os.environ)  # fills the caches
-    cli = min(_seconds([*cmd, os.path.join(tmp, f"run{i}")], os.environ) for i in range(2))
+    runs = range(args.repeats)
+    cli = min(_seconds([*cmd, os.path.join(tmp, f"run{i}")], os.environ) for i in runs)
   labeler = _tabular_labeler(args)
   traj, _ = sample_and_label(labeler, args.seed, n, progress=False)
-  twin, _ = best_of(lambda: numpy_label(mdp, traj, args.rollouts, args.seed), 2)
+  twin, _ = best_of(lambda: numpy_label(mdp, traj, args.rollouts, args.seed), args.repeats)
   return {"cli_s": cli, "numpy_s": twin}
 
 

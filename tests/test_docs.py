@@ -103,6 +103,8 @@ def test_every_command_names_what_exists(page):
   checked = 0
   for program, words in _commands(text):
     checked += 1
+    if program == "hindsight" and words[1] in ("--help", "-h"):
+      continue
     if program == "hindsight":
       assert words[1] in subs, (page, words)
       parser = subs[words[1]]
