@@ -122,7 +122,7 @@ class _JaxSource:
     obs, index = jax.eval_shape(first_step)
     self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
     self.with_states = index is not None
-    self._program, self._chunk = None, None
+    self._programs = {}  # chunk size -> chunk_program, all of one unit program
     # Multi-agent environments also get agent-level labels (Shapley values by coalition
     # rollouts from each episode's initial state, non-members' turns made null): every
     # coalition at K = --rollouts up to MAX_ENUMERATED_AGENTS agents, else sampled orders.
@@ -146,10 +146,13 @@ class _JaxSource:
     return self.labeler.chunk_multiple()
 
   def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
-    if self._chunk != chunk:
-      self._program, self._chunk = self.labeler.chunk_program(chunk), chunk
-    indices = np.arange(start, start + chunk, dtype=np.int32)
-    traj, labels = to_numpy(self._program(np.uint32(seed), indices))
+    del chunk  # a short chunk (the job's last) runs only the blocks that hold its episodes
+    multiple = self.labeler.chunk_multiple()
+    size = -(-(stop - start) // multiple) * multiple
+    if size not in self._programs:  # labels do not depend on the size (dispatch.py)
+      self._programs[size] = self.labeler.chunk_program(size)
+    indices = np.arange(start, start + size, dtype=np.int32)
+    traj, labels = to_numpy(self._programs[size](np.uint32(seed), indices))
     arrays = _flatten_chunk(self.env, traj, labels, start, stop)
     if self.num_agents:
       n = stop - start
