@@ -185,16 +185,16 @@ def cli_startup(repeats: int) -> dict[str, float]:
     )
     out["help"] = median([_seconds([*hindsight, "--help"], os.environ) for _ in range(repeats)])
 
-    def label(cache: str, run: str) -> list[str]:
+    def label(cache: str, run: str) -> tuple[list[str], dict]:
+      """The command and environment of one run writing --out run with cache `cache`."""
       env = dict(os.environ, HINDSIGHT_COMPILATION_CACHE=cache)
       cmd = [*hindsight, "label", "--env", f"tabular:{mdp}", "--episodes", "10", "--rollouts",
              "16", "--out", os.path.join(tmp, run), "--no-progress"]  # fmt: skip
       return cmd, env
 
-    cold = []
-    for i in range(repeats):
-      cold.append(_seconds(*label(os.path.join(tmp, f"cold{i}"), f"cold{i}")))
-    out["cold"] = median(cold)
+    out["cold"] = median(
+      [_seconds(*label(os.path.join(tmp, f"cold{i}"), f"cold{i}")) for i in range(repeats)]
+    )
     cache = os.path.join(tmp, "cold0")
     traced = []
     for i in range(repeats):
@@ -205,14 +205,12 @@ def cli_startup(repeats: int) -> dict[str, float]:
   return out
 
 
-def end_to_end(args) -> dict[str, float]:
-  """`hindsight label` on the steady-state job with `--episodes args.e2e_episodes`, in its own
-  process on a warm cache (every field, the dataset written), against the compacting NumPy
-  twin's credit on the same episodes (in this process; sampling not counted)."""
-  mdp = random_mdp(
-    args.seed, args.states, args.actions, args.horizon, num_terminal=args.terminal, branching=4
-  )
-  n = args.e2e_episodes
+def end_to_end(args, labeler: Labeler) -> dict[str, float]:
+  """`hindsight label` on the steady-state job (labeler's MDP) with `--episodes
+  args.e2e_episodes`, in its own process on a warm cache (every field, the dataset written),
+  against the compacting NumPy twin's credit on the same episodes (in this process;
+  sampling not counted)."""
+  mdp, n = labeler.env.mdp, args.e2e_episodes
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "M.npz")
     mdp.save(path)
@@ -222,7 +220,6 @@ def end_to_end(args) -> dict[str, float]:
     _seconds([*cmd, os.path.join(tmp, "warmup")], os.environ)  # fills the caches
     runs = range(args.repeats)
     cli = min(_seconds([*cmd, os.path.join(tmp, f"run{i}")], os.environ) for i in runs)
-  labeler = _tabular_labeler(args)
   traj, _ = sample_and_label(labeler, args.seed, n, progress=False)
   twin, _ = best_of(lambda: numpy_label(mdp, traj, args.rollouts, args.seed), args.repeats)
   return {"cli_s": cli, "numpy_s": twin}
@@ -341,7 +338,7 @@ def main(argv=None):
     "lock-step one without compaction"
   )
   print(f"  check : RMS z of (jax - numpy) credit over {ok.sum()} steps = {z_rms:.3f} (expect ~1)")
-  e2e = end_to_end(args)
+  e2e = end_to_end(args, labeler)
   print(
     f"end to end, {args.e2e_episodes} episodes: hindsight label (own process, warm cache, every "
     f"field, dataset written) {e2e['cli_s']:.2f} s; compacting numpy twin (credit only) "

@@ -40,10 +40,15 @@ def sharded_over_local_devices(fn: Callable, n_shared: int, n_split: int) -> Cal
   return jit(shard_over_local_devices(fn, n_shared, n_split))
 
 
+def _local_mesh() -> jax.sharding.Mesh:
+  """The 1-D `data` mesh of this process's devices."""
+  return jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
+
+
 def local_mesh_shardings(n_shared: int, n_split: int):
   """(in_shardings, out_sharding) of `shard_over_local_devices`'s arguments and outputs, as
   NamedShardings of its mesh (for `jax.jit` and `jax.export`)."""
-  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
+  mesh = _local_mesh()
   P, named = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
   split = named(mesh, P("data"))
   return (named(mesh, P()),) * n_shared + (split,) * n_split, split
@@ -51,11 +56,10 @@ def local_mesh_shardings(n_shared: int, n_split: int):
 
 def shard_over_local_devices(fn: Callable, n_shared: int, n_split: int) -> Callable:
   """`sharded_over_local_devices` before the jit: the shard_map alone."""
-  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ("data",))
   spec = jax.sharding.PartitionSpec("data")
   return jax.shard_map(
     fn,
-    mesh=mesh,
+    mesh=_local_mesh(),
     in_specs=(jax.sharding.PartitionSpec(),) * n_shared + (spec,) * n_split,
     out_specs=spec,
     # Episodes never communicate; skipping the varying-axis checks keeps the scans of the

@@ -34,13 +34,13 @@ import os
 import pickle
 import struct
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from hindsight.files import atomic_open
 from hindsight.labeling.xla import jit
 
 _SUFFIX = ".jaxexport"
@@ -74,8 +74,9 @@ def package_digest() -> str:
   return h.hexdigest()
 
 
-def _ours(obj_type: type) -> bool:
-  return obj_type.__module__ == "hindsight" or obj_type.__module__.startswith("hindsight.")
+def _ours(module: str) -> bool:
+  """Whether `module` is in the package (so its source is in `package_digest`)."""
+  return module == "hindsight" or module.startswith("hindsight.")
 
 
 def _update(h, obj: Any, depth: int = 0) -> None:
@@ -110,7 +111,7 @@ def _update(h, obj: Any, depth: int = 0) -> None:
     # A function is its name: its code is in the package digest, if it is ours. Closures
     # carry values the name does not say.
     module = getattr(obj, "__module__", "") or ""
-    if not (module == "hindsight" or module.startswith("hindsight.")):
+    if not _ours(module):
       raise Unfingerprintable(f"function {module}.{obj.__qualname__}")
     if getattr(obj, "__closure__", None) or "<locals>" in obj.__qualname__:
       raise Unfingerprintable(f"closure {obj.__qualname__}")
@@ -118,9 +119,9 @@ def _update(h, obj: Any, depth: int = 0) -> None:
     if getattr(obj, "__self__", None) is not None:  # a bound method: its object's value too
       _update(h, obj.__self__, depth + 1)
   elif isinstance(obj, type):
-    if not _ours(obj):
+    if not _ours(obj.__module__):
       raise Unfingerprintable(f"class {obj.__module__}.{obj.__qualname__}")
-  elif _ours(kind) and (dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__")):
+  elif _ours(kind.__module__) and (dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__")):
     fields = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
     if dataclasses.is_dataclass(obj):
       fields.update({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
@@ -162,20 +163,6 @@ def program_key(what: str, parts: Any, avals: Sequence[jax.ShapeDtypeStruct]) ->
     "value": value,
   }
   return fingerprint(repr(context))
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-  folder = os.path.dirname(path)
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 def _pack(exported, tree) -> bytes:
@@ -225,7 +212,9 @@ def stored_program(
     tree = box["tree"]
     # A read-only cache: this process still runs the exported program.
     with contextlib.suppress(OSError):
-      _write_atomically(path, _pack(exported, tree))
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with atomic_open(path, "wb") as f:
+        f.write(_pack(exported, tree))
   in_shardings = exported.in_shardings_jax(mesh)
   call = jit(
     exported.call, in_shardings=in_shardings, out_shardings=exported.out_shardings_jax(mesh)
