@@ -24,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15 tests
 
 # The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
 # while working. CI runs `make test`, everything.

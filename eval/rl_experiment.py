@@ -22,7 +22,7 @@ import sys
 import numpy as np
 from scipy import stats
 
-from hindsight.rl.config import SOURCES
+from hindsight.devices import use_all_cpu_cores
 
 
 def mean_ci(values) -> tuple[float, float, float]:
@@ -130,9 +130,12 @@ def plot(path: str, results: dict, decorative_tags) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+  use_all_cpu_cores()  # before JAX starts (the registry of sources imports it)
+  from hindsight.rl.sources import registered_sources
+
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="configs/rl_NAME.py[:smoke]")
-  parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated")
+  parser.add_argument("--sources", default=",".join(registered_sources()), help="comma-separated")
   parser.add_argument("--out", default="", help="default runs/rl/ENV_NAME (':' as '_')")
   args, rest = parser.parse_known_args(argv)
   from hindsight.cli_options import config_overrides
@@ -140,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
   overrides = config_overrides(rest, "rl_experiment")
   if overrides is None:
     return 2
-  from hindsight.devices import use_all_cpu_cores
-
-  use_all_cpu_cores()  # before JAX starts
   from hindsight.compile_cache import enable_compilation_cache
   from hindsight.config_io import load_config
   from hindsight.envs import make
@@ -152,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
 
   enable_compilation_cache()
   sources = [s for s in args.sources.split(",") if s]
-  unknown = [s for s in sources if s not in SOURCES]
+  unknown = [s for s in sources if s not in registered_sources()]
   if unknown:
     print(
-      f"rl_experiment: unknown source {unknown[0]} (known: {', '.join(SOURCES)})", file=sys.stderr
+      f"rl_experiment: unknown source {unknown[0]} (known: {', '.join(registered_sources())})",
+      file=sys.stderr,
     )
     return 2
   try:

@@ -35,7 +35,7 @@ import json
 import os
 import sys
 
-from hindsight.cli_options import build, option
+from hindsight.cli_options import build, in_flag_terms, option
 from hindsight.devices import use_all_cpu_cores
 
 
@@ -90,12 +90,11 @@ def _return_range(text: str) -> tuple[float, float]:
     raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
 
 
-ENV_HELP = (
-  "tabular:PATH.npz | key_corridor | key_to_door[:p_key=P] | "
-  "reasoning[:decorative_rate=D,horizon=H,competence_max=C] | "
-  "team[:agents=N,rounds=R,p_error=E] | gymnax:ID | gymnasium:ENV_ID | dm_env:MODULE:FACTORY "
-  "| text:FILE.jsonl (docs/environments.md, docs/text.md)"
-)
+def _env_help() -> str:
+  """The registered environment families (hindsight.envs.families), for --env's help."""
+  from hindsight.envs.families import known_specs
+
+  return f"{known_specs(' | ')}; or MODULE:ARG, a family MODULE registers (docs/environments.md)"
 
 
 def _text_flags(lab) -> None:
@@ -130,9 +129,10 @@ def _text_options(args):
   with another environment is an error."""
   import dataclasses
 
+  from hindsight.envs.families import family_of
   from hindsight.labeling.config import TextOptions
 
-  if args.env.split(":", 1)[0] != "text":
+  if "text" not in family_of(args.env).options:
     changed = [f.name for f in dataclasses.fields(TextOptions)
                if getattr(args, f.name) not in (f.default, [], ())]  # fmt: skip
     if changed:
@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
   lab = sub.add_parser("label", help="label episodes with interventional credit")
-  option(lab, LabelJob, "env", ENV_HELP, required=True)
+  option(lab, LabelJob, "env", _env_help(), required=True)
   option(lab, LabelJob, "episodes", "number of episodes N", required=True, type=int)
   option(lab, LabelConfig, "num_rollouts", "branches K per arm and step", flag="--rollouts")
   option(lab, LabelConfig, "replacement", "q(a'|s,a)", choices=REPLACEMENTS)
@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     "text-world": _text_world,
   }
   try:
-    return report_errors("hindsight", commands[args.command], args)
+    return report_errors("hindsight", commands[args.command], args, words=in_flag_terms)
   except KeyboardInterrupt:
     print("hindsight: interrupted (rerun the same command to resume)", file=sys.stderr)
     return 130

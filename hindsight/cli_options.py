@@ -11,6 +11,10 @@ import argparse
 import dataclasses
 from typing import Any
 
+# Field name -> the flag that sets it, for every `option` added: library errors name the
+# field (`num_rollouts must be >= 2`), the CLI says the flag the user typed (`in_flag_terms`).
+_FLAGS: dict[str, str] = {}
+
 
 def field_default(cls, name: str) -> Any:
   """The default of dataclass `cls`'s field `name` (KeyError if it has none)."""
@@ -27,6 +31,7 @@ def option(parser, cls, name: str, help: str, *, flag: str | None = None, **kwar
   that defaults to False becomes a switch; other types parse as their default's type (pass
   `type=` for anything else, `required=True` for a field without a default)."""
   flag = flag or "--" + name.replace("_", "-")
+  _FLAGS.setdefault(name, flag)
   if kwargs.get("required"):
     parser.add_argument(flag, dest=name, help=help, **kwargs)
     return
@@ -59,3 +64,11 @@ def config_overrides(rest: list[str], prog: str) -> list[str] | None:
       return None
     out.append(item[len("--config.") :])
   return out
+
+
+def in_flag_terms(message: str) -> str:
+  """A library error that starts with a field's name, said with the field's flag instead
+  (`num_rollouts must be >= 2` -> `--rollouts must be >= 2`); any other message as it is."""
+  head, sep, tail = message.partition(" ")
+  flag = _FLAGS.get(head)
+  return flag + sep + tail if flag else message

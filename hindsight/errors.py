@@ -43,12 +43,15 @@ def make_dir(path: str, what: str) -> str:
   return path
 
 
-def report_errors(prog: str, fn: Callable[..., int], *args) -> int:
-  """fn(*args), with bad input and filesystem refusals as one line on stderr and exit 2."""
+def report_errors(
+  prog: str, fn: Callable[..., int], *args, words: Callable[[str], str] = str
+) -> int:
+  """fn(*args), with bad input and filesystem refusals as one line on stderr and exit 2.
+  words: the program's way of saying a library message (the CLI names its flags)."""
   try:
     return fn(*args)
   except HindsightError as e:
-    print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+    print(f"{prog}: error: {words(one_line(e))}", file=sys.stderr)
     if e.exit_at_once:
       sys.stdout.flush()
       sys.stderr.flush()

@@ -43,6 +43,9 @@ def test_bench_labeler_smoke():
     assert line in out, (line, out)
   seconds = [float(x) for x in re.findall(r": +(\d+\.\d+) s = ", out)]
   assert len(seconds) == 3 and all(s > 0 for s in seconds), out
+  # The warm start loaded its stored program: a warm run that traced and exported again
+  # would rewrite the file.
+  assert re.search(r"warm runs: 0 of [1-9]\d* stored programs rewritten \(loaded\)", out), out
 
 
 def test_bench_model_smoke():

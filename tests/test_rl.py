@@ -20,10 +20,10 @@ from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.policies.neural import NeuralPolicy
-from hindsight.rl.config import SOURCES, base_config, smoke
+from hindsight.rl.config import base_config, smoke
 from hindsight.rl.load import load_policy
 from hindsight.rl.ppo import Programs
-from hindsight.rl.sources import prepare
+from hindsight.rl.sources import CreditSource, prepare, registered_sources
 from hindsight.rl.task import make_task
 from hindsight.rl.trainer import seed_keys, train_and_evaluate
 
@@ -71,7 +71,7 @@ def test_learner_starts_as_its_prior_and_the_labeler_branches_it():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", registered_sources())
 def test_every_source_beats_the_random_policy_it_starts_from(source, tmp_path):
   results = train_and_evaluate(tiny(source), str(tmp_path / source))
   start = np.mean([s["success"] for s in results["curve"][0]["seeds"]])
@@ -84,6 +84,55 @@ def test_every_source_beats_the_random_policy_it_starts_from(source, tmp_path):
     assert spent == 0
   else:
     assert spent > 0  # every other source pays for rollouts or for its model's data
+
+
+class _Zero(CreditSource):
+  """A stub whose signal is 0 everywhere: an update that reads it cannot move the policy."""
+
+  name = "test_zero"
+
+  def signal(self, aux, policy_params, traj, key):
+    return jnp.zeros(traj.mask.shape), self.no_steps()
+
+
+def _one_update(c):
+  """(initial, updated) policy parameters of seed 0 after one update of config `c`."""
+  programs = Programs(prepare(make_task(c), c), c)
+  keys = seed_keys(c)
+  ts = programs.place(programs.init(keys))
+  aux = programs.place(jax.tree.map(lambda x: jnp.stack([x] * 2), programs.source.aux))
+  first = lambda tree: [np.array(x[0]) for x in jax.tree.leaves(tree)]  # noqa: E731
+  before = first(ts.params)  # read before the chunk, which donates the state
+  after, _ = programs.chunk(ts, aux, 1)
+  return before, first(after.params)
+
+
+def test_the_update_follows_the_sources_signal(tmp_path, monkeypatch):
+  """Each source's own A_t drives the update: a zero signal leaves the policy where it is
+  (no entropy bonus), and the docs' example source moves it otherwise than outcome does. An
+  update that used R - mean(R) whatever the source fails both."""
+  from hindsight.rl.sources import base
+
+  monkeypatch.setattr(base, "_SOURCES", dict(base._SOURCES))
+  base.register_source(_Zero)
+  with open(os.path.join(ROOT, "docs", "rl.md")) as f:
+    text = f.read()
+  example = text[text.index("## Your own credit source") :].split("```python\n")[1]
+  (tmp_path / "my_sources.py").write_text(example.split("```")[0])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_sources", raising=False)
+  moved = {}
+  for name in ("test_zero", "outcome", "my_sources:last_step"):
+    before, after = _one_update(tiny(name, ppo__entropy=0.0))
+    moved[name] = [b - a for a, b in zip(before, after, strict=True)]
+  assert all(not d.any() for d in moved["test_zero"])
+  assert any(d.any() for d in moved["outcome"])
+  assert any(d.any() for d in moved["my_sources:last_step"])
+  assert any(
+    not np.allclose(x, y)
+    for x, y in zip(moved["outcome"], moved["my_sources:last_step"], strict=True)
+  )
+  sys.modules.pop("my_sources", None)
 
 
 def test_swapping_the_credit_model_compiles_nothing_and_changes_the_update():

@@ -270,10 +270,11 @@ def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_
   assert client.get("/readyz").json()["model"] == before
 
 
-def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path):
+def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path, tmp_path_factory):
   """POST /v1/reload without a token or with a wrong one: 401; with the right one: 200. A
   checkpoint outside the allowed roots (an absolute path, a `..` path, a symlink inside the
-  run that points out): 403. No answer names a server path; /metrics counts each reason."""
+  run that points out, a sibling whose name extends a root's, ROOT-evil beside ROOT): 403.
+  No answer names a server path; /metrics counts each reason."""
   before = client.get("/readyz").json()["model"]
   assert client.post("/v1/reload", json={}).status_code == 401
   wrong = {"authorization": "Bearer not-the-token"}
@@ -284,7 +285,9 @@ def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path):
   outside = tmp_path.parent.parent.parent  # above every allowed root
   link = str(tmp_path / "escape")  # inside an allowed root, pointing out of it
   os.symlink(str(outside), link)
-  for checkpoint in (str(outside), "/etc", os.path.join(run, *[".."] * 4), link):
+  sibling = _test_root(tmp_path_factory).rstrip(os.sep) + "-evil"  # a prefix match, not a root
+  os.makedirs(sibling, exist_ok=True)
+  for checkpoint in (str(outside), "/etc", os.path.join(run, *[".."] * 4), link, sibling):
     r = client.post("/v1/reload", json={"checkpoint": checkpoint}, headers=ADMIN)
     assert r.status_code == 403, (checkpoint, r.text)
     assert "outside the directories" in r.json()["error"]
@@ -293,7 +296,8 @@ def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path):
   assert r.status_code == 409 and str(tmp_path) not in r.text, r.text
   assert client.get("/readyz").json()["model"] == before
   metrics = client.get("/metrics").text
-  for reason, count in (("missing", 1), ("wrong", 2), ("outside", 4)):
+  os.rmdir(sibling)
+  for reason, count in (("missing", 1), ("wrong", 2), ("outside", 5)):
     line = f'hindsight_admin_denied_total{{reason="{reason}"}}'
     assert float(metrics.split(line)[1].split()[0]) >= count, (reason, metrics)
 

@@ -1,6 +1,7 @@
 """The labeling job's unit program kept as a jax.export artifact (hindsight.labeling.stored):
 reused only where it is the program a trace would give, and giving the same bits."""
 
+import importlib.metadata
 import os
 
 import jax
@@ -62,11 +63,26 @@ def test_a_stored_program_is_reused_only_for_the_program_a_trace_would_give(tmp_
   edited = _labeler(mdp, directory)
   assert _same(_labels(edited), want) and edited.program_source == "exported"
   monkeypatch.undo()
-  monkeypatch.setattr(jax, "__version__", jax.__version__ + ".dev0")
-  upgraded = _labeler(mdp, directory)
-  upgraded.unit_program()
-  assert upgraded.program_source == "exported" and len(_files(directory)) == 5
-  monkeypatch.undo()
+  # Each package whose code is traced (scipy's constants too), and a jax option outside the
+  # six the key once named (one that changes categorical sampling), is part of the key.
+  real = importlib.metadata.version
+  for package in ("jax", "scipy"):
+    bumped = lambda name, p=package: real(name) + (".dev0" if name == p else "")  # noqa: E731
+    monkeypatch.setattr(importlib.metadata, "version", bumped)
+    upgraded = _labeler(mdp, directory)
+    upgraded.unit_program()
+    assert upgraded.program_source == "exported", package
+    monkeypatch.undo()
+  before = stored.traced_options()
+  jax.config.update("jax_high_dynamic_range_gumbel", True)
+  try:
+    assert stored.traced_options() != before
+    gumbel = _labeler(mdp, directory)
+    gumbel.unit_program()
+    assert gumbel.program_source == "exported"
+  finally:
+    jax.config.update("jax_high_dynamic_range_gumbel", False)
+  assert len(_files(directory)) == 7
 
   # A damaged file is traced again and replaced.
   path = os.path.join(directory, name)
@@ -101,6 +117,8 @@ def test_fingerprints_follow_values_not_identities():
   assert stored.fingerprint(LabelConfig(num_rollouts=4)) != stored.fingerprint(
     LabelConfig(num_rollouts=5)
   )
+  # Classes by qualified name: two of the package never share a fingerprint.
+  assert stored.fingerprint(TabularEnv) != stored.fingerprint(TabularPolicy)
   with pytest.raises(stored.Unfingerprintable):
     stored.fingerprint({"fn": lambda x: x})
   with pytest.raises(stored.Unfingerprintable):

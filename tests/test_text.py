@@ -9,7 +9,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 
 import httpx
@@ -395,9 +394,28 @@ def test_thought_anchors_layout_becomes_a_dataset(tmp_path):
   assert r.returncode == 2 and "no such directory" in r.stderr
 
 
-def test_text_world_cli_prompts_and_exact(tmp_path):
-  r = run_cli("text-world", "prompts", "--episodes", "2", "--out", tmp_path / "p.jsonl")
-  assert r.returncode == 0, r.stderr
+def test_text_world_cli_prompts_and_exact(tmp_path, world_url, capsys):
+  """`hindsight text-world prompts` writes prompts the world parses; `text-world exact`
+  scores a dataset labeled through the world against its DP (in process: the commands are
+  what is tested, not the process)."""
+  from hindsight.cli import main
+
+  assert main(["text-world", "prompts", "--episodes", "3", "--out", str(tmp_path / "p.jsonl")]) == 0
   traces = read_traces(str(tmp_path / "p.jsonl"))
-  assert len(traces) == 2 and traces[0].steps is None and world.parse_problem(traces[0].prompt)
-  assert sys.executable  # the CLI ran under this interpreter
+  assert len(traces) == 3 and traces[0].steps is None and world.parse_problem(traces[0].prompt)
+  job = _job(str(tmp_path / "p.jsonl"), 3, world_url, K=16)
+  out = run_label_job(job, str(tmp_path / "labels"), progress=False)
+  capsys.readouterr()
+  report_path = tmp_path / "exact.json"
+  assert main(["text-world", "exact", out, "--out", str(report_path)]) == 0
+  report = json.loads(report_path.read_text())
+  summary = report["summary"]
+  labels = open_labels(out)
+  assert summary["traces"] == 3
+  assert summary["steps"] == report["fields"]["credit"]["steps"] > 0
+  assert summary["steps"] <= sum(int(labels[i]["length"]) for i in range(3))
+  # The report's numbers are compare_to_exact's, and the line printed says them.
+  assert report == json.loads(json.dumps(compare_to_exact(out)))
+  line = capsys.readouterr().out.strip()
+  assert line.startswith(f"{summary['steps']} steps of 3 traces: z RMS {summary['z_rms']:.3f}")
+  assert 0.3 < summary["z_rms"] < 2.0, summary  # K=16 labels against the truth

@@ -12,20 +12,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hindsight.rl.config import SOURCES
+from hindsight.devices import use_all_cpu_cores
 
-EPILOG = f"""\
+EPILOG = """\
 configs: rl_reasoning, rl_key_to_door, rl_cartpole (configs/rl_NAME.py[:smoke]).
-sources (--config.source=...): {", ".join(SOURCES)}; docs/rl.md defines each.
+sources (--config.source=...): {sources}; docs/rl.md defines each.
 overrides: --config.FIELD=VALUE sets any field of hindsight/rl/config.py (commented there).
 """
 
 
 def main(argv: list[str] | None = None) -> int:
+  use_all_cpu_cores()  # before JAX starts (the registry of sources imports it): the
+  # labeler's rollouts use every core
+  from hindsight.rl.sources import registered_sources
+
   parser = argparse.ArgumentParser(
     prog="train.rl",
     description=__doc__.splitlines()[0],
-    epilog=EPILOG,
+    epilog=EPILOG.format(sources=", ".join(registered_sources())),
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument("--config", required=True, help="configs/rl_NAME.py or ...:smoke")
@@ -36,9 +40,6 @@ def main(argv: list[str] | None = None) -> int:
   overrides = config_overrides(rest, "train.rl")
   if overrides is None:
     return 2
-  from hindsight.devices import use_all_cpu_cores
-
-  use_all_cpu_cores()  # before JAX starts: the labeler's rollouts use every core
   from hindsight.compile_cache import enable_compilation_cache
   from hindsight.errors import report_errors
 

@@ -40,7 +40,7 @@ from hindsight.audit.design import mixture_design, outcome_signal
 from hindsight.audit.sequential import AlarmConfig, SliceTerms, drift_alarm
 from hindsight.data.labels import open_labels
 from hindsight.envs import make_labeled
-from hindsight.envs.adapters import is_adapter_spec
+from hindsight.envs.families import family_of
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez
 from hindsight.labeling.config import LabelConfig
@@ -84,10 +84,10 @@ def prepare_audit(cfg: AuditConfig):
       spec = spec or meta.get("env", "")
   else:
     spec = cfg.env
-  if not spec or is_adapter_spec(spec):
+  if not spec or not family_of(spec).functional:
     raise HindsightError(
-      f"cannot audit '{spec}': branching needs a JAX environment (Gymnasium/dm_env adapters "
-      "are labeled by `hindsight label` only)"
+      f"cannot audit '{spec}': branching needs a functional JAX environment (Gymnasium, "
+      "dm_env and text traces are labeled by `hindsight label` only)"
     )
   # A dataset audited is built as it was labeled; else as the model's labels were.
   env, policy = make_labeled(meta if dataset is None else dataset.metadata, spec)

@@ -19,7 +19,7 @@ class DriftConfig:
   reference_rollouts: int = 0  # K_ref (0: chosen so the reference's stderr is small)
   reference_fraction: float = 0.1  # ... its RMS stderr / the credit spread
   check_episodes: int = 64  # episodes of the second, independent reference pass
-  shifts: tuple[str, ...] | None = None  # OOD env specs (None: DEFAULT_SHIFTS of the env)
+  shifts: tuple[str, ...] | None = None  # OOD env specs (None: the env family's shifts)
   shift_episodes: int = 128
   baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
   gradient_env: str = "key_corridor"  # tabular env spec of the gradient table; "" = none

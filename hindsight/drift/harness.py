@@ -31,7 +31,7 @@ from hindsight.drift import reference as ref_lib
 from hindsight.drift.config import DriftConfig
 from hindsight.drift.gradients import gradient_table
 from hindsight.envs import make, make_labeled
-from hindsight.envs.adapters import is_adapter_spec
+from hindsight.envs.families import family_of
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, finished_report, mark_finished, sha256_file
@@ -40,10 +40,6 @@ from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
-DEFAULT_SHIFTS = {
-  "reasoning": ("reasoning:decorative_rate=0.25", "reasoning:horizon=30"),
-  "key_to_door": ("key_to_door:p_key=0.9",),
-}
 # Seeds of fresh episode sets: --seed + this (+ 1 + j for shift j), whatever the run's labels,
 # so every run evaluated with --env SPEC meets the same episodes (a before/after comparison).
 SHIFT_SEED_OFFSET = 1_000_003
@@ -139,10 +135,10 @@ def _open_run(checkpoint: str) -> _Run:
     record["labels"], record.get("mix_labels", ""), record.get("mix_episodes", 0)
   )
   env_spec = labels.metadata.get("env", "")
-  if is_adapter_spec(env_spec) or not env_spec:
+  if not env_spec or not family_of(env_spec).functional:
     raise HindsightError(
-      f"labels of '{env_spec}' cannot be relabeled from their seed (a Gymnasium/dm_env "
-      "adapter): the drift harness needs a JAX environment"
+      f"labels of '{env_spec}' cannot be relabeled from their seed (not a functional JAX "
+      "environment): the drift harness needs a JAX environment"
     )
   base = LabelConfig.from_metadata(labels.metadata)
   return _Run(workdirs, record, labels, base, np.asarray(record["test"], np.int64))
@@ -245,7 +241,8 @@ def run_drift(cfg: DriftConfig) -> dict:
     check_seed = cfg.seed + SHIFT_SEED_OFFSET
   report["reference"]["check"] = _check_reference(ctx, main, traj, ids, check_seed, main_env)
   report["reference"].update(_noise_ratio(main.cols))
-  shifts = DEFAULT_SHIFTS.get(env.name, ()) if cfg.shifts is None else cfg.shifts
+  # The family's own shifts (EnvFamily.shifts) unless the config names others.
+  shifts = family_of(main_env).shifts if cfg.shifts is None else cfg.shifts
   shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
 
   score_seconds, models = _add_signals(ctx, predictor, run, [main, *shift_sets])

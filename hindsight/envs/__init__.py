@@ -1,30 +1,29 @@
-"""Functional environments (gymnax style) and the `--env` spec parser."""
+"""Functional environments (gymnax style), the registry of environment families and the
+`--env` spec parser. Names load on first use, so the JAX-free registry
+(`hindsight.envs.families`) can be read without starting JAX."""
 
-from hindsight.envs.base import Environment
-from hindsight.envs.registry import make, make_labeled
-from hindsight.envs.tabular import (
-  TabularEnv,
-  TabularMDP,
-  TabularParams,
-  TabularState,
-  key_corridor_mdp,
-  load_tabular,
-  peaked_mdp,
-  random_mdp,
-  rare_success_mdp,
-)
+from hindsight._lazy import lazy_exports
 
-__all__ = [
-  "Environment",
-  "TabularEnv",
-  "TabularMDP",
-  "TabularParams",
-  "TabularState",
-  "key_corridor_mdp",
-  "load_tabular",
-  "make",
-  "make_labeled",
-  "peaked_mdp",
-  "random_mdp",
-  "rare_success_mdp",
-]
+_HOMES = {
+  "Environment": "hindsight.envs.base",
+  "EnvFamily": "hindsight.envs.families",
+  "EnvOptions": "hindsight.envs.families",
+  "family_of": "hindsight.envs.families",
+  "register": "hindsight.envs.families",
+  "registered_families": "hindsight.envs.families",
+  "TabularEnv": "hindsight.envs.tabular",
+  "TabularMDP": "hindsight.envs.tabular",
+  "TabularParams": "hindsight.envs.tabular",
+  "TabularState": "hindsight.envs.tabular",
+  "key_corridor_mdp": "hindsight.envs.tabular",
+  "load_tabular": "hindsight.envs.tabular",
+  "peaked_mdp": "hindsight.envs.tabular",
+  "random_mdp": "hindsight.envs.tabular",
+  "rare_success_mdp": "hindsight.envs.tabular",
+  "make": "hindsight.envs.registry",
+  "make_labeled": "hindsight.envs.registry",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+
+__all__ = sorted(_HOMES)

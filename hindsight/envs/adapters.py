@@ -154,19 +154,15 @@ class DmEnv(PyEnv):
 
 
 def make_py_env(spec: str, horizon: int | None = None) -> PyEnv:
-  kind, _, rest = spec.partition(":")
-  if kind == "gymnasium" and rest:
-    return GymnasiumEnv(rest, horizon)
-  if kind == "dm_env":
-    module, _, factory = rest.partition(":")
-    if not module or not factory:
-      raise HindsightError(f"--env {spec}: expected dm_env:MODULE:FACTORY")
-    return DmEnv(module, factory, horizon)
-  raise HindsightError(f"--env {spec}: expected gymnasium:ENV_ID or dm_env:MODULE:FACTORY")
+  """The stateful Python environment of a `gymnasium:` / `dm_env:` spec (any family with a
+  `make_python`, hindsight.envs.families)."""
+  from hindsight.envs.families import family_of, registered_families, split_spec
 
-
-def is_adapter_spec(spec: str) -> bool:
-  return spec.split(":", 1)[0] in ("gymnasium", "dm_env")
+  family = family_of(spec)
+  if family.make_python is None:
+    known = ", ".join(f.usage for f in registered_families() if f.make_python is not None)
+    raise HindsightError(f"--env {spec}: expected a Python environment ({known})")
+  return family.make_python(split_spec(spec)[1], horizon)
 
 
 def import_policy(spec: str):
@@ -174,8 +170,9 @@ def import_policy(spec: str):
   return import_function(spec, "--policy")
 
 
-def load_policy(spec: str | None, num_actions: int):
-  """FN(observation, rng) -> action from MODULE:FN, or uniform over the actions."""
+def python_policy(spec: str | None, num_actions: int):
+  """The behaviour policy of a Python environment: FN(observation, rng) -> action from
+  MODULE:FN, or uniform over the actions."""
   if not spec:
     return lambda obs, rng: int(rng.integers(num_actions))
   return import_policy(spec)[1]

@@ -37,17 +37,20 @@ class LabelConfig:
   stratify: bool = True
 
   def __post_init__(self):
-    """One-line errors for values outside their range (the CLI flags map onto these)."""
+    """One-line errors for values outside their range, naming the field (the CLI says its
+    flag instead: hindsight.cli_options.in_flag_terms)."""
     least = 1 if self.exact else 2
     if self.num_rollouts < least:
       why = "" if self.exact else " for a standard error"
-      raise HindsightError(f"--rollouts must be >= {least}{why}, got {self.num_rollouts}")
+      raise HindsightError(f"num_rollouts must be >= {least}{why}, got {self.num_rollouts}")
     if not 0.0 < self.gamma <= 1.0:
-      raise HindsightError(f"--gamma must be in (0, 1], got {self.gamma}")
+      raise HindsightError(f"gamma must be in (0, 1], got {self.gamma}")
     if not (np.isfinite(self.decorative_tolerance) and self.decorative_tolerance >= 0):
-      raise HindsightError(f"--tolerance must be finite and >= 0, got {self.decorative_tolerance}")
+      raise HindsightError(
+        f"decorative_tolerance must be finite and >= 0, got {self.decorative_tolerance}"
+      )
     if not 0.0 < self.confidence < 1.0:
-      raise HindsightError(f"--confidence must be in (0, 1), got {self.confidence}")
+      raise HindsightError(f"confidence must be in (0, 1), got {self.confidence}")
 
   @classmethod
   def from_metadata(cls, meta: dict, num_rollouts: int | None = None) -> LabelConfig:
@@ -120,17 +123,17 @@ class TextOptions:
     if not self.model:
       raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
     if not 0.0 <= self.temperature <= 2.0:
-      raise HindsightError(f"--temperature must be in [0, 2], got {self.temperature}")
+      raise HindsightError(f"temperature must be in [0, 2], got {self.temperature}")
     if not 0.0 < self.top_p <= 1.0:
-      raise HindsightError(f"--top-p must be in (0, 1], got {self.top_p}")
+      raise HindsightError(f"top_p must be in (0, 1], got {self.top_p}")
     for name in ("max_tokens", "max_draws", "samples_per_request", "concurrency"):
       if getattr(self, name) < 1:
-        raise HindsightError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        raise HindsightError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("budget_completions", "budget_tokens", "retries"):
       if getattr(self, name) < 0:
-        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        raise HindsightError(f"{name} must be >= 0, got {getattr(self, name)}")
     if not self.timeout > 0:
-      raise HindsightError(f"--timeout must be > 0, got {self.timeout}")
+      raise HindsightError(f"timeout must be > 0, got {self.timeout}")
 
   def describe(self) -> dict:
     d = dataclasses.asdict(self)

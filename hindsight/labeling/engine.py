@@ -423,9 +423,9 @@ def check_label_config(env: Environment, config: LabelConfig) -> None:
   """Refuses a configuration the engine cannot label (one-line HindsightError)."""
   check_replacement(config.replacement, env.null_action, env.name, env.has_action_classes)
   if config.exact and config.replacement == "policy_no_repeat":
-    raise HindsightError("--exact does not cover policy_no_repeat (its continuation differs)")
+    raise HindsightError("exact does not cover policy_no_repeat (its continuation differs)")
   if config.exact and not isinstance(env, TabularEnv):
-    raise HindsightError(f"--exact needs a tabular MDP, not environment '{env.name}'")
+    raise HindsightError(f"exact needs a tabular MDP, not environment '{env.name}'")
 
 
 def to_numpy(tree) -> Any:

@@ -21,211 +21,49 @@ import shutil
 import jax
 import numpy as np
 
-from hindsight.compile_cache import program_dir
 from hindsight.credit.estimators import KLASS_NAMES
-from hindsight.credit.replacement import check_replacement
 from hindsight.data import labels as label_io
 from hindsight.distributed import gather, together
-from hindsight.envs import make
-from hindsight.envs.adapters import is_adapter_spec
-from hindsight.envs.registry import takes_policy_options
+from hindsight.envs.families import EnvFamily, check_job_options, family_of
 from hindsight.errors import HindsightError, make_dir, note
 from hindsight.files import atomic_savez, atomic_write_text
-from hindsight.labeling import trajectories as tr
-from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.labeling.config import LabelJob
-from hindsight.labeling.engine import Labeler, episode_key, to_numpy
-from hindsight.labeling.py_labeler import PyJob, label_episodes
-from hindsight.labeling.rollout import Trajectory
+from hindsight.labeling.source import LabelSource
 from hindsight.progress import CompileAwareBar
 
 CHUNKS = "_chunks"
 JOB_FILE = "job.json"
-AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
-DEFAULT_PERMUTATIONS = 64  # sampled Shapley values, beyond MAX_ENUMERATED_AGENTS agents
 
 
-def _check(job: LabelJob) -> None:
+def _check(job: LabelJob, family: EnvFamily) -> None:
   if job.episodes < 1:
-    raise HindsightError(f"--episodes must be >= 1, got {job.episodes}")
+    raise HindsightError(f"episodes must be >= 1, got {job.episodes}")
   if job.chunk_size < 1:
-    raise HindsightError(f"--chunk-size must be >= 1, got {job.chunk_size}")
+    raise HindsightError(f"chunk_size must be >= 1, got {job.chunk_size}")
   if not 0 <= job.seed < 2**32:
-    raise HindsightError(f"--seed must be in [0, 2^32), got {job.seed}")
+    raise HindsightError(f"seed must be in [0, 2^32), got {job.seed}")
   if job.workers < 1:
-    raise HindsightError(f"--workers must be >= 1, got {job.workers}")
+    raise HindsightError(f"workers must be >= 1, got {job.workers}")
   if job.horizon is not None and job.horizon < 1:
-    raise HindsightError(f"--horizon must be >= 1, got {job.horizon}")
-  if not takes_policy_options(job.env) and (job.policy or job.horizon or job.return_range):
-    raise HindsightError(
-      "--policy, --horizon and --return-range are for gymnax:, gymnasium: and dm_env: "
-      "environments only"
-    )
-  if job.env.startswith("gymnax:") and job.workers != 1:
-    raise HindsightError("--workers is for gymnasium:/dm_env: (gymnax runs on the devices)")
+    raise HindsightError(f"horizon must be >= 1, got {job.horizon}")
+  given = {
+    "policy": bool(job.policy),
+    "horizon": bool(job.horizon),
+    "return_range": job.return_range is not None,
+    "workers": job.workers != 1,
+    "text": job.text is not None,
+  }
+  check_job_options(family, given)
   if job.permutations and (job.permutations < 4 or job.permutations % 2):
-    raise HindsightError(f"--permutations must be even and >= 4, got {job.permutations}")
+    raise HindsightError(f"permutations must be even and >= 4, got {job.permutations}")
   if job.return_range is not None:
     lo, hi = job.return_range
     if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
-      raise HindsightError(f"--return-range needs finite LO <= HI, got {lo}:{hi}")
-
-
-def _gymnax_horizon(job: LabelJob) -> int | None:
-  """The horizon a gymnax job labels at: --horizon, else the longest of the job's own
-  episodes at the environment's declared `max_steps_in_episode` (MemoryChain declares 1000
-  for episodes of 6 steps; padding every episode, the model's length and the reference to
-  the declared maximum costs memory and time for nothing). The episodes are the same either
-  way: their keys depend on the step, not on the horizon. Says what it chose, and what a
-  given --horizon truncates."""
-  if not job.env.startswith("gymnax:"):
-    return job.horizon
-  env, policy = make(job.env, job.policy, None, job.return_range)
-  lengths = tr.episode_lengths(env, policy, job.seed, job.episodes)
-  longest, declared = int(lengths.max()), env.horizon
-  if job.horizon is not None:
-    cut = int((lengths > job.horizon).sum())
-    if cut:
-      note(
-        f"--horizon {job.horizon} truncates {cut} of {job.episodes} episodes (the longest "
-        f"runs {longest} steps): their returns stop there"
-      )
-    return job.horizon
-  if longest < declared:
-    note(
-      f"{job.env}: horizon {longest}, the longest of the job's {job.episodes} episodes (the "
-      f"environment declares {declared}; --horizon sets another)"
-    )
-  return longest
-
-
-class _JaxSource:
-  """Chunks from the JAX engine (sharded over devices)."""
-
-  texts = False  # no prompt or step texts (hindsight.text.source's sources have them)
-
-  def __init__(self, job: LabelJob):
-    self.env, self.policy = make(job.env, job.policy, _gymnax_horizon(job), job.return_range)
-    self.labeler = Labeler(self.env, self.policy, job.config, program_dir=program_dir())
-    env = self.env
-    self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
-    self.num_actions, self.null_action = env.num_actions, env.null_action
-    self.success_threshold, self.tag_names = env.success_threshold, tuple(env.tag_names)
-    self.success_from_return = env.success_from_return
-    params = self.labeler.env_params
-
-    def first_step():
-      state = env.reset(jax.random.key(0), params)
-      return env.observation(state, params), env.state_index(state)
-
-    # Shapes only: nothing is compiled (eager ops would compile one small program each).
-    obs, index = jax.eval_shape(first_step)
-    self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
-    self.with_states = index is not None
-    self._programs = {}  # chunk size -> chunk_program, all of one unit program
-    # Multi-agent environments also get agent-level labels (Shapley values by coalition
-    # rollouts from each episode's initial state, non-members' turns made null): every
-    # coalition at K = --rollouts up to MAX_ENUMERATED_AGENTS agents, else sampled orders.
-    self.num_agents, self.agent_names = env.num_agents, tuple(env.agent_names)
-    self.permutations = job.permutations
-    if self.num_agents > MAX_ENUMERATED_AGENTS and not self.permutations:
-      self.permutations = DEFAULT_PERMUTATIONS
-    self.coalitions = bool(self.num_agents) and not self.permutations
-    if self.num_agents:
-      K, policy, P = job.config.num_rollouts, self.policy, self.permutations
-
-      def credit(actions, state0, key):
-        return agent_credit(env, policy, actions, key, K, initial_state=state0,
-                            num_permutations=P)  # fmt: skip
-
-      self._agent_program = jax.jit(jax.vmap(credit))
-      # Who acts at each step t < H (the same for every episode).
-      self._acting = np.asarray(jax.vmap(env.agent_of_step)(np.arange(env.horizon)))
-
-  def chunk_multiple(self) -> int:
-    return self.labeler.chunk_multiple()
-
-  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
-    del chunk  # a short chunk (the job's last) runs only the blocks that hold its episodes
-    multiple = self.labeler.chunk_multiple()
-    size = -(-(stop - start) // multiple) * multiple
-    if size not in self._programs:  # labels do not depend on the size (dispatch.py)
-      self._programs[size] = self.labeler.chunk_program(size)
-    indices = np.arange(start, start + size, dtype=np.int32)
-    traj, labels = to_numpy(self._programs[size](np.uint32(seed), indices))
-    arrays = _flatten_chunk(self.env, traj, labels, start, stop)
-    if self.num_agents:
-      n = stop - start
-      # Coalition rollouts get keys of their own, folded off each episode's root key.
-      keys = jax.vmap(lambda i: jax.random.fold_in(episode_key(seed, i), AGENT_KEY_SALT))(
-        indices[:n]
-      )
-      state0 = jax.tree.map(lambda x: x[:n, 0], traj.states)
-      agents = jax.device_get(self._agent_program(traj.actions[:n], state0, keys))
-      arrays.update({k: np.asarray(v) for k, v in agents.items()})
-      arrays["agent"] = np.broadcast_to(self._acting, (n, self.env.horizon))
-    bar.update(stop - start)
-    return arrays
-
-
-class _PySource:
-  """Chunks from Gymnasium / dm_env environments over a process pool."""
-
-  texts = False
-
-  def __init__(self, job: LabelJob):
-    from hindsight.envs.adapters import load_policy, make_py_env
-
-    env = make_py_env(job.env, job.horizon)
-    load_policy(job.policy, env.num_actions)  # fail early on a bad --policy
-    check_replacement(job.config.replacement, None, env.spec, has_action_classes=False)
-    if job.config.exact:
-      raise HindsightError("--exact needs a tabular MDP")
-    self.py_job = PyJob(
-      job.env, job.policy, job.horizon, job.config, job.seed, return_range=job.return_range
-    )
-    self.workers = job.workers
-    self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
-    self.num_actions, self.null_action = env.num_actions, None
-    self.success_threshold = self.py_job.success_threshold
-    self.success_from_return = True  # adapters: success is return > success_threshold
-    self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
-    self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
-    self.with_states = False
-    self.num_agents, self.agent_names = 0, ()  # single-agent environments
-    self.coalitions, self.permutations = False, 0
-
-  def chunk_multiple(self) -> int:
-    return 1
-
-  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
-    del seed, chunk  # the PyJob carries the seed
-    return label_episodes(self.py_job, range(start, stop), self.workers, lambda: bar.update(1))
-
-
-def _source(job: LabelJob, out_dir: str):
-  """The job's source of labeled chunks: text traces, Gymnasium/dm_env, or the JAX engine."""
-  from hindsight.text.source import TextSource, is_text_spec
-
-  if is_text_spec(job.env):
-    return TextSource(job, out_dir)
-  if job.text is not None:
-    raise HindsightError("--model, --endpoint and the other text flags are for --env text:... only")
-  return _PySource(job) if is_adapter_spec(job.env) else _JaxSource(job)
+      raise HindsightError(f"return_range needs finite LO <= HI, got {lo}:{hi}")
 
 
 def _chunk_path(work: str, start: int, stop: int) -> str:
   return os.path.join(work, f"episodes_{start:09d}_{stop:09d}.npz")
-
-
-def _flatten_chunk(env, traj: Trajectory, labels: dict, start: int, stop: int) -> dict:
-  """Device outputs of one chunk -> the NumPy arrays stored in its file ([n, H, ...]).
-  (The labels carry the tags and success; the trajectory's arrays the rest.)"""
-  n = stop - start
-  arrays = tr.trajectory_arrays(env, jax.tree.map(lambda x: x[:n], traj), with_tags=False)
-  arrays.update({k: np.asarray(v)[:n] for k, v in labels.items()})
-  arrays["episode"] = np.arange(start, stop)
-  return arrays
 
 
 def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
@@ -249,16 +87,6 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       if "agent" in c:  # sampled Shapley values come without interactions and coalitions
         fields.update({name: c[name][i] for name in label_io.AGENT_FIELDS if name in c})
       yield label_io.make_example(fields)
-
-
-def _chunk_totals(paths: list[str], names: tuple[str, ...]) -> dict[str, np.ndarray]:
-  """The per-episode arrays `names` of every chunk file, concatenated."""
-  parts: dict[str, list] = {name: [] for name in names}
-  for path in paths:
-    with np.load(path) as z:
-      for name in names:
-        parts[name].append(z[name])
-  return {name: np.concatenate(v) for name, v in parts.items()}
 
 
 def _differing(previous: dict, described: dict) -> str:
@@ -334,16 +162,13 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   neither P nor the chunk size, so any layout gives the one-process dataset; a relaunched
   job (any process killed) skips the chunks already written.
   """
-  _check(job)
+  family = family_of(job.env)
+  _check(job, family)
   rank, count = jax.process_index(), jax.process_count()
   with together("starting the job"):
-    source = _source(job, out_dir)
-  if rank == 0 and takes_policy_options(job.env) and job.return_range is None:
-    bound = (
-      "the tie bound of a near-tied step is then infinite (stderr inf, klass undetermined)"
-      if job.env.startswith("gymnax:")
-      else "the tie bound then uses the range of each episode's branch returns, what the data show"
-    )
+    source: LabelSource = family.label_source(job, out_dir)
+  if rank == 0 and family.no_return_range and job.return_range is None:
+    bound = family.no_return_range
     note(f"{job.env}: no --return-range LO:HI (the range of any return-to-go): {bound}")
   # Whole micro-batches on every process's devices (local device counts may differ).
   multiple = int(np.lcm.reduce(gather(source.chunk_multiple())))
@@ -377,7 +202,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   env_steps = 0
   with together("labeling"), bar:
     for start, stop in todo:
-      arrays = source.label(job.seed, start, stop, chunk, bar)
+      arrays = source.label(job.seed, start, stop, bar)
       atomic_savez(_chunk_path(work, start, stop), arrays)
       if "rollout_steps" in arrays:  # text sources show their own rates
         env_steps += int(arrays["rollout_steps"].sum())
@@ -390,7 +215,9 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   return path
 
 
-def _finish(job: LabelJob, source, out_dir: str, work: str, ranges, described: dict) -> str:
+def _finish(
+  job: LabelJob, source: LabelSource, out_dir: str, work: str, ranges, described: dict
+) -> str:
   """Every chunk file -> the TFDS dataset in --out (process 0 alone); its dataset dir."""
   missing = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
   if missing:
@@ -430,13 +257,7 @@ def _finish(job: LabelJob, source, out_dir: str, work: str, ranges, described: d
     texts=source.texts,
   )
   paths = [_chunk_path(work, *r) for r in ranges]
-  if source.texts:
-    # Text traces: the horizon is the longest trace, and the cost is in completions.
-    totals = _chunk_totals(paths, ("length", "completions"))
-    metadata["horizon"] = int(totals["length"].max())
-    metadata["completions"] = int(totals["completions"].sum())
-    metadata.update({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
-                     for k, v in source.metadata.items()})  # fmt: skip
+  metadata.update(source.dataset_metadata(paths))
   path = label_io.write_dataset(
     out_dir,
     features,

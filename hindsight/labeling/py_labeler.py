@@ -34,9 +34,10 @@ import numpy as np
 
 from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.fields import continuation_totals, step_fields
-from hindsight.envs.adapters import PyEnv, load_policy, make_py_env
+from hindsight.credit.replacement import check_replacement
+from hindsight.envs.adapters import PyEnv, make_py_env, python_policy
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.engine import episode_key
 
 TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
@@ -122,7 +123,7 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
   key = (job.env, job.policy, job.horizon)
   if key not in _CACHE:
     env = make_py_env(job.env, job.horizon)
-    _CACHE[key] = (env, load_policy(job.policy, env.num_actions))
+    _CACHE[key] = (env, python_policy(job.policy, env.num_actions))
   template, policy = _CACHE[key]
   cfg, H, A = job.config, template.horizon, template.num_actions
   K = cfg.num_rollouts
@@ -273,3 +274,43 @@ def label_episodes(
     if pool is not None:
       pool.shutdown(cancel_futures=True)
   return {k: np.stack([r[k] for r in results]) for k in results[0]}
+
+
+class PySource:
+  """Chunks from Gymnasium / dm_env environments over a process pool (a
+  `hindsight.labeling.source.LabelSource`)."""
+
+  texts = False
+
+  def __init__(self, job: LabelJob):
+    env = make_py_env(job.env, job.horizon)
+    python_policy(job.policy, env.num_actions)  # fail early on a bad policy
+    check_replacement(job.config.replacement, None, env.spec, has_action_classes=False)
+    if job.config.exact:
+      raise HindsightError(
+        "exact needs a tabular MDP (Gymnasium and dm_env are labeled by resampling)"
+      )
+    self.py_job = PyJob(
+      job.env, job.policy, job.horizon, job.config, job.seed, return_range=job.return_range
+    )
+    self.workers = job.workers
+    self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
+    self.num_actions, self.null_action = env.num_actions, None
+    self.success_threshold = self.py_job.success_threshold
+    self.success_from_return = True  # adapters: success is return > success_threshold
+    self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
+    self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
+    self.with_states = False
+    self.num_agents, self.agent_names = 0, ()  # single-agent environments
+    self.coalitions, self.permutations = False, 0
+
+  def chunk_multiple(self) -> int:
+    return 1
+
+  def label(self, seed: int, start: int, stop: int, bar) -> dict:
+    del seed  # the PyJob carries it
+    return label_episodes(self.py_job, range(start, stop), self.workers, lambda: bar.update(1))
+
+  def dataset_metadata(self, chunk_paths: list[str]) -> dict:
+    del chunk_paths
+    return {}

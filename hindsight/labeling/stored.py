@@ -11,10 +11,12 @@ A stored program may only be reused when it is the program this process would tr
 key (`program_key`) is a SHA-256 of everything the trace reads:
 
   - the source of the whole `hindsight` package (any change to any module is a new key);
-  - the versions of jax, jaxlib, flax and numpy, the backend, the local devices, XLA_FLAGS
-    and the jax config options that change what a trace produces;
+  - the installed versions of the packages whose code a trace runs or bakes in (jax, jaxlib,
+    flax, numpy, ml_dtypes, and scipy, whose z_value and tie-bound constants are traced in),
+    the backend, the local devices, XLA_FLAGS, and every jax config option but those that
+    only place caches, logs and dumps (so any JAX_* setting that can change a trace);
   - the environment, the policy, their parameters and the label config, by value: every
-    attribute, array bytes included (`fingerprint`);
+    attribute, array bytes included, and classes by qualified name (`fingerprint`);
   - the arguments' shapes and dtypes.
 
 Objects that cannot be fingerprinted by value (a class or a function from outside
@@ -44,15 +46,48 @@ from hindsight.files import atomic_open
 from hindsight.labeling.xla import jit
 
 _SUFFIX = ".jaxexport"
-# jax config options that change the program a trace produces.
-_JAX_OPTIONS = (
-  "jax_enable_x64",
-  "jax_default_matmul_precision",
-  "jax_threefry_partitionable",
-  "jax_default_prng_impl",
-  "jax_numpy_rank_promotion",
-  "jax_numpy_dtype_promotion",
+# Every jax config option is keyed (any may change what a trace produces, and JAX_* variables
+# set them) but those that only say where caches, logs and dumps go or how errors print.
+_UNKEYED_OPTIONS = (
+  "jax_compilation_cache",
+  "jax_enable_compilation_cache",
+  "jax_persistent_cache",
+  "jax_raise_persistent_cache_errors",
+  "jax_explain_cache_misses",
+  "jax_log",
+  "jax_debug_log_modules",
+  "jax_compiler_detailed_logging",
+  "jax_dump_ir",
+  "jax_include_debug_info_in_dumps",
+  "jax_include_full_tracebacks",
+  "jax_traceback",
+  "jax_tracer_error",
+  "jax_source_url_schema",
+  "jax_pprint_use_color",
+  "jax_hlo_source_file_canonicalization",
 )
+# Packages whose code a labeling trace runs or bakes in (scipy: z_value and the tie-bound
+# constants), by installed version.
+_TRACED_PACKAGES = ("jax", "jaxlib", "flax", "numpy", "scipy", "ml_dtypes")
+
+
+def traced_options() -> dict[str, str]:
+  """The jax config options a stored program is keyed by (`_UNKEYED_OPTIONS` aside)."""
+  values = jax.config.values
+  return {k: str(values[k]) for k in sorted(values) if not k.startswith(_UNKEYED_OPTIONS)}
+
+
+def traced_versions() -> dict[str, str]:
+  """The installed versions of `_TRACED_PACKAGES` (no import)."""
+  from importlib.metadata import PackageNotFoundError, version
+
+  out = {}
+  for name in _TRACED_PACKAGES:
+    try:
+      out[name] = version(name)
+    except PackageNotFoundError:
+      out[name] = ""
+  return out
 
 
 class Unfingerprintable(Exception):
@@ -119,8 +154,10 @@ def _update(h, obj: Any, depth: int = 0) -> None:
     if getattr(obj, "__self__", None) is not None:  # a bound method: its object's value too
       _update(h, obj.__self__, depth + 1)
   elif isinstance(obj, type):
-    if not _ours(obj.__module__):
+    # A class is its qualified name (its source is in the package digest, if it is ours).
+    if not _ours(obj.__module__) or "<locals>" in obj.__qualname__:
       raise Unfingerprintable(f"class {obj.__module__}.{obj.__qualname__}")
+    h.update(f"{obj.__module__}.{obj.__qualname__}".encode())
   elif _ours(kind.__module__) and (dataclasses.is_dataclass(obj) or hasattr(obj, "__dict__")):
     fields = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
     if dataclasses.is_dataclass(obj):
@@ -142,9 +179,6 @@ def fingerprint(obj: Any) -> str:
 def program_key(what: str, parts: Any, avals: Sequence[jax.ShapeDtypeStruct]) -> str | None:
   """The key of a stored program (see the module docstring), or None when `parts` (the
   environment, policy, parameters and config) cannot be fingerprinted by value."""
-  import flax
-  import jaxlib
-
   try:
     value = fingerprint(parts)
   except Unfingerprintable:
@@ -153,12 +187,12 @@ def program_key(what: str, parts: Any, avals: Sequence[jax.ShapeDtypeStruct]) ->
   context = {
     "what": what,
     "package": package_digest(),
-    "versions": (jax.__version__, jaxlib.__version__, flax.__version__, np.__version__),
+    "versions": traced_versions(),
     "python": sys.version_info[:2],
     "backend": jax.default_backend(),
     "devices": devices,
     "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "options": {name: str(getattr(jax.config, name, None)) for name in _JAX_OPTIONS},
+    "options": traced_options(),
     "avals": [(str(a.dtype), tuple(a.shape)) for a in avals],
     "value": value,
   }

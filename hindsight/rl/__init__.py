@@ -8,7 +8,9 @@ with), the credit model kept current as they move, and the experiment that measu
 from hindsight._lazy import lazy_exports
 
 _HOMES = {
-  "SOURCES": "hindsight.rl.config",
+  "CreditSource": "hindsight.rl.sources",
+  "register_source": "hindsight.rl.sources",
+  "registered_sources": "hindsight.rl.sources",
   "base_config": "hindsight.rl.config",
   "load_policy": "hindsight.rl.load",
   "train_and_evaluate": "hindsight.rl.trainer",

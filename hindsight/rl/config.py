@@ -9,25 +9,12 @@ from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
 
-# Per-step signals the policy gradient can be driven by (docs/rl.md defines each).
-SOURCES = (
-  "outcome",  # R - mean batch R at every step (REINFORCE with a baseline)
-  "gae",  # GAE(lambda) with a learned critic V(x) (PPO's default)
-  "mc_progress",  # VinePPO: r_t + V(s_{t+1}) - V(s_t), V by K policy rollouts per step
-  "prm",  # a learned process reward model's increments P(success | h<=t) - P(.. | h<t)
-  "mc_credit",  # the oracle: interventional credit by K branch pairs per step
-  "learned",  # the credit model's prediction (Predictor.credit_fn inside the update's jit)
-  "learned_current",  # ... audited along training, fine-tuned on fresh labels when it drifts
-)
-# Sources whose signal comes from a credit model trained on labels of the initial policy.
-LEARNED_SOURCES = ("learned", "learned_current")
-
 
 def base_config() -> ConfigDict:
   c = ConfigDict()
   c.env = "reasoning"  # --env spec (hindsight.envs.make); gymnax:ID too
   c.horizon = 0  # gymnax only: episode cap (0: the environment's own)
-  c.source = "outcome"  # one of SOURCES
+  c.source = "outcome"  # a registered credit source (rl.sources; MODULE:NAME for your own)
   c.seed = 0  # root of every key
   c.num_seeds = 5  # independent runs trained together (vmapped): keys fold_in(seed, i)
 
@@ -115,8 +102,9 @@ def with_variant(c: ConfigDict, arg: str) -> ConfigDict:
 
 def check_config(c: ConfigDict) -> None:
   """One-line HindsightError for a configuration the trainer cannot run."""
-  if c.source not in SOURCES:
-    raise HindsightError(f"source '{c.source}' is unknown (known: {', '.join(SOURCES)})")
+  from hindsight.rl.sources import source_class
+
+  source_class(c.source)  # a one-line error naming the registered ones
   p = c.ppo
   for name in ("updates", "episodes", "epochs", "minibatches"):
     if int(p[name]) < 1:

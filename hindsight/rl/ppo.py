@@ -30,7 +30,7 @@ from ml_collections import ConfigDict
 
 from hindsight.labeling.rollout import sample_episode
 from hindsight.policies.neural import critic as make_critic
-from hindsight.rl.sources import Source
+from hindsight.rl.sources import CreditSource
 
 PyTree = Any
 
@@ -55,7 +55,7 @@ def optimizer(config: ConfigDict) -> optax.GradientTransformation:
 class Programs:
   """The update of one (task, source, config) and its chunk program."""
 
-  def __init__(self, source: Source, config: ConfigDict):
+  def __init__(self, source: CreditSource, config: ConfigDict):
     self.source, self.config, self.task = source, config, source.task
     task = self.task
     self.critic_graphdef, critic0 = make_critic(task.policy.feature_dim, config.policy.hidden)
@@ -126,7 +126,7 @@ class Programs:
     w = mask.reshape(-1).astype(jnp.float32)
     entropy_term = rlax.entropy_loss(logits.reshape(-1, logits.shape[-1]), w) * n / valid
     loss = pg + cfg.entropy * entropy_term
-    if self.source.name == "gae":
+    if self.source.critic:
       feats = self._features(batch["states"])
       v = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
       loss += cfg.value_coef * jnp.sum(jnp.square(v - batch["targets"]) * mask) / valid
@@ -142,7 +142,7 @@ class Programs:
     sample = functools.partial(sample_episode, task.env, task.policy, task.env_params)
     traj = jax.vmap(sample, (None, 0))(ts.params, keys)
     states = jax.tree.map(lambda x: x[:, :H], traj.states)
-    if self.source.name == "gae":
+    if self.source.critic:
       adv, targets = self._gae(ts.critic, traj)
       credit_steps = jnp.zeros((), jnp.int32)
     else:

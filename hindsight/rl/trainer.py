@@ -30,7 +30,7 @@ from ml_collections import ConfigDict
 from hindsight.config_io import check_workdir
 from hindsight.files import write_json
 from hindsight.progress import CompileAwareBar
-from hindsight.rl.config import LEARNED_SOURCES, check_config
+from hindsight.rl.config import check_config
 from hindsight.rl.measure import LabeledSampler, evaluate_point, point_keys
 from hindsight.rl.ppo import Programs
 from hindsight.rl.refresh import audit_and_refresh
@@ -157,7 +157,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   score = None
   if source.predictor is not None:
     score = jax.jit(source.predictor.credit_fn())
-  if config.source == "learned_current":
+  if source.refreshes:
     auditor = LabeledSampler(task, label_config(config, config.refresh.rollouts))
 
   def measure(update: int) -> dict:
@@ -224,12 +224,12 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   finally:
     board.close()
     manager.close()
-  results = summarize(config, history)
+  results = summarize(config, history, learned=source.predictor is not None)
   write_json(os.path.join(workdir, "results.json"), results)
   return results
 
 
-def summarize(config: ConfigDict, history: dict) -> dict:
+def summarize(config: ConfigDict, history: dict, learned: bool) -> dict:
   """results.json: per seed the final point's measurements and what the run spent."""
   final = history["points"][-1]
   seeds = []
@@ -257,5 +257,5 @@ def summarize(config: ConfigDict, history: dict) -> dict:
       }
       for p in history["points"]
     ],
-    "learned": config.source in LEARNED_SOURCES,
+    "learned": learned,
   }

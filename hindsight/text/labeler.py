@@ -123,7 +123,7 @@ class TextLabeler:
     check_text_replacement(config.replacement, options)
     check_chunking(options.chunking)
     if config.exact:
-      raise HindsightError("--exact needs a tabular MDP (text traces are labeled by resampling)")
+      raise HindsightError("exact needs a tabular MDP (text traces are labeled by resampling)")
     if not config.stratify:
       raise HindsightError("--unstratified has no meaning for text traces")
     self.traces = read_traces(self.path, limit=episodes)

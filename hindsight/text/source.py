@@ -5,6 +5,7 @@ other environment's. Beside the usual fields the dataset carries each trace's `p
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -12,17 +13,14 @@ import numpy as np
 
 from hindsight.errors import HindsightError, note
 from hindsight.labeling.config import LabelJob
+from hindsight.labeling.source import chunk_totals
 from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 CACHE_FILE = "completions.sqlite"
 
 
-def is_text_spec(spec: str) -> bool:
-  return spec.split(":", 1)[0] == "text"
-
-
 class TextSource:
-  """The job's chunks from `TextLabeler` (see hindsight.labeling.job's sources)."""
+  """The job's chunks from `TextLabeler` (a `hindsight.labeling.source.LabelSource`)."""
 
   def __init__(self, job: LabelJob, out_dir: str):
     from hindsight.text.labeler import TextLabeler
@@ -46,14 +44,14 @@ class TextSource:
     self.with_states, self.texts = False, True
     self.num_agents, self.agent_names = 0, ()
     self.coalitions, self.permutations = False, 0
-    self.metadata = {"text": options.describe()}
+    self._options = options
     self._truncated = 0
 
   def chunk_multiple(self) -> int:
     return 1
 
-  def label(self, seed: int, start: int, stop: int, chunk: int, bar) -> dict:
-    del seed, chunk  # the labeler carries the seed; chunks are any size
+  def label(self, seed: int, start: int, stop: int, bar) -> dict:
+    del seed  # the labeler carries it; chunks are any size
     if self.labeler.client is None:
       self.labeler.open(self.cache_path, bar)
     rows = self.labeler.label(start, stop)
@@ -66,6 +64,15 @@ class TextSource:
            "length): the verifier scored them as written")  # fmt: skip
       self._truncated = truncated
     return arrays
+
+  def dataset_metadata(self, chunk_paths: list[str]) -> dict:
+    """The horizon is the longest trace, and the cost is in completions."""
+    totals = chunk_totals(chunk_paths, ("length", "completions"))
+    return {
+      "horizon": int(totals["length"].max()),
+      "completions": int(totals["completions"].sum()),
+      "text": json.dumps(self._options.describe(), sort_keys=True),
+    }
 
 
 def pad_rows(rows: list[dict]) -> dict:

@@ -1,0 +1,336 @@
+"""The registry of environment families: what an `--env` spec names and who labels it.
+
+A spec is `FAMILY` or `FAMILY:ARG` (`reasoning:horizon=30`, `gymnax:Catch-bsuite`,
+`tabular:PATH.npz`). Each family registers once (`register`), in the manner of gymnax's
+`make` / `registered_envs`, and carries everything the rest of the package would otherwise
+look up by prefix:
+
+  make(arg, options) -> (Environment, Policy)   the functional environment (JAX families);
+                        None for families labeled outside JAX (Gymnasium, dm_env, text)
+  label_source(job, out_dir) -> LabelSource     who labels its episodes
+                        (hindsight.labeling.source; default: the JAX engine)
+  options               the LabelJob fields it accepts beyond the label config
+                        (policy, horizon, return_range, workers, text)
+  shifts                default out-of-distribution specs of the drift harness
+  fit_horizon           label at the longest of the job's episodes, not the declared cap
+  no_return_range       what an unset return range means for its stderrs (a note)
+
+A user's own family registers from their module: `--env mymodule:ARG` imports `mymodule`
+when no family `mymodule` is registered yet, and a module-level `register(...)` there adds it
+(docs/environments.md, "Your own environment family"). Installed packages can also name
+modules to import in the entry-point group `hindsight.envs`.
+
+JAX-free: `hindsight --help` lists the registered families without starting JAX (every
+factory imports its environment when called).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from hindsight.errors import HindsightError
+
+if TYPE_CHECKING:
+  from hindsight.labeling.config import LabelJob
+
+ENTRY_POINT_GROUP = "hindsight.envs"
+# The LabelJob fields a family may accept beyond env, episodes and config.
+JOB_OPTIONS = ("policy", "horizon", "return_range", "workers", "text")
+EXTERNAL = frozenset({"policy", "horizon", "return_range"})  # someone else's environment
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvOptions:
+  """The job's options for families that accept them (`EnvFamily.options`): a behaviour
+  policy MODULE:FN, a cap on the episode length and the (lo, hi) range of any return."""
+
+  policy: str | None = None
+  horizon: int | None = None
+  return_range: tuple[float, float] | None = None
+
+
+def jax_source(job: LabelJob, out_dir: str):
+  """The JAX engine as a family's label source (hindsight.labeling.jax_source)."""
+  from hindsight.labeling.jax_source import JaxSource
+
+  del out_dir
+  return JaxSource(job)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFamily:
+  """One family of `--env` specs (module docstring).
+
+  name: the spec's prefix (`name` or `name:ARG`).
+  usage: the spec's form for --help and errors, e.g. `key_to_door[:p_key=P]`.
+  make: (arg, EnvOptions) -> (environment, behaviour policy); arg is the text after the
+    first ':' ('' for a bare `name`). None: not a functional (JAX) environment, so it
+    cannot be relabeled from a seed by the drift harness or the audit.
+  label_source: (LabelJob, out_dir) -> a LabelSource.
+  options: the LabelJob fields among JOB_OPTIONS it accepts.
+  shifts: the drift harness's default shifted specs when this family is evaluated.
+  fit_horizon: label at the longest of the job's episodes (declared caps can be 1000 steps
+    for episodes of 9).
+  no_return_range: the consequence of a job without `return_range`, said once as a note
+    ('' says nothing).
+  make_python: (arg, horizon) -> a PyEnv, for families of stateful Python environments.
+  """
+
+  name: str
+  usage: str
+  make: Callable[[str, EnvOptions], tuple[Any, Any]] | None = None
+  label_source: Callable[[LabelJob, str], Any] = jax_source
+  options: frozenset[str] = frozenset()
+  shifts: tuple[str, ...] = ()
+  fit_horizon: bool = False
+  no_return_range: str = ""
+  make_python: Callable[[str, int | None], Any] | None = None
+
+  def __post_init__(self):
+    if not self.name or ":" in self.name:
+      raise ValueError(f"a family's name is a spec prefix without ':', got {self.name!r}")
+    unknown = set(self.options) - set(JOB_OPTIONS)
+    if unknown:
+      raise ValueError(f"family {self.name}: unknown options {sorted(unknown)}")
+
+  @property
+  def functional(self) -> bool:
+    """Whether its environments are functional JAX ones (relabelable from a seed)."""
+    return self.make is not None
+
+
+_FAMILIES: dict[str, EnvFamily] = {}
+
+
+def register(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
+  """Adds a family to the registry (`replace`: allow a new definition of a name)."""
+  if family.name in _FAMILIES and not replace and _FAMILIES[family.name] != family:
+    raise HindsightError(f"environment family '{family.name}' is registered already")
+  _FAMILIES[family.name] = family
+  return family
+
+
+def registered_families() -> tuple[EnvFamily, ...]:
+  """Every registered family, in registration order."""
+  return tuple(_FAMILIES.values())
+
+
+def known_specs(sep: str = ", ") -> str:
+  """The registered families' usage, for errors (and --help, with sep " | ")."""
+  return sep.join(f.usage for f in _FAMILIES.values())
+
+
+def _load_plugins(name: str) -> None:
+  """Imports what may register family `name`: an entry point of that name in the group
+  `hindsight.envs`, else a module of that name."""
+  for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    if point.name == name:
+      loaded = point.load()
+      if isinstance(loaded, EnvFamily):
+        register(loaded)
+      return
+  try:
+    importlib.import_module(name)
+  except ImportError as e:
+    if e.name is not None and name.startswith(e.name):  # no such module: not a plug-in
+      return
+    raise HindsightError(f"environment '{name}': importing its module failed ({e})") from None
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+  """`family:arg` -> (family, arg); a bare `family` -> (family, '')."""
+  name, _, arg = spec.partition(":")
+  return name, arg
+
+
+def family_of(spec: str) -> EnvFamily:
+  """The family a spec names (loading a user's module if needed), or a one-line error that
+  lists the registered ones."""
+  name, _ = split_spec(spec)
+  if name and name not in _FAMILIES:
+    _load_plugins(name)
+  if name not in _FAMILIES:
+    raise HindsightError(f"unknown environment '{spec}' (known: {known_specs()})")
+  return _FAMILIES[name]
+
+
+def check_job_options(family: EnvFamily, given: Mapping[str, bool]) -> None:
+  """Refuses (one line) a LabelJob option the family does not take. given: option -> set?"""
+  for option in JOB_OPTIONS:
+    if given.get(option) and option not in family.options:
+      takers = [f.name for f in _FAMILIES.values() if option in f.options]
+      where = ", ".join(f"{n}:" for n in takers) or "no environment"
+      raise HindsightError(f"{option} is for {where} environments only, not {family.name}")
+
+
+# -- the families that ship with hindsight ---------------------------------------------------
+
+
+def parse_options(spec: str, arg: str, allowed: dict[str, float]) -> dict[str, float]:
+  """Parses `name=value,name=value` into floats, refusing unknown names and bad numbers (the
+  option syntax of the bundled families; a user's family may use it too)."""
+  out = dict(allowed)
+  for item in filter(None, arg.split(",")):
+    name, sep, value = item.partition("=")
+    if not sep or name not in allowed:
+      raise HindsightError(f"--env {spec}: unknown option '{item}' (known: {', '.join(allowed)})")
+    try:
+      out[name] = float(value)
+    except ValueError:
+      raise HindsightError(f"--env {spec}: {name} must be a number, got '{value}'") from None
+  return out
+
+
+def _tabular(arg: str, options: EnvOptions):
+  from hindsight.envs.tabular import TabularEnv, load_tabular
+  from hindsight.policies.tabular import TabularPolicy
+
+  del options
+  if not arg:
+    raise HindsightError("--env tabular needs a file: tabular:PATH.npz")
+  mdp = load_tabular(arg)
+  return TabularEnv(mdp), TabularPolicy(mdp.pi)
+
+
+def _key_corridor(arg: str, options: EnvOptions):
+  from hindsight.envs.tabular import TabularEnv, key_corridor_mdp
+  from hindsight.policies.tabular import TabularPolicy
+
+  del options
+  if arg:
+    raise HindsightError(f"--env key_corridor:{arg}: key_corridor takes no options")
+  mdp = key_corridor_mdp()  # the bundled MDP, from code (no data file needed)
+  return TabularEnv(mdp), TabularPolicy(mdp.pi)
+
+
+def _key_to_door(arg: str, options: EnvOptions):
+  from hindsight.envs.key_to_door import KeyToDoor, KeyToDoorPolicy
+
+  del options
+  spec = f"key_to_door:{arg}"
+  opts = parse_options(spec, arg, {"p_key": 0.5, "apple_steps": 90})
+  if not 0.0 <= opts["p_key"] <= 1.0:
+    raise HindsightError(f"--env {spec}: p_key must be in [0, 1]")
+  apple_steps = int(opts["apple_steps"])
+  if apple_steps != opts["apple_steps"] or apple_steps < 10:
+    raise HindsightError(f"--env {spec}: apple_steps must be an integer >= 10 (10 apples)")
+  env = KeyToDoor(apple_steps=apple_steps)
+  return env, KeyToDoorPolicy(env, p_key=opts["p_key"])
+
+
+def _reasoning(arg: str, options: EnvOptions):
+  from hindsight.envs.reasoning import Reasoning, ReasoningPolicy
+
+  del options
+  spec = f"reasoning:{arg}"
+  defaults = {
+    "decorative_rate": 1.0,
+    "horizon": 20,
+    "competence_min": 0.0,
+    "competence_max": 1.0,
+    "show_competence": 0.0,
+  }
+  opts = parse_options(spec, arg, defaults)
+  if opts["decorative_rate"] < 0:
+    raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
+  horizon = int(opts["horizon"])
+  if horizon != opts["horizon"] or horizon < 2:
+    raise HindsightError(f"--env {spec}: horizon must be an integer >= 2")
+  competence = (opts["competence_min"], opts["competence_max"])
+  if not 0.0 <= competence[0] <= competence[1] <= 1.0:
+    raise HindsightError(f"--env {spec}: need 0 <= competence_min <= competence_max <= 1")
+  if opts["show_competence"] not in (0.0, 1.0):
+    raise HindsightError(f"--env {spec}: show_competence must be 0 or 1")
+  env = Reasoning(
+    horizon=horizon, competence=competence, show_competence=bool(opts["show_competence"])
+  )
+  return env, ReasoningPolicy(opts["decorative_rate"])
+
+
+def _team(arg: str, options: EnvOptions):
+  from hindsight.envs.team import Team, TeamPolicy
+
+  del options
+  spec = f"team:{arg}"
+  opts = parse_options(spec, arg, {"agents": 4, "rounds": 3, "p_error": 0.5})
+  agents, rounds = int(opts["agents"]), int(opts["rounds"])
+  if agents != opts["agents"] or agents < 4 or rounds != opts["rounds"] or rounds < 1:
+    raise HindsightError(f"--env {spec}: agents must be an integer >= 4 and rounds >= 1")
+  if not 0.0 <= opts["p_error"] <= 1.0:
+    raise HindsightError(f"--env {spec}: p_error must be in [0, 1]")
+  return Team(agents, rounds, p_error=opts["p_error"]), TeamPolicy()
+
+
+def _gymnax(arg: str, options: EnvOptions):
+  from hindsight.envs.gymnax_env import make_gymnax
+
+  return make_gymnax(f"gymnax:{arg}", options.policy, options.horizon, options.return_range)
+
+
+def _python_source(job: LabelJob, out_dir: str):
+  from hindsight.labeling.py_labeler import PySource
+
+  del out_dir
+  return PySource(job)
+
+
+def _gymnasium(arg: str, horizon: int | None):
+  from hindsight.envs.adapters import GymnasiumEnv
+
+  if not arg:
+    raise HindsightError("--env gymnasium needs an environment id: gymnasium:ENV_ID")
+  return GymnasiumEnv(arg, horizon)
+
+
+def _dm_env(arg: str, horizon: int | None):
+  from hindsight.envs.adapters import DmEnv
+
+  module, _, factory = arg.partition(":")
+  if not module or not factory:
+    raise HindsightError(f"--env dm_env:{arg}: expected dm_env:MODULE:FACTORY")
+  return DmEnv(module, factory, horizon)
+
+
+def _text_source(job: LabelJob, out_dir: str):
+  from hindsight.text.source import TextSource
+
+  return TextSource(job, out_dir)
+
+
+_ADAPTER_RANGE = (
+  "the tie bound then uses the range of each episode's branch returns, what the data show"
+)
+for _family in (
+  EnvFamily("tabular", "tabular:PATH.npz", _tabular),
+  EnvFamily("key_corridor", "key_corridor", _key_corridor),
+  EnvFamily(
+    "key_to_door", "key_to_door[:p_key=P,apple_steps=N]", _key_to_door,
+    shifts=("key_to_door:p_key=0.9",),
+  ),
+  EnvFamily(
+    "reasoning",
+    "reasoning[:decorative_rate=D,horizon=H,competence_min=C,competence_max=C,show_competence=1]",
+    _reasoning,
+    shifts=("reasoning:decorative_rate=0.25", "reasoning:horizon=30"),
+  ),
+  EnvFamily("team", "team[:agents=N,rounds=R,p_error=E]", _team),
+  EnvFamily(
+    "gymnax", "gymnax:ID", _gymnax, options=EXTERNAL, fit_horizon=True,
+    no_return_range="the tie bound of a near-tied step is then infinite (stderr inf, klass "
+    "undetermined)",
+  ),
+  EnvFamily(
+    "gymnasium", "gymnasium:ENV_ID", label_source=_python_source,
+    options=EXTERNAL | {"workers"}, no_return_range=_ADAPTER_RANGE, make_python=_gymnasium,
+  ),
+  EnvFamily(
+    "dm_env", "dm_env:MODULE:FACTORY", label_source=_python_source,
+    options=EXTERNAL | {"workers"}, no_return_range=_ADAPTER_RANGE, make_python=_dm_env,
+  ),
+  EnvFamily("text", "text:FILE.jsonl", label_source=_text_source, options=frozenset({"text"})),
+):  # fmt: skip
+  register(_family)

@@ -1,0 +1,43 @@
+"""Credit sources: the per-step signal A_t [E, H] a policy update is driven by, and its cost
+(`base.CreditSource`, the registry in `base`). One module per family of sources; importing
+this package registers the ones that ship with hindsight, in the order docs/rl.md lists them:
+
+  outcome, gae                 outcome.py      no labels
+  mc_progress, mc_credit       monte_carlo.py  the labeler under the current policy
+  prm                          prm.py          a learned P(success | history)
+  learned, learned_current     learned.py      the credit model
+"""
+
+import importlib
+
+from hindsight.rl.sources.base import (
+  CreditSource,
+  credit_arm_steps,
+  label_config,
+  register_source,
+  registered_sources,
+  source_class,
+)
+
+# The modules of the shipped sources, imported (so registered) in this order.
+BUILTIN_MODULES = ("outcome", "monte_carlo", "prm", "learned")
+for _module in BUILTIN_MODULES:
+  importlib.import_module(f"{__name__}.{_module}")
+
+__all__ = [
+  "CreditSource",
+  "credit_arm_steps",
+  "label_config",
+  "prepare",
+  "register_source",
+  "registered_sources",
+  "source_class",
+]
+
+
+def prepare(task, config, progress: bool = False) -> CreditSource:
+  """The source `config.source` for `task`, with any model it needs trained (or loaded)
+  and what that cost in environment steps (`setup_steps`)."""
+  source = source_class(config.source)(task, config)
+  source.prepare(progress=progress)
+  return source

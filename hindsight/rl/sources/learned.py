@@ -1,0 +1,132 @@
+"""The credit model as a source, trained at update 0 on labels of the initial policy (or
+loaded from `credit.model`), scored inside the update's jit:
+
+  learned           A_t = E[credit_t | trace], the credit model's mixture mean
+  learned_current   the same, with the model kept current (`rl.refresh`: audited at every
+                    evaluation point, fine-tuned on fresh labels when it drifts)
+
+Charged the labels it learned from (episodes plus the keep and replace arms) and, kept
+current, every audit's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hindsight.errors import HindsightError
+from hindsight.labeling.engine import Labeler, episode_key
+from hindsight.labeling.trajectories import batch_spec, trajectory_batch
+from hindsight.model.credit_model import ModelConfig
+from hindsight.model.fit import fit_credit_model
+from hindsight.model.predictor import Predictor
+from hindsight.rl.sources.base import (
+  CreditSource,
+  credit_arm_steps,
+  label_config,
+  register_source,
+)
+from hindsight.rl.task import Task
+
+
+def snapshot_params(task: Task, key: jax.Array, scale: float):
+  """A policy near theta_0: the last layer's kernel drawn N(0, scale^2 / D), so its logits
+  move by a random linear map of the features (the hidden layers are theta_0's)."""
+  net = nnx.merge(task.policy.graphdef, task.policy.default_params())
+  d = net.out.kernel.value.shape[0]
+  noise = jax.random.normal(key, net.out.kernel.value.shape) * (scale / np.sqrt(d))
+  net.out.kernel.value = noise.astype(net.out.kernel.value.dtype)
+  return nnx.state(net)
+
+
+def initial_labels(task: Task, config: ConfigDict, rollouts: int, seed_offset: int):
+  """(trajectories, labels, env steps) of credit.model_episodes fresh episodes, labeled
+  with K = rollouts: the training data of the models sources learn. They come from the
+  initial policy, or with credit.model_snapshots = S from S policies (theta_0 and S - 1
+  `snapshot_params`), an even share each, each labeled under its own policy."""
+  labeler = Labeler(task.env, task.policy, label_config(config, rollouts))
+  n, S = int(config.credit.model_episodes), int(config.credit.model_snapshots)
+  keys = jax.vmap(episode_key, (None, 0))(config.seed + seed_offset, jnp.arange(n))
+
+  def sample_and_label(params, k):
+    traj = labeler.sample_under(params, k)
+    return traj, labeler.label_under(params, traj, k)
+
+  run = jax.jit(sample_and_label)
+  parts = []
+  for j, chunk in enumerate(np.array_split(np.arange(n), max(S, 1))):
+    params = task.policy.default_params()
+    if j > 0:
+      k = jax.random.fold_in(jax.random.key(config.seed + seed_offset), 10**6 + j)
+      params = snapshot_params(task, k, float(config.credit.snapshot_scale))
+    parts.append(run(params, keys[chunk]))
+  traj = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p[0] for p in parts])
+  labels = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[p[1] for p in parts])
+  # Charged the episodes and what credit needs of their labels (`credit_arm_steps`).
+  arms = np.asarray(labels.pop("arm_steps"))
+  steps = int(traj.mask.sum()) + int(credit_arm_steps(arms))
+  return traj, labels, steps
+
+
+def check_credit_model(predictor: Predictor, task: Task, where: str) -> None:
+  """Refuses (one line) a credit model made for another environment's traces."""
+  spec, env = predictor.spec, task.env
+  obs = jax.eval_shape(
+    lambda k: env.observation(env.reset(k, task.env_params), task.env_params), jax.random.key(0)
+  )
+  dim = 1 if obs.ndim == 0 else int(obs.shape[-1])
+  kind = "discrete" if jnp.issubdtype(obs.dtype, jnp.integer) else "vector"
+  if (spec.obs_kind, spec.num_actions) != (kind, env.num_actions) or (
+    kind == "vector" and spec.obs_dim != dim
+  ):
+    raise HindsightError(
+      f"{where}: a credit model of {spec.obs_kind} observations [{spec.obs_dim}] and "
+      f"{spec.num_actions} actions cannot score {env.name} ({kind} [{dim}], "
+      f"{env.num_actions} actions)"
+    )
+  if spec.max_length < env.horizon:
+    raise HindsightError(
+      f"{where}: the credit model knows episodes up to {spec.max_length} steps, "
+      f"{env.name} runs {env.horizon}"
+    )
+
+
+@register_source
+class Learned(CreditSource):
+  name = "learned"
+  summary = "the credit model's prediction (Predictor.credit_fn inside the update's jit)"
+
+  def prepare(self, progress: bool = False) -> None:
+    del progress
+    task, config = self.task, self.config
+    if config.credit.model:
+      predictor = Predictor.load(config.credit.model)
+      check_credit_model(predictor, task, f"credit.model {config.credit.model}")
+    else:
+      traj, labels, self.setup_steps = initial_labels(
+        task, config, config.credit.model_rollouts, seed_offset=104729
+      )
+      batch = trajectory_batch(task.env, traj, labels)
+      spec = batch_spec(task.env, jax.device_get(batch), label_config(config, 2))
+      model_cfg = ModelConfig(width=int(config.credit.model_width), depth=1, num_heads=2)
+      predictor = fit_credit_model(
+        batch, spec, model_cfg, int(config.credit.model_steps), seed=config.seed
+      )
+    if predictor.members:
+      raise HindsightError("credit.model: an ensemble cannot be fine-tuned; give one run")
+    self.predictor, self.aux = predictor, predictor.state
+
+  def signal(self, aux, policy_params, traj, key):
+    del policy_params, key
+    out = self.predictor.credit_fn()(aux, trajectory_batch(self.task.env, traj))
+    return jnp.where(traj.mask, out["mean"], 0.0), self.no_steps()
+
+
+@register_source
+class LearnedCurrent(Learned):
+  name = "learned_current"
+  summary = "... audited along training, fine-tuned on fresh labels when it drifts"
+  refreshes = True

@@ -1,0 +1,54 @@
+"""A learned process reward model as a source:
+
+prm   A_t = p_t - p_{t-1}, p_t = PRM(h_<=t) = P(success | history), a causal history model
+      trained by cross-entropy on the outcomes of the initial policy's episodes
+      (`drift.baselines`); charged those episodes' steps
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hindsight.drift.baselines import BaselineConfig, prm_increments, train_history_model
+from hindsight.labeling.engine import Labeler, episode_key
+from hindsight.labeling.trajectories import batch_spec, trajectory_batch
+from hindsight.model.credit_model import ModelConfig
+from hindsight.rl.sources.base import CreditSource, label_config, register_source
+
+
+@register_source
+class Prm(CreditSource):
+  name = "prm"
+  summary = "a learned process reward model's increments P(success | h<=t) - P(.. | h<t)"
+
+  def prepare(self, progress: bool = False) -> None:
+    task, config = self.task, self.config
+    # Outcomes of the initial policy's episodes only: a PRM never sees a credit label.
+    labeler = Labeler(task.env, task.policy, label_config(config, 2))
+    n = int(config.credit.model_episodes)
+    keys = jax.vmap(episode_key, (None, 0))(config.seed + 7919, jnp.arange(n))
+    traj = labeler.sample(keys)
+    batch = jax.tree.map(np.asarray, trajectory_batch(task.env, traj))
+    spec = batch_spec(task.env, batch)
+    model_cfg = ModelConfig(width=int(config.credit.model_width), depth=1, num_heads=2)
+    rng = np.random.default_rng(config.seed)
+    rows = [rng.integers(0, n, 32) for _ in range(int(config.credit.model_steps))]
+    self.graphdef, self.aux = train_history_model(
+      "prm",
+      lambda i: {k: v[rows[i]] for k, v in batch.items()},
+      spec,
+      model_cfg,
+      BaselineConfig(steps=int(config.credit.model_steps), seed=config.seed),
+      return_scale=1.0,
+      progress=progress,
+    )
+    self.base = float(batch["success"].mean())
+    self.setup_steps = int(batch["mask"].sum())
+
+  def signal(self, aux, policy_params, traj, key):
+    del policy_params, key
+    logits = nnx.merge(self.graphdef, aux)(trajectory_batch(self.task.env, traj))
+    return prm_increments(logits, traj.mask, self.base), self.no_steps()

@@ -1,0 +1,81 @@
+"""The extension points: a user's own environment family registered from their module (the
+example of docs/environments.md, run as written) and the registry's one-line errors."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from hindsight.cli import main
+from hindsight.data import open_labels
+from hindsight.envs import families, make
+from hindsight.errors import HindsightError
+
+
+def _docs_block(page: str, heading: str) -> str:
+  """The first ```python block after `heading` on a docs page."""
+  with open(f"{ROOT}/docs/{page}") as f:
+    text = f.read()
+  section = text[text.index(heading) :]
+  return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+  """Installs a docs example as an importable module of the user's; the registries and
+  sys.modules are restored afterwards."""
+  monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+  monkeypatch.syspath_prepend(str(tmp_path))
+
+  def install(name: str, page: str, heading: str) -> None:
+    (tmp_path / f"{name}.py").write_text(_docs_block(page, heading))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+  yield install
+  for name in [m for m in sys.modules if m.startswith("my_")]:
+    sys.modules.pop(name)
+
+
+def test_a_family_of_ones_own_registers_from_its_module(user_module, tmp_path, capsys):
+  user_module("my_envs", "environments.md", "## Your own environment family")
+  assert "my_envs" not in families._FAMILIES
+  out = str(tmp_path / "mine")
+  argv = ["label", "--env", "my_envs:states=5", "--episodes", "8", "--rollouts", "4",
+          "--out", out, "--no-progress"]  # fmt: skip
+  assert main(argv) == 0
+  family = families.family_of("my_envs:states=5")
+  assert family.shifts == ("my_envs:seed=1",) and family.functional
+  labels = open_labels(out)
+  assert len(labels) == 8 and labels.metadata["env"] == "my_envs:states=5"
+  # The labels are the bundled tabular labeler's on the same MDP: the family only built it.
+  env, _ = make("my_envs:states=5")
+  assert env.num_actions == 3 and labels.metadata["horizon"] == env.horizon
+  assert all(np.isfinite(np.asarray(labels[i]["credit"])).any() for i in range(8))
+  # Options it does not know, and job options it does not take, are one line each.
+  assert main(["label", "--env", "my_envs:colour=3", "--episodes", "2", "--out", out + "2"]) == 2
+  assert "unknown option 'colour=3'" in capsys.readouterr().err
+  assert main(["label", "--env", "my_envs", "--episodes", "2", "--horizon", "3",
+               "--out", out + "3"]) == 2  # fmt: skip
+  err = capsys.readouterr().err.strip()
+  assert err == (
+    "hindsight: error: --horizon is for gymnax:, gymnasium:, dm_env: environments only, not my_envs"
+  ), err
+
+
+def test_unknown_specs_list_what_is_registered():
+  with pytest.raises(HindsightError, match=r"unknown environment 'nowhere_at_all:x' \(known: "
+                     r"tabular:PATH\.npz, key_corridor"):  # fmt: skip
+    families.family_of("nowhere_at_all:x")
+  with pytest.raises(HindsightError, match="not functional JAX environments"):
+    make("gymnasium:CartPole-v1")
+  with pytest.raises(HindsightError, match="registered already"):
+    families.register(families.EnvFamily("reasoning", "reasoning", lambda arg, o: None))
+  # Every prefix the package used to switch on is a registered family with its options.
+  takes = {f.name: f.options for f in families.registered_families()}
+  assert takes["gymnax"] == {"policy", "horizon", "return_range"}
+  assert takes["gymnasium"] == takes["dm_env"] == {"policy", "horizon", "return_range", "workers"}
+  assert takes["text"] == {"text"} and not takes["reasoning"]
