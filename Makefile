@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # nothing (the report, the reference and the learned baselines are cached).
 demo: $(STAMP)
 	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
-	$(BIN)/python -m hindsight.cli eval --checkpoint runs/demo --episodes 512
+	$(BIN)/python -m hindsight.cli eval --run runs/demo --episodes 512
 
 test: $(STAMP)
 	$(BIN)/ruff check .

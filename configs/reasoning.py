@@ -22,7 +22,7 @@ def get_config(arg: str = ""):
   # rollouts per step against the reference instead of 104 (its labels alone are noisier;
   # the model averages their noise over 4x the situations).
   c.data.label.episodes = 16384
-  c.data.label.rollouts = 64
+  c.data.label.num_rollouts = 64
   c.data.label.replacement = "policy"
   c.data.num_buckets = 2  # episodes are 2-20 steps
   # 9000 steps: on 16384 episodes 3x the steps took K* from 140 to 161 (6x: 148).

@@ -14,7 +14,7 @@ def get_config(arg: str = ""):
   c.env = "key_to_door:apple_steps=30"
   c.ppo.updates = 40
   c.ppo.episodes = 32
-  c.credit.rollouts = 4
+  c.label.num_rollouts = 4
   c.credit.model_episodes = 512
   c.eval.every = 10
   c.eval.episodes = 64

@@ -16,7 +16,7 @@ def get_config(arg: str = ""):
   c = common.base_config()
   c.data.label.env = "tabular:data/key_corridor.npz"
   c.data.label.episodes = 2048
-  c.data.label.rollouts = 64
+  c.data.label.num_rollouts = 64
   c.data.label.replacement = "policy"
   c.train.steps = 1000
   return common.with_variant(c, arg)

@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     if point not in reuse:
       config = load_config(
         args.config,
-        [*args.set, f"data.label.episodes={episodes}", f"data.label.rollouts={rollouts}",
+        [*args.set, f"data.label.episodes={episodes}", f"data.label.num_rollouts={rollouts}",
          "train.progress=False"],
       )  # fmt: skip
       train_and_evaluate(config, workdir)

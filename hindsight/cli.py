@@ -11,11 +11,11 @@
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
                                            dividends as JSON)
-  hindsight eval    --checkpoint WORKDIR [--env SPEC] [--episodes N]
+  hindsight eval    --run WORKDIR [--env SPEC] [--episodes N]
                     [--reference-rollouts K] [--out DIR]   (the drift report)
-  hindsight score   --checkpoint WORKDIR --input FILE.jsonl|DATASET --out FILE.jsonl
-  hindsight serve   --checkpoint WORKDIR [--host H] [--port P]   (POST /v1/credit)
-  hindsight audit   --checkpoint WORKDIR (--env SPEC | --trajectories FILE|DATASET)
+  hindsight score   --run WORKDIR --input FILE.jsonl|DATASET --out FILE.jsonl
+  hindsight serve   --run WORKDIR [--host H] [--port P]   (POST /v1/credit)
+  hindsight audit   --run WORKDIR (--env SPEC | --trajectories FILE|DATASET)
                     --budget N [--tolerance EPS] [--alpha A] --out DIR
                     (spot-check the model against rollouts: drift alarm, gap per slice,
                     the audited steps as a label dataset to fine-tune on)
@@ -24,6 +24,7 @@
   hindsight import  thought-anchors DIR --out OUT   (their resamples as a label dataset)
   hindsight text-world serve|prompts|exact   (a local model whose credit is exact)
 
+--run names a training run's directory (--checkpoint, its older name, works the same).
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
 """
 
@@ -88,6 +89,11 @@ def _return_range(text: str) -> tuple[float, float]:
     return float(lo), float(hi)
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected LO:HI, got '{text}'") from None
+
+
+# A training run's directory: --run, with --checkpoint (its name before) as an alias.
+RUN_FLAG = {"flag": "--run", "aliases": ("--checkpoint",), "metavar": "RUN"}
+RUN_HELP = "a training run's --workdir (alias: --checkpoint; A,B,C for an ensemble in eval)"
 
 
 def _env_help() -> str:
@@ -227,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
   ev = sub.add_parser(
     "eval", help="drift report: a trained model and every baseline against the reference"
   )
-  option(ev, DriftConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(ev, DriftConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
   option(ev, DriftConfig, "step", "checkpoint step: best, last or a number")
   option(ev, DriftConfig, "env", "evaluate fresh episodes of this env spec (default: test split)")
   option(ev, DriftConfig, "episodes", "episodes (0: the whole test split)")
@@ -256,7 +262,9 @@ def _parser() -> argparse.ArgumentParser:
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
 
   sc = sub.add_parser("score", help="batch-score a JSONL file or a label dataset")
-  sc.add_argument("--checkpoint", required=True, help="a training run's --workdir")
+  sc.add_argument(
+    "--run", "--checkpoint", dest="checkpoint", metavar="RUN", required=True, help=RUN_HELP
+  )
   sc.add_argument("--step", default="best", help="checkpoint step: best, last or a number")
   sc.add_argument("--input", required=True, help="JSONL (export format) or a dataset dir")
   sc.add_argument("--out", required=True, help="output JSONL (written atomically)")
@@ -266,7 +274,7 @@ def _parser() -> argparse.ArgumentParser:
   sc.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   sv = sub.add_parser("serve", help="serve credit over HTTP (POST /v1/credit)")
-  option(sv, ServeConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(sv, ServeConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
   option(sv, ServeConfig, "step", "checkpoint step: best, last or a number")
   sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   sv.add_argument("--port", type=int, default=8000, help="port")
@@ -284,7 +292,7 @@ def _parser() -> argparse.ArgumentParser:
   au = sub.add_parser(
     "audit", help="spot-check a model against rollouts: drift alarm and labels to fine-tune on"
   )
-  option(au, AuditConfig, "checkpoint", "a training run's --workdir", required=True)
+  option(au, AuditConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
   option(au, AuditConfig, "step", "checkpoint step: best, last or a number")
   where = au.add_mutually_exclusive_group(required=True)
   option(where, AuditConfig, "env", "audit fresh episodes of this env spec (its policy)")
@@ -487,9 +495,9 @@ def _text_world(args) -> int:
   from hindsight.text import world
 
   if args.world_command == "serve":
-    from hindsight.text.server import serve
+    from hindsight.text.server import serve_world
 
-    serve(args.host, args.port)
+    serve_world(args.host, args.port)
     return 0
   if args.world_command == "prompts":
     from hindsight.errors import HindsightError

@@ -26,22 +26,26 @@ def field_default(cls, name: str) -> Any:
   raise KeyError(f"{cls.__name__}.{name} has no default")
 
 
-def option(parser, cls, name: str, help: str, *, flag: str | None = None, **kwargs) -> None:
+def option(
+  parser, cls, name: str, help: str, *, flag: str | None = None, aliases=(), **kwargs
+) -> None:
   """`--name` for field `name` of `cls`, defaulting to the field's default. A bool field
   that defaults to False becomes a switch; other types parse as their default's type (pass
-  `type=` for anything else, `required=True` for a field without a default)."""
+  `type=` for anything else, `required=True` for a field without a default). `aliases`:
+  other flags that set the same field (older names kept working)."""
   flag = flag or "--" + name.replace("_", "-")
   _FLAGS.setdefault(name, flag)
+  flags = (flag, *aliases)
   if kwargs.get("required"):
-    parser.add_argument(flag, dest=name, help=help, **kwargs)
+    parser.add_argument(*flags, dest=name, help=help, **kwargs)
     return
   default = field_default(cls, name)
   if default is False and "type" not in kwargs:
-    parser.add_argument(flag, dest=name, action="store_true", help=help, **kwargs)
+    parser.add_argument(*flags, dest=name, action="store_true", help=help, **kwargs)
     return
   if default is not None and "type" not in kwargs and "action" not in kwargs:
     kwargs["type"] = type(default)
-  parser.add_argument(flag, dest=name, default=default, help=help, **kwargs)
+  parser.add_argument(*flags, dest=name, default=default, help=help, **kwargs)
 
 
 def build(cls, args: argparse.Namespace, **values):

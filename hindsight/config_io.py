@@ -13,6 +13,24 @@ import jax
 from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError, make_dir
+from hindsight.labeling.config import LEGACY_CONFIG_NAMES, LabelConfig
+
+
+def current_name(name: str) -> str:
+  """A dotted config field's name today (a field renamed since: its new name)."""
+  return LEGACY_CONFIG_NAMES.get(name, name)
+
+
+def current_names(flat: dict) -> dict:
+  """A flattened config (a run's config.json) under today's names. LabelConfig fields a
+  `label` node gained since are added at their defaults, which is what such a run labeled
+  with (its labels took LabelConfig's defaults for every field it did not name)."""
+  out = {current_name(k): v for k, v in flat.items()}
+  nodes = {k.rsplit(".", 1)[0] for k in out if k.endswith(".num_rollouts")}
+  for node in nodes:
+    for field, default in LabelConfig().as_dict().items():
+      out.setdefault(f"{node}.{field}", default)
+  return out
 
 
 def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
@@ -62,7 +80,7 @@ def apply_overrides(config: ConfigDict, overrides: list[str] = ()) -> ConfigDict
 
 
 def set_field(config: ConfigDict, name: str, text: str) -> None:
-  *parents, leaf = name.split(".")
+  *parents, leaf = current_name(name).split(".")
   node = config
   for part in parents:
     if part not in node or not isinstance(node[part], ConfigDict):
@@ -109,7 +127,7 @@ def check_workdir(config: ConfigDict, workdir: str, launch_fields=()) -> None:
   path = os.path.join(workdir, "config.json")
   if os.path.isfile(path):
     with open(path) as f:
-      saved = {k: v for k, v in json.load(f).items() if k not in launch_fields}
+      saved = {k: v for k, v in current_names(json.load(f)).items() if k not in launch_fields}
     current_json = json.loads(json.dumps(current))
     # A field added to the configs after the run was made (absent from its config.json)
     # changes nothing while it holds its off value ("", 0, False: every new field's default).

@@ -6,6 +6,8 @@ data.labels_dir set, the config `hindsight train` runs by default (`generic_conf
 
 from ml_collections import ConfigDict
 
+from hindsight.labeling.config import label_node
+
 
 def base_config() -> ConfigDict:
   c = ConfigDict()
@@ -19,11 +21,13 @@ def base_config() -> ConfigDict:
 
   c.data = ConfigDict()
   c.data.labels_dir = ""  # label dataset (the --out of `hindsight label`); "" = WORKDIR/labels
-  c.data.label = ConfigDict()  # the labeling job that makes WORKDIR/labels when it is missing
+  # The labeling job that makes WORKDIR/labels when it is missing: its env, episodes and
+  # seed, and every field of the LabelConfig it labels with, under LabelConfig's own names
+  # (num_rollouts: K branches per arm and step; replacement: q(a'|s, a); gamma, exact,
+  # decorative_tolerance, confidence, stratify: hindsight.labeling.config.LabelConfig).
+  c.data.label = label_node(num_rollouts=32)
   c.data.label.env = ""  # env spec (`hindsight label --env`); "" = labels must exist already
   c.data.label.episodes = 0  # episodes to label
-  c.data.label.rollouts = 32  # K branches per arm and step
-  c.data.label.replacement = "policy"  # q(a'|s, a)
   c.data.label.seed = 0  # the labeling job's seed
   c.data.mix_labels_dir = ""  # a second label dataset appended to the first ("" = none)
   c.data.mix_episodes = 0  # ... its first N episodes (0 = all)
@@ -97,7 +101,7 @@ def with_variant(c: ConfigDict, arg: str, smoke_episodes: int = 64) -> ConfigDic
 def smoke(c: ConfigDict, episodes: int = 64) -> ConfigDict:
   """A tiny variant for tests: few episodes and rollouts, a small model, a few steps."""
   c.data.label.episodes = episodes
-  c.data.label.rollouts = 8
+  c.data.label.num_rollouts = 8
   c.data.batch_size = 8
   c.data.num_buckets = 2
   c.model.width = 16

@@ -130,12 +130,8 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
         f"no label dataset at {out} (set data.labels_dir to the --out of `hindsight label`)"
       )
     return out
-  job = LabelJob(
-    env=lab.env,
-    episodes=lab.episodes,
-    config=LabelConfig(num_rollouts=lab.rollouts, replacement=lab.replacement),
-    seed=lab.seed,
-  )
+  job = LabelJob(env=lab.env, episodes=lab.episodes, config=LabelConfig.from_config(lab),
+                 seed=lab.seed)  # fmt: skip
   run_label_job(job, out, progress=config.train.progress)
   return out
 

@@ -25,6 +25,18 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 HINDSIGHT = [sys.executable, "-m", "hindsight.cli"]
 
 
+def pytest_configure(config):
+  """The XLA cache persists across runs (its key is the compiled module itself), but the
+  stored labeling programs start empty in every run: a hole in their key would otherwise
+  stick from one run to the next and hide itself (xdist: the controller clears it once,
+  before any worker starts)."""
+  import shutil
+
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    shutil.rmtree(os.path.join(os.environ["HINDSIGHT_COMPILATION_CACHE"], "programs"),
+                  ignore_errors=True)  # fmt: skip
+
+
 @pytest.fixture
 def mdp_file(tmp_path):
   """A random tabular MDP saved to disk; returns its path."""
@@ -35,21 +47,39 @@ def mdp_file(tmp_path):
   return str(path)
 
 
-def run_cli(*args, timeout=300, env=None):
-  """Runs `python -m hindsight.cli ARGS` in a subprocess; returns CompletedProcess."""
+def run_cli(*args, timeout=300, env=None, process=False):
+  """`hindsight ARGS` as a CompletedProcess (returncode, stdout, stderr). In this process
+  (`hindsight.cli.main`, from the repository root, its output captured): a fresh
+  interpreter costs a JAX start and a compile of every program the command runs, and the
+  command is what these tests are about. `process=True` or an `env` runs
+  `python -m hindsight.cli ARGS` in a subprocess, for tests of the process boundary itself."""
   import subprocess
 
-  full_env = dict(os.environ, **(env or {}))
-  # The CLI picks its own device count, as for a user; tests keep their fast compiles.
-  full_env["XLA_FLAGS"] = FAST_COMPILE
-  return subprocess.run(
-    [*HINDSIGHT, *map(str, args)],
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-    cwd=ROOT,
-    env=full_env,
-  )
+  argv = [str(a) for a in args]
+  if process or env is not None:
+    full_env = dict(os.environ, **(env or {}))
+    # The CLI picks its own device count, as for a user; tests keep their fast compiles.
+    full_env["XLA_FLAGS"] = FAST_COMPILE
+    return subprocess.run(
+      [*HINDSIGHT, *argv],
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      cwd=ROOT,
+      env=full_env,
+    )
+  import contextlib
+  import io
+
+  from hindsight.cli import main
+
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      code = main(argv)
+    except SystemExit as e:  # argparse's usage errors and --help
+      code = e.code if isinstance(e.code, int) else 2
+  return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def free_port() -> int:
@@ -118,8 +148,11 @@ def shared_run(tmp_path_factory, name: str, config: str, overrides=()) -> str:
 # The tabular :smoke run the harness, audit and serving tests share: K=32 labels (enough with
 # a sample stderr for the sigma scale's fit, and a model of the original policy close enough
 # to its credit that a shifted policy's gap shows), 200 steps, checkpoints every 50.
-TABULAR_RUN = ("tabular_k32", "configs/tabular.py:smoke",
-               ("train.steps=200", "train.eval_every=50", "data.label.rollouts=32"))  # fmt: skip
+TABULAR_RUN = (
+  "tabular_k32",
+  "configs/tabular.py:smoke",
+  ("train.steps=200", "train.eval_every=50", "data.label.num_rollouts=32"),
+)
 
 
 @pytest.fixture(scope="session")

@@ -203,6 +203,18 @@ def test_slice_alarm_sees_drift_that_cancels_and_keeps_alpha_at_the_boundary():
     g, sl = _sliced((0.02, -0.02, 0.02), 3000, rng)
     fired += drift_alarm(g, np.ones(g.size), (-1.0, 1.0), (0.0, 1.0), cfg, sl).first is not None
   assert fired / 100 <= 0.1, fired
+  # The rate above is far under alpha (confidence sequences are conservative), so it would
+  # survive a lost alpha split: check the split itself. Each slice's sequence runs at
+  # alpha / (3 m), the union bound over the three families and the m slices.
+  from hindsight.audit.sequential import eb_confidence_sequence
+
+  trace = drift_alarm(g, np.ones(g.size), (-1.0, 1.0), (0.0, 1.0), cfg, sl)
+  m, final = len(sl.names), trace.final_slice_bounds()
+  for j, name in enumerate(sl.names):
+    lo, hi = eb_confidence_sequence(sl.terms[j], *sl.ranges[j], alpha=cfg.alpha / (3 * m))
+    assert final[name] == pytest.approx((lo[-1], hi[-1]), rel=1e-6), name
+    lo3, hi3 = eb_confidence_sequence(sl.terms[j], *sl.ranges[j], alpha=cfg.alpha / 3)
+    assert hi[-1] - lo[-1] > hi3[-1] - lo3[-1], name  # without the /m: narrower
 
 
 # -- the design's importance weights -------------------------------------------------------

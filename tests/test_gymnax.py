@@ -148,10 +148,13 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  rerun = run_cli(*base, "--return-range=-1:1", "--chunk-size", 16, "--out", labels_dir)
+  # The rerun as the killed job ran: in a process with the CLI's own device count (the
+  # chunk size is rounded to the devices' micro-batches).
+  resume = [*base, "--return-range=-1:1", "--chunk-size", 16, "--out", labels_dir]
+  rerun = run_cli(*resume, process=True)
   assert rerun.returncode == 0, rerun.stderr
   files = sorted(os.listdir(labels_dir))
-  again = run_cli(*base, "--return-range=-1:1", "--chunk-size", 16, "--out", labels_dir)
+  again = run_cli(*resume, process=True)
   assert again.returncode == 0, again.stderr  # finished: recognised, nothing rewritten
   assert sorted(os.listdir(labels_dir)) == files
   labels = open_labels(str(labels_dir))

@@ -64,7 +64,7 @@ def _assert_same_dataset(a, b):
 @pytest.mark.slow
 def test_two_processes_killed_then_rerun_equal_one_process(tmp_path, long_mdp):
   ref, out = str(tmp_path / "one"), str(tmp_path / "two")
-  proc = run_cli(*_args(long_mdp, ref))
+  proc = run_cli(*_args(long_mdp, ref), process=True)  # devices as the processes' own
   assert proc.returncode == 0, proc.stderr
 
   # Process 1 labels chunks 1, 3, 5, ...; kill it once its first chunk is written.
@@ -126,6 +126,6 @@ def test_processes_given_other_arguments_are_refused(tmp_path, long_mdp):
   ],
 )
 def test_bad_process_flags_are_one_line(tmp_path, mdp_file, flags, fragment):
-  proc = run_cli(*_args(mdp_file, str(tmp_path / "o"), *flags))
+  proc = run_cli(*_args(mdp_file, str(tmp_path / "o"), *flags), process=True)
   assert_one_line_error(proc, fragment)
   assert not os.path.exists(tmp_path / "o")

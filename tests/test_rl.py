@@ -37,7 +37,7 @@ def tiny(source: str, **over) -> object:
   c.policy.prior = False
   c.ppo.updates, c.ppo.episodes, c.ppo.epochs = 8, 32, 4
   c.ppo.learning_rate = 3e-3
-  c.eval.every, c.eval.episodes, c.eval.rollouts = 8, 256, 2
+  c.eval.every, c.eval.episodes, c.eval.rollouts = 8, 64, 2
   # A PRM learns from outcomes alone, and the uniform policy succeeds rarely: it needs
   # about a thousand episodes and 500 steps to carry the outcome (0.05 -> 0.26 in 8 updates).
   c.credit.model_episodes, c.credit.model_steps, c.credit.model_rollouts = 1024, 500, 8
@@ -230,8 +230,29 @@ def test_the_experiment_smoke_runs_end_to_end(tmp_path):
   assert os.path.getsize(os.path.join(out, "curves.png")) > 10_000
   with open(os.path.join(out, "table.md")) as f:
     assert "| mc_credit |" in f.read()
-  # The trained policy is loadable and rolls like any Policy.
+  # The loaded policy is the trained one of seed 1: its rollouts on the run's last evaluation
+  # keys give results.json's numbers, and it is not theta_0 (smoke updates can leave every
+  # sampled action as it was, so the log-probabilities tell the two apart).
+  from hindsight.config_io import load_config
+  from hindsight.labeling.rollout import sample_episode
+  from hindsight.rl.measure import point_keys
+
   env, policy = load_policy(os.path.join(out, "mc_credit"), seed=1)
+  config = load_config("configs/rl_reasoning.py:smoke", ["source=mc_credit"])
+  mine = results["sources"]["mc_credit"]
+  keys = point_keys(seed_keys(config)[1], 2, mine["updates"], int(config.eval.episodes))
+  params = policy.default_params()
+  traj = jax.vmap(sample_episode, (None, None, None, None, 0))(
+    env, policy, env.default_params(), params, keys
+  )
+  seed1 = mine["seeds"][1]
+  assert float(np.mean(traj.success)) == pytest.approx(seed1["success"])
+  assert float(traj.mask.sum(-1).mean()) == pytest.approx(seed1["length"])
+  assert float(np.asarray(traj.rewards).sum(-1).mean()) == pytest.approx(seed1["return"])
+  theta0 = make_task(config).policy.default_params()
+  states = jax.tree.map(lambda x: x[:, 0], traj.states)
+  logits = lambda p: jax.vmap(policy.logits, (None, 0, None))(p, states, env.default_params())  # noqa: E731
+  assert not np.allclose(logits(params), logits(theta0))
   traj = Labeler(env, policy, LabelConfig(num_rollouts=2)).sample(
     jax.random.split(jax.random.key(0), 4)
   )

@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data import open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
@@ -225,10 +226,15 @@ def test_the_budget_stops_a_run_and_a_rerun_goes_on(tmp_path):
 
 
 def _honest(report, field="credit"):
+  """No false exact zero, few |z| > 3, and z RMS under 1.3. Its floor is low because most
+  steps at K = 16 tie in every branch and carry the tie bound, conservative by design; where
+  enough steps have a sample stderr, their z RMS must be near 1 (a stderr 5x too wide fails)."""
   f = report["fields"][field]
   assert f["false_zeros"] == 0, f
   assert 0.2 < f["z_rms"] < 1.3, f
   assert f["z_over_3"] <= max(1, 0.01 * f["steps"]), f
+  if field == "credit" and f["sampled_steps"] >= 20:
+    assert 0.6 < f["z_rms_sampled"] < 1.4, f
 
 
 @pytest.mark.parametrize(
@@ -241,8 +247,10 @@ def test_text_labels_match_the_worlds_exact_credit(tmp_path, world_url, prompts,
   job = _job(prompts, episodes, world_url, K=K, replacement=replacement, **text)
   path = run_label_job(job, str(tmp_path / "out"), progress=False)
   report = compare_to_exact(path)
-  for field in ("credit", "credit_realized", "progress"):
+  for field in ("credit", "credit_realized", "progress", "phi"):
     _honest(report, field)
+  if K == 64:  # enough steps with sample stderrs for the near-1 check (measured: 31)
+    assert report["fields"]["credit"]["sampled_steps"] >= 20, report["fields"]["credit"]
   assert report["summary"]["undefined_too_rare"] == 0
   assert report["summary"]["undefined_missed"] == 0
   labels = open_labels(path)
@@ -276,6 +284,16 @@ def test_a_model_that_never_stops_is_cut_at_max_tokens(tmp_path, world_url, prom
   labels = open_labels(run_label_job(job, str(tmp_path / "out"), progress=False))
   assert "ended at --max-tokens 6" in capfd.readouterr().err
   assert labels[0]["length"] >= 1  # the base trace too was cut: its steps are what it wrote
+  # Six tokens reach no \boxed{} answer: every continuation of both arms fails alike, so
+  # each credit is exactly 0, bounded by the tie bound (not a false exact zero), and
+  # undetermined. Cut continuations scored otherwise in one arm would show here.
+  example = labels[0]
+  assert not example["success"] and float(example["return"]) == 0.0
+  for field in ("credit", "credit_realized", "phi", "progress"):
+    np.testing.assert_array_equal(np.asarray(example[field]), 0.0, err_msg=field)
+  assert np.asarray(example["credit_bounded"]).all()
+  assert (np.asarray(example["credit_stderr"]) > 0).all()
+  assert (np.asarray(example["klass"]) == KLASS_NAMES.index("undetermined")).all()
 
 
 @pytest.mark.slow

@@ -270,7 +270,7 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path, monkeypatch):
   workdir = tmp_path / "demo"
   # :smoke's 40 steps leave a near-constant prediction; 400 (a few seconds) learn something.
   # K=32 labels (not :smoke's 8) keep the label noise from deciding the MAE comparison.
-  overrides = ["train.steps=400", "train.eval_every=100", "data.label.rollouts=32"]
+  overrides = ["train.steps=400", "train.eval_every=100", "data.label.num_rollouts=32"]
   config = load_config("configs/tabular.py:smoke", overrides)
   report = train_and_evaluate(config, str(workdir))
   on_disk = _report(workdir)

@@ -130,7 +130,7 @@ def _open_run(checkpoint: str) -> _Run:
   for w in workdirs[1:]:  # an ensemble is scored on its members' one test split
     other = training_run(w)
     if other["labels"] != record["labels"] or other["test"] != record["test"]:
-      raise HindsightError(f"--checkpoint {w}: trained on other labels or another split")
+      raise HindsightError(f"checkpoint {w}: trained on other labels or another split")
   labels = open_training_labels(
     record["labels"], record.get("mix_labels", ""), record.get("mix_episodes", 0)
   )

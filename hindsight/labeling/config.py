@@ -53,6 +53,20 @@ class LabelConfig:
       raise HindsightError(f"confidence must be in (0, 1), got {self.confidence}")
 
   @classmethod
+  def from_config(cls, node, **overrides) -> LabelConfig:
+    """The config a `label` config node describes: the node's fields that are LabelConfig's
+    (same names; any other field, such as a labeling job's env, episodes and seed, is the
+    caller's), then `overrides` (another K: `num_rollouts=...`)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    items = node.items() if hasattr(node, "items") else vars(node).items()
+    values = {k: v for k, v in items if k in names}
+    return cls(**{**values, **overrides})
+
+  def as_dict(self) -> dict:
+    """The fields, for a `label` config node (`hindsight.default_config.label_node`)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
   def from_metadata(cls, meta: dict, num_rollouts: int | None = None) -> LabelConfig:
     """The config a label dataset was made with (its metadata), optionally at another K."""
     return cls(
@@ -63,6 +77,24 @@ class LabelConfig:
       confidence=float(meta.get("confidence", 0.95)),
       stratify=bool(meta.get("stratify", True)),
     )
+
+
+def label_node(**fields):
+  """A `label` config node (ml_collections.ConfigDict) with every LabelConfig field at its
+  default, `fields` on top: the one shape in which the training and RL configs say how to
+  label, read back whole by `LabelConfig.from_config`."""
+  from ml_collections import ConfigDict
+
+  return ConfigDict(dataclasses.replace(LabelConfig(), **fields).as_dict())
+
+
+# Config fields renamed to LabelConfig's own names: configs and run directories written
+# before keep working (hindsight.config_io reads the old name as the new one).
+LEGACY_CONFIG_NAMES = {
+  "data.label.rollouts": "data.label.num_rollouts",
+  "credit.rollouts": "label.num_rollouts",
+  "credit.replacement": "label.replacement",
+}
 
 
 @dataclasses.dataclass(frozen=True)

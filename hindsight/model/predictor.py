@@ -195,7 +195,7 @@ class Predictor:
     try:
       steps = ckpt.steps()
       if not steps:
-        raise HindsightError(f"--checkpoint {workdir}: no finished checkpoint")
+        raise HindsightError(f"checkpoint {workdir}: no finished checkpoint")
       if step == "best":
         chosen = ckpt.best_step()
       elif step in ("last", "latest"):
@@ -251,7 +251,7 @@ class Predictor:
     for w, m in zip(workdirs[1:], members[1:], strict=True):
       if m.model_config != first.model_config or m.spec != first.spec:
         raise HindsightError(
-          f"--checkpoint {w}: not an ensemble member of {workdirs[0]} (a different model "
+          f"checkpoint {w}: not an ensemble member of {workdirs[0]} (a different model "
           "config or data spec)"
         )
     state = jax.tree.map(lambda *xs: jnp.stack(xs), *[m.state for m in members])

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
+from hindsight.labeling.config import label_node
 
 
 def base_config() -> ConfigDict:
@@ -37,9 +38,14 @@ def base_config() -> ConfigDict:
   c.ppo.gae_lambda = 0.95  # GAE lambda (gae only)
   c.ppo.normalize = True  # advantages standardized over each batch's valid steps
 
+  # How every labeler of the run labels, under LabelConfig's own names (replacement: q of
+  # the credit sources, the credit model's labels, the audits and the reference; gamma,
+  # confidence, ...: hindsight.labeling.config.LabelConfig). num_rollouts is the K of
+  # mc_progress / mc_credit; the other labelers take theirs from credit.model_rollouts,
+  # refresh.rollouts and eval.rollouts.
+  c.label = label_node(num_rollouts=8)
+
   c.credit = ConfigDict()
-  c.credit.rollouts = 8  # K of mc_progress / mc_credit (branches per step)
-  c.credit.replacement = "policy"  # q of the credit sources (labels and the credit model)
   # learned sources: a trained credit model's run directory ("" = train one at update 0 on
   # labels of the initial policy, charged to the run); prm always trains its own.
   c.credit.model = ""
@@ -77,7 +83,7 @@ def smoke(c: ConfigDict) -> ConfigDict:
   c.ppo.episodes = 16
   c.ppo.epochs = 2
   c.ppo.minibatches = 2
-  c.credit.rollouts = 4
+  c.label.num_rollouts = 4
   c.credit.model_episodes = 64
   c.credit.model_rollouts = 4
   c.credit.model_steps = 20
@@ -121,8 +127,8 @@ def check_config(c: ConfigDict) -> None:
     raise HindsightError(
       f"ppo.updates ({p.updates}) must be a multiple of eval.every ({c.eval.every})"
     )
-  if c.credit.rollouts < 2 or c.eval.rollouts < 2 or c.refresh.rollouts < 2:
-    raise HindsightError("credit.rollouts, eval.rollouts and refresh.rollouts must be >= 2")
+  if c.label.num_rollouts < 2 or c.eval.rollouts < 2 or c.refresh.rollouts < 2:
+    raise HindsightError("label.num_rollouts, eval.rollouts and refresh.rollouts must be >= 2")
   if int(c.credit.model_snapshots) > 1 and not float(c.credit.snapshot_scale) > 0:
     raise HindsightError("credit.model_snapshots > 1 needs credit.snapshot_scale > 0")
   if not 0.0 < p.gamma <= 1.0:

@@ -12,6 +12,7 @@ from ml_collections import ConfigDict
 
 # Imported for its absl filter: orbax warns that a read-only manager is read-only.
 import hindsight.model.checkpoints  # noqa: F401
+from hindsight.config_io import current_names
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 from hindsight.policies.neural import NeuralPolicy
@@ -32,7 +33,7 @@ class TrainedPolicy(NeuralPolicy):
 def _config(flat: dict) -> ConfigDict:
   """The run's ConfigDict from its config.json (flattened dotted names)."""
   config = base_config()
-  for name, value in flat.items():
+  for name, value in current_names(flat).items():
     *parents, leaf = name.split(".")
     node = config
     for part in parents:

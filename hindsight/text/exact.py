@@ -13,7 +13,7 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 
-FIELDS = ("credit", "credit_realized", "progress")
+FIELDS = ("credit", "credit_realized", "progress", "phi")
 
 
 def _text(x) -> str:
@@ -39,6 +39,9 @@ def compare_to_exact(path: str) -> dict:
   labels = open_labels(path)
   replacement = labels.metadata.get("replacement", "policy")
   per_field = {f: {"z": [], "err": [], "false_zeros": 0} for f in FIELDS}
+  # Credit's z over the steps whose stderr is a sample stderr, not the tie bound (which is
+  # conservative by design): honest stderrs give an RMS near 1 there.
+  sampled_z = []
   # Undefined by the estimate alone: the truth exists, but --max-draws x K draws found
   # fewer than 2 that avoid the step's content (content the policy nearly always writes).
   too_rare = undefined_by_truth_only = 0
@@ -57,6 +60,9 @@ def compare_to_exact(path: str) -> dict:
       per_field[f]["false_zeros"] += int((exact & (np.abs(err) > 1e-6)).sum())
       per_field[f]["z"].extend((err[~exact] / se[~exact]).tolist())
       per_field[f]["err"].extend(err.tolist())
+      if f == "credit":
+        sampled = ~exact & ~np.asarray(example["credit_bounded"], bool)[ok]
+        sampled_z.extend((err[sampled] / se[sampled]).tolist())
   out = {"dataset": labels.path, "replacement": replacement, "fields": {}}
   for f, v in per_field.items():
     z, err = np.asarray(v["z"]), np.asarray(v["err"])
@@ -68,6 +74,9 @@ def compare_to_exact(path: str) -> dict:
       "mean_abs_error": float(np.mean(np.abs(err))) if err.size else float("nan"),
       "false_zeros": v["false_zeros"],
     }
+  z = np.asarray(sampled_z)
+  out["fields"]["credit"]["sampled_steps"] = int(z.size)
+  out["fields"]["credit"]["z_rms_sampled"] = float(np.sqrt(np.mean(z**2))) if z.size else np.nan
   c = out["fields"]["credit"]
   out["summary"] = {
     "traces": len(labels),

@@ -160,7 +160,7 @@ def _server(host: str, port: int):
   return uvicorn.Server(config)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8100) -> None:
+def serve_world(host: str = "127.0.0.1", port: int = 8100) -> None:
   """Serves the text world until SIGTERM/SIGINT."""
   world.policy_table(0.5)  # compile the policy before the first request waits for it
   server = _server(host, port)

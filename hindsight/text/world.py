@@ -334,6 +334,7 @@ def exact_credit(
     credit           Q_t(x_t, a_t) - E_{a' ~ q} Q_t(x_t, a')   (q: the replacement)
     credit_realized  G(tau) - E_{a' ~ q} Q_t(x_t, a')
     progress         Q_t(x_t, a_t) - V_t(x_t)
+    phi              V_t(x_t), the policy's value before step t (what `progress` subtracts)
     undefined        q does not exist (policy_other / no_repeat: every action is a_t's class)
   policy_other: pi restricted to classes other than a_t's; null: the restatement;
   policy_no_repeat: E[G | the next action and every later one avoid a_t's class], the
@@ -352,7 +353,7 @@ def exact_credit(
     cfgs.append(cfg)
     cfg = int(NEXT_CONFIG[cfg, a])
   G = float(REWARD[actions[-1]]) if actions else 0.0
-  credit, realized, progress = np.zeros(T), np.zeros(T), np.zeros(T)
+  credit, realized, progress, phi = np.zeros(T), np.zeros(T), np.zeros(T), np.zeros(T)
   undefined = np.zeros(T, bool)
   for t, (x, a) in enumerate(zip(cfgs, actions, strict=True)):
     q_taken = Q[t, x, a]
@@ -371,10 +372,10 @@ def exact_credit(
     else:
       raise HindsightError(f"the text world has no replacement '{replacement}'")
     credit[t], realized[t] = q_taken - rep, G - rep
-    progress[t] = q_taken - V[t, x]
+    progress[t], phi[t] = q_taken - V[t, x], V[t, x]
   credit[undefined] = np.nan
   realized[undefined] = np.nan
-  return {"credit": credit, "credit_realized": realized, "progress": progress,
+  return {"credit": credit, "credit_realized": realized, "progress": progress, "phi": phi,
           "undefined": undefined}  # fmt: skip
 
 

@@ -36,9 +36,11 @@ def credit_arm_steps(arm_steps):
   return arm_steps[:, KEEP].sum() + arm_steps[:, REPLACE].sum()
 
 
-def label_config(config: ConfigDict, rollouts: int) -> LabelConfig:
-  """The label config of every labeler an RL run builds, at K = rollouts."""
-  return LabelConfig(num_rollouts=int(rollouts), replacement=config.credit.replacement)
+def label_config(config: ConfigDict, rollouts: int | None = None) -> LabelConfig:
+  """The run's `label` node whole (every labeler an RL run builds), at K = rollouts where
+  given (the credit model's, the audits' and the reference's own K)."""
+  over = {} if rollouts is None else {"num_rollouts": int(rollouts)}
+  return LabelConfig.from_config(config.label, **over)
 
 
 class CreditSource:

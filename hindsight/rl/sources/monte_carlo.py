@@ -1,5 +1,5 @@
 """Sources that branch the current policy's own episodes with the labeler (K rollouts per
-step, `credit.rollouts`), charged the arms they run:
+step, `label.num_rollouts`), charged the arms they run:
 
   mc_progress   A_t = progress_t = r_t + V(s_{t+1}) - V(s_t), V by K rollouts of pi from
                 each state (VinePPO); charged the phi arm's env steps
@@ -28,7 +28,7 @@ class _Branched(CreditSource):
   def prepare(self, progress: bool = False) -> None:
     del progress
     task, config = self.task, self.config
-    self.labeler = Labeler(task.env, task.policy, label_config(config, config.credit.rollouts))
+    self.labeler = Labeler(task.env, task.policy, label_config(config))
 
   def labels(self, policy_params, traj, key) -> dict:
     keys = jax.random.split(key, traj.mask.shape[0])
