@@ -496,7 +496,7 @@ def test_audit_bad_inputs_get_one_line_errors(tabular_run, tmp_path):
       run_audit(base)
     assert fragment in str(err.value) and "\n" not in str(err.value), str(err.value)
   for bad, fragment in [
-    (dict(alpha=1.5), "--alpha"),
+    (dict(alpha=1.5), r"^alpha must be in \(0, 1\)"),  # the library names the field
     (dict(env=env_arg), "exactly one of --env and --trajectories"),
     (dict(shares=(0.0, 0.5, 0.5)), "--shares"),
   ]:

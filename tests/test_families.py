@@ -70,6 +70,8 @@ def test_unknown_specs_list_what_is_registered():
   with pytest.raises(HindsightError, match=r"unknown environment 'nowhere_at_all:x' \(known: "
                      r"tabular:PATH\.npz, key_corridor"):  # fmt: skip
     families.family_of("nowhere_at_all:x")
+  with pytest.raises(HindsightError, match=r"unknown environment '\./here\.npz'"):
+    families.family_of("./here.npz")  # a path is no module to import
   with pytest.raises(HindsightError, match="not functional JAX environments"):
     make("gymnasium:CartPole-v1")
   with pytest.raises(HindsightError, match="registered already"):

@@ -226,15 +226,18 @@ def test_the_budget_stops_a_run_and_a_rerun_goes_on(tmp_path):
 
 
 def _honest(report, field="credit"):
-  """No false exact zero, few |z| > 3, and z RMS under 1.3. Its floor is low because most
-  steps at K = 16 tie in every branch and carry the tie bound, conservative by design; where
-  enough steps have a sample stderr, their z RMS must be near 1 (a stderr 5x too wide fails)."""
+  """No false exact zero, few |z| > 3, z RMS under 1.3, and klass as the truth says. The z
+  RMS floor is low because most steps at K = 16 tie in every branch and carry the tie bound,
+  conservative by design; where enough steps have a sample stderr, their z RMS must be near
+  1 (a stderr 5x too wide fails)."""
   f = report["fields"][field]
   assert f["false_zeros"] == 0, f
   assert 0.2 < f["z_rms"] < 1.3, f
   assert f["z_over_3"] <= max(1, 0.01 * f["steps"]), f
   if field == "credit" and f["sampled_steps"] >= 20:
     assert 0.6 < f["z_rms_sampled"] < 1.4, f
+  if field == "credit":  # a decided klass the exact credit contradicts: <= 5% of them
+    assert f["klass_contradicted"] <= max(1, 0.05 * f["klass_decided"]), f
 
 
 @pytest.mark.parametrize(
@@ -249,6 +252,8 @@ def test_text_labels_match_the_worlds_exact_credit(tmp_path, world_url, prompts,
   report = compare_to_exact(path)
   for field in ("credit", "credit_realized", "progress", "phi"):
     _honest(report, field)
+  hard = report["fields"]["phi_hard"]  # the indicator's sum against its expectation
+  assert hard["steps"] > 0 and abs(hard["z"]) < 4 and hard["last_step_errors"] == 0, hard
   if K == 64:  # enough steps with sample stderrs for the near-1 check (measured: 31)
     assert report["fields"]["credit"]["sampled_steps"] >= 20, report["fields"]["credit"]
   assert report["summary"]["undefined_too_rare"] == 0

@@ -39,17 +39,17 @@ class AuditConfig:
     if (self.env is None) == (self.trajectories is None):
       raise HindsightError("give exactly one of --env and --trajectories")
     if self.budget < 1:
-      raise HindsightError(f"--budget must be >= 1 env step, got {self.budget}")
+      raise HindsightError(f"budget must be >= 1 env step, got {self.budget}")
     if self.episodes < 0 or (self.env is not None and self.episodes < 1):
-      raise HindsightError(f"--episodes must be >= 1, got {self.episodes}")
+      raise HindsightError(f"episodes must be >= 1, got {self.episodes}")
     if self.block < 1:
       raise HindsightError(f"--block must be >= 1, got {self.block}")
     if not 0 <= self.seed < 2**31 - AUDIT_SALT:
-      raise HindsightError(f"--seed must be in [0, 2^31), got {self.seed}")
+      raise HindsightError(f"seed must be in [0, 2^31), got {self.seed}")
     if self.bootstrap < 10:
-      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+      raise HindsightError(f"bootstrap must be >= 10, got {self.bootstrap}")
     if not (np.isfinite(self.tolerance) and self.tolerance >= 0):
-      raise HindsightError(f"--tolerance must be >= 0 (0: the default), got {self.tolerance}")
+      raise HindsightError(f"tolerance must be >= 0 (0: the default), got {self.tolerance}")
     # The alarm's other settings, checked before any work (the tolerance may still be 0).
     from hindsight.audit.design import check_shares
     from hindsight.audit.sequential import AlarmConfig

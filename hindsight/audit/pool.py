@@ -100,11 +100,11 @@ def read_trajectory_file(path: str, max_episodes: int) -> tuple[str | None, list
         if max_episodes and len(episodes) >= max_episodes:
           break
   except OSError as e:
-    raise HindsightError(f"--trajectories {path}: {e.strerror or e}") from None
+    raise HindsightError(f"trajectories {path}: {e.strerror or e}") from None
   if not episodes:
-    raise HindsightError(f"--trajectories {path}: no trajectories in the file")
+    raise HindsightError(f"trajectories {path}: no trajectories in the file")
   if len(envs) > 1:
-    raise HindsightError(f"--trajectories {path}: trajectories of several environments")
+    raise HindsightError(f"trajectories {path}: trajectories of several environments")
   return envs.pop(), episodes
 
 

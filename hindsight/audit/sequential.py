@@ -89,14 +89,14 @@ class AlarmConfig:
 
   def check(self) -> None:
     if not (np.isfinite(self.tolerance) and self.tolerance > 0):
-      raise HindsightError(f"--tolerance must be > 0, got {self.tolerance}")
+      raise HindsightError(f"tolerance must be > 0, got {self.tolerance}")
     if not 0 < self.alpha < 1:
-      raise HindsightError(f"--alpha must be in (0, 1), got {self.alpha}")
+      raise HindsightError(f"alpha must be in (0, 1), got {self.alpha}")
     if not 0 < self.level < 1:
-      raise HindsightError(f"--coverage-level must be in (0, 1), got {self.level}")
+      raise HindsightError(f"coverage_level must be in (0, 1), got {self.level}")
     if not 0 < self.coverage_tolerance < self.level:
       raise HindsightError(
-        f"--coverage-tolerance must be in (0, {self.level}), got {self.coverage_tolerance}"
+        f"coverage_tolerance must be in (0, {self.level}), got {self.coverage_tolerance}"
       )
 
 

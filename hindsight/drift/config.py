@@ -36,12 +36,12 @@ class DriftConfig:
   def check(self) -> None:
     for name in ("episodes", "reference_rollouts", "shift_episodes", "baseline_steps"):
       if getattr(self, name) < 0:
-        raise HindsightError(f"--{name.replace('_', '-')} must be >= 0")
+        raise HindsightError(f"{name} must be >= 0")
     if self.reference_rollouts == 1:
-      raise HindsightError("--reference-rollouts must be >= 2 (or 0: chosen automatically)")
+      raise HindsightError("reference_rollouts must be >= 2 (or 0: chosen automatically)")
     if self.bootstrap < 10:
-      raise HindsightError(f"--bootstrap must be >= 10, got {self.bootstrap}")
+      raise HindsightError(f"bootstrap must be >= 10, got {self.bootstrap}")
     if not 0 < self.reference_fraction < 1:
-      raise HindsightError("--reference-fraction must be in (0, 1)")
+      raise HindsightError("reference_fraction must be in (0, 1)")
     if self.check_episodes < 2:
-      raise HindsightError("--check-episodes must be >= 2")
+      raise HindsightError("check_episodes must be >= 2")

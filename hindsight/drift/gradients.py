@@ -40,7 +40,7 @@ def gradient_table(
   """
   env, policy = make(env_spec)
   if not isinstance(env, TabularEnv):
-    raise HindsightError(f"--gradient-env {env_spec}: the gradient table needs a tabular MDP")
+    raise HindsightError(f"gradient_env {env_spec}: the gradient table needs a tabular MDP")
   mdp = env.mdp
   g_star = exact_gradient(mdp).reshape(-1)
   credits, traj, policy_labels = {}, None, None

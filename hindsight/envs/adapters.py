@@ -85,14 +85,14 @@ class GymnasiumEnv(PyEnv):
     try:
       import gymnasium
     except ImportError:
-      raise HindsightError("--env gymnasium:... needs the gymnasium package") from None
+      raise HindsightError("env gymnasium:... needs the gymnasium package") from None
     try:
       self._env = gymnasium.make(env_id)
     except Exception as e:
-      raise HindsightError(f"--env gymnasium:{env_id}: {type(e).__name__}: {e}") from None
+      raise HindsightError(f"env gymnasium:{env_id}: {type(e).__name__}: {e}") from None
     space = self._env.action_space
     if not isinstance(space, gymnasium.spaces.Discrete):
-      raise HindsightError(f"--env gymnasium:{env_id}: only Discrete action spaces, got {space}")
+      raise HindsightError(f"env gymnasium:{env_id}: only Discrete action spaces, got {space}")
     self.spec, self.name = f"gymnasium:{env_id}", env_id
     self.num_actions = int(space.n)
     self._start = int(space.start)
@@ -117,7 +117,7 @@ class DmEnv(PyEnv):
     try:
       fn = getattr(importlib.import_module(module), factory)
     except (ImportError, AttributeError) as e:
-      raise HindsightError(f"--env dm_env:{module}:{factory}: cannot load it ({e})") from None
+      raise HindsightError(f"env dm_env:{module}:{factory}: cannot load it ({e})") from None
     import inspect
 
     try:
@@ -128,7 +128,7 @@ class DmEnv(PyEnv):
     self._env = fn(seed=0) if self._seeded else fn()
     spec = self._env.action_spec()
     if not hasattr(spec, "num_values"):
-      raise HindsightError(f"--env dm_env:{module}:{factory}: only discrete actions")
+      raise HindsightError(f"env dm_env:{module}:{factory}: only discrete actions")
     self.spec, self.name = f"dm_env:{module}:{factory}", factory
     self.num_actions = int(spec.num_values)
     self.horizon = int(horizon or DEFAULT_HORIZON)
@@ -161,7 +161,7 @@ def make_py_env(spec: str, horizon: int | None = None) -> PyEnv:
   family = family_of(spec)
   if family.make_python is None:
     known = ", ".join(f.usage for f in registered_families() if f.make_python is not None)
-    raise HindsightError(f"--env {spec}: expected a Python environment ({known})")
+    raise HindsightError(f"env {spec}: expected a Python environment ({known})")
   return family.make_python(split_spec(spec)[1], horizon)
 
 

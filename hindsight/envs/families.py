@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "hindsight.envs"
 # The LabelJob fields a family may accept beyond env, episodes and config.
 JOB_OPTIONS = ("policy", "horizon", "return_range", "workers", "text")
-EXTERNAL = frozenset({"policy", "horizon", "return_range"})  # someone else's environment
+# The options of someone else's environment (gymnax, Gymnasium, dm_env): a label dataset
+# records them and every later job rebuilds the environment with them (`make_labeled`).
+EXTERNAL = frozenset({"policy", "horizon", "return_range"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,16 +131,25 @@ def _load_plugins(name: str) -> None:
   `hindsight.envs`, else a module of that name."""
   for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
     if point.name == name:
-      loaded = point.load()
+      try:
+        loaded = point.load()
+      except Exception as e:  # a user's code: any failure is theirs, said in one line
+        raise HindsightError(f"environment '{name}': its entry point failed ({e})") from None
       if isinstance(loaded, EnvFamily):
         register(loaded)
       return
+  if not all(part.isidentifier() for part in name.split(".")):
+    return  # a path or a typo, not a module name
   try:
     importlib.import_module(name)
   except ImportError as e:
     if e.name is not None and name.startswith(e.name):  # no such module: not a plug-in
       return
     raise HindsightError(f"environment '{name}': importing its module failed ({e})") from None
+  except Exception as e:  # a user's module that fails as it runs
+    raise HindsightError(
+      f"environment '{name}': importing its module failed ({type(e).__name__}: {e})"
+    ) from None
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -159,7 +170,8 @@ def family_of(spec: str) -> EnvFamily:
 
 
 def check_job_options(family: EnvFamily, given: Mapping[str, bool]) -> None:
-  """Refuses (one line) a LabelJob option the family does not take. given: option -> set?"""
+  """Refuses (one line) a LabelJob option the family does not take; `given` says, for each
+  of JOB_OPTIONS, whether the job set it."""
   for option in JOB_OPTIONS:
     if given.get(option) and option not in family.options:
       takers = [f.name for f in _FAMILIES.values() if option in f.options]
@@ -177,11 +189,11 @@ def parse_options(spec: str, arg: str, allowed: dict[str, float]) -> dict[str, f
   for item in filter(None, arg.split(",")):
     name, sep, value = item.partition("=")
     if not sep or name not in allowed:
-      raise HindsightError(f"--env {spec}: unknown option '{item}' (known: {', '.join(allowed)})")
+      raise HindsightError(f"env {spec}: unknown option '{item}' (known: {', '.join(allowed)})")
     try:
       out[name] = float(value)
     except ValueError:
-      raise HindsightError(f"--env {spec}: {name} must be a number, got '{value}'") from None
+      raise HindsightError(f"env {spec}: {name} must be a number, got '{value}'") from None
   return out
 
 
@@ -191,7 +203,7 @@ def _tabular(arg: str, options: EnvOptions):
 
   del options
   if not arg:
-    raise HindsightError("--env tabular needs a file: tabular:PATH.npz")
+    raise HindsightError("env tabular needs a file: tabular:PATH.npz")
   mdp = load_tabular(arg)
   return TabularEnv(mdp), TabularPolicy(mdp.pi)
 
@@ -202,7 +214,7 @@ def _key_corridor(arg: str, options: EnvOptions):
 
   del options
   if arg:
-    raise HindsightError(f"--env key_corridor:{arg}: key_corridor takes no options")
+    raise HindsightError(f"env key_corridor:{arg}: key_corridor takes no options")
   mdp = key_corridor_mdp()  # the bundled MDP, from code (no data file needed)
   return TabularEnv(mdp), TabularPolicy(mdp.pi)
 
@@ -214,10 +226,10 @@ def _key_to_door(arg: str, options: EnvOptions):
   spec = f"key_to_door:{arg}"
   opts = parse_options(spec, arg, {"p_key": 0.5, "apple_steps": 90})
   if not 0.0 <= opts["p_key"] <= 1.0:
-    raise HindsightError(f"--env {spec}: p_key must be in [0, 1]")
+    raise HindsightError(f"env {spec}: p_key must be in [0, 1]")
   apple_steps = int(opts["apple_steps"])
   if apple_steps != opts["apple_steps"] or apple_steps < 10:
-    raise HindsightError(f"--env {spec}: apple_steps must be an integer >= 10 (10 apples)")
+    raise HindsightError(f"env {spec}: apple_steps must be an integer >= 10 (10 apples)")
   env = KeyToDoor(apple_steps=apple_steps)
   return env, KeyToDoorPolicy(env, p_key=opts["p_key"])
 
@@ -236,15 +248,15 @@ def _reasoning(arg: str, options: EnvOptions):
   }
   opts = parse_options(spec, arg, defaults)
   if opts["decorative_rate"] < 0:
-    raise HindsightError(f"--env {spec}: decorative_rate must be >= 0")
+    raise HindsightError(f"env {spec}: decorative_rate must be >= 0")
   horizon = int(opts["horizon"])
   if horizon != opts["horizon"] or horizon < 2:
-    raise HindsightError(f"--env {spec}: horizon must be an integer >= 2")
+    raise HindsightError(f"env {spec}: horizon must be an integer >= 2")
   competence = (opts["competence_min"], opts["competence_max"])
   if not 0.0 <= competence[0] <= competence[1] <= 1.0:
-    raise HindsightError(f"--env {spec}: need 0 <= competence_min <= competence_max <= 1")
+    raise HindsightError(f"env {spec}: need 0 <= competence_min <= competence_max <= 1")
   if opts["show_competence"] not in (0.0, 1.0):
-    raise HindsightError(f"--env {spec}: show_competence must be 0 or 1")
+    raise HindsightError(f"env {spec}: show_competence must be 0 or 1")
   env = Reasoning(
     horizon=horizon, competence=competence, show_competence=bool(opts["show_competence"])
   )
@@ -259,9 +271,9 @@ def _team(arg: str, options: EnvOptions):
   opts = parse_options(spec, arg, {"agents": 4, "rounds": 3, "p_error": 0.5})
   agents, rounds = int(opts["agents"]), int(opts["rounds"])
   if agents != opts["agents"] or agents < 4 or rounds != opts["rounds"] or rounds < 1:
-    raise HindsightError(f"--env {spec}: agents must be an integer >= 4 and rounds >= 1")
+    raise HindsightError(f"env {spec}: agents must be an integer >= 4 and rounds >= 1")
   if not 0.0 <= opts["p_error"] <= 1.0:
-    raise HindsightError(f"--env {spec}: p_error must be in [0, 1]")
+    raise HindsightError(f"env {spec}: p_error must be in [0, 1]")
   return Team(agents, rounds, p_error=opts["p_error"]), TeamPolicy()
 
 
@@ -282,7 +294,7 @@ def _gymnasium(arg: str, horizon: int | None):
   from hindsight.envs.adapters import GymnasiumEnv
 
   if not arg:
-    raise HindsightError("--env gymnasium needs an environment id: gymnasium:ENV_ID")
+    raise HindsightError("env gymnasium needs an environment id: gymnasium:ENV_ID")
   return GymnasiumEnv(arg, horizon)
 
 
@@ -291,7 +303,7 @@ def _dm_env(arg: str, horizon: int | None):
 
   module, _, factory = arg.partition(":")
   if not module or not factory:
-    raise HindsightError(f"--env dm_env:{arg}: expected dm_env:MODULE:FACTORY")
+    raise HindsightError(f"env dm_env:{arg}: expected dm_env:MODULE:FACTORY")
   return DmEnv(module, factory, horizon)
 
 

@@ -57,21 +57,21 @@ class GymnaxEnv(Environment):
       import gymnax
     except ImportError:
       raise HindsightError(
-        "--env gymnax: needs gymnax (pip install -e .[adapters], or pip install gymnax)"
+        "env gymnax: needs gymnax (pip install -e .[adapters], or pip install gymnax)"
       ) from None
     try:
       self.env, self._params = gymnax.make(env_id)
     except Exception as e:  # gymnax raises ValueError or its own types for unknown ids
-      raise HindsightError(f"--env gymnax:{env_id}: unknown gymnax environment ({e})") from None
+      raise HindsightError(f"env gymnax:{env_id}: unknown gymnax environment ({e})") from None
     space = self.env.action_space(self._params)
     if not hasattr(space, "n"):
-      raise HindsightError(f"--env gymnax:{env_id}: only discrete action spaces are supported")
+      raise HindsightError(f"env gymnax:{env_id}: only discrete action spaces are supported")
     self.name = f"gymnax:{env_id}"
     self.num_actions = int(space.n)
     longest = int(getattr(self._params, "max_steps_in_episode", 0) or 0)
     self.horizon = int(horizon or longest)
     if self.horizon < 1:
-      raise HindsightError(f"--env gymnax:{env_id}: give --horizon (no max_steps_in_episode)")
+      raise HindsightError(f"env gymnax:{env_id}: give --horizon (no max_steps_in_episode)")
     self.success_threshold = success_threshold
     self._range = return_range
     self.tag_names = tuple(f"a{i}" for i in range(self.num_actions))
@@ -148,12 +148,12 @@ def load_jax_policy(spec: str | None, num_actions: int) -> Policy:
   except (TypeError, ValueError):
     arity = 2
   if arity not in (2, 3):
-    raise HindsightError(f"--policy {spec}: expected FN(obs, key) or FN(params, obs, key)")
+    raise HindsightError(f"policy {spec}: expected FN(obs, key) or FN(params, obs, key)")
   params = None
   if arity == 3:
     params = getattr(module, "params", None)
     if params is None:
-      raise HindsightError(f"--policy {spec}: FN(params, obs, key) needs {module.__name__}.params")
+      raise HindsightError(f"policy {spec}: FN(params, obs, key) needs {module.__name__}.params")
     params = params() if callable(params) else params
   return FunctionPolicy(fn, params, name=spec)
 
@@ -167,6 +167,6 @@ def make_gymnax(
   """`gymnax:ID` -> (environment, behaviour policy)."""
   env_id = spec.partition(":")[2]
   if not env_id:
-    raise HindsightError("--env gymnax needs an environment id: gymnax:ID")
+    raise HindsightError("env gymnax needs an environment id: gymnax:ID")
   env = GymnaxEnv(env_id, horizon, return_range)
   return env, load_jax_policy(policy, env.num_actions)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from hindsight.envs.base import Environment
 from hindsight.envs.families import (
+  EXTERNAL,
   EnvOptions,
   family_of,
   known_specs,
@@ -26,7 +27,7 @@ def make_labeled(metadata: Mapping, spec: str | None = None) -> tuple[Environmen
   none of them drops the options the labels were made with."""
   labeled = str(metadata.get("env", ""))
   spec = spec or labeled
-  if spec != labeled or not family_of(spec).options:
+  if spec != labeled or not family_of(spec).options & EXTERNAL:
     return make(spec)
   job = json.loads(metadata.get("job", "{}"))
   return_range = job.get("return_range")

@@ -153,7 +153,7 @@ class TextOptions:
 
   def __post_init__(self):
     if not self.model:
-      raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
+      raise HindsightError("env text:... needs --model NAME (the endpoint's model)")
     if not 0.0 <= self.temperature <= 2.0:
       raise HindsightError(f"temperature must be in [0, 2], got {self.temperature}")
     if not 0.0 < self.top_p <= 1.0:

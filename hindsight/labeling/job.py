@@ -99,7 +99,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   None with the work area and its job file in place."""
   job_file = os.path.join(work, JOB_FILE)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise HindsightError(f"--out {out_dir} exists and is not a directory")
+    raise HindsightError(f"out {out_dir} exists and is not a directory")
   label_io.finish_checksums(out_dir)  # a job killed between TFDS's rename and the checksums
   if label_io.is_complete(out_dir):
     meta = label_io.open_labels(out_dir).metadata
@@ -107,13 +107,13 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
     if previous != described:
       differ = _differing(previous, described)
       raise HindsightError(
-        f"--out {out_dir} already holds labels of a different job ({differ} differ); choose "
+        f"out {out_dir} already holds labels of a different job ({differ} differ); choose "
         "another --out"
       )
     shutil.rmtree(work, ignore_errors=True)
     return label_io.dataset_dir(out_dir)
   if os.path.isdir(out_dir) and os.listdir(out_dir) and not os.path.isfile(job_file):
-    raise HindsightError(f"--out {out_dir} is not empty and holds no hindsight job")
+    raise HindsightError(f"out {out_dir} is not empty and holds no hindsight job")
   make_dir(out_dir, "--out")
   os.makedirs(work, exist_ok=True)
   if os.path.isfile(job_file):
@@ -121,7 +121,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
       previous = json.load(f)
     if previous != described:
       raise HindsightError(
-        f"--out {out_dir} holds an unfinished job with other arguments "
+        f"out {out_dir} holds an unfinished job with other arguments "
         f"({_differing(previous, described)}); rerun it with the same arguments or choose "
         "another --out"
       )
@@ -222,7 +222,7 @@ def _finish(
   missing = [r for r in ranges if not os.path.isfile(_chunk_path(work, *r))]
   if missing:
     raise HindsightError(
-      f"--out {out_dir}: {len(missing)} chunk files (episodes {missing[0][0]}..) are missing "
+      f"out {out_dir}: {len(missing)} chunk files (episodes {missing[0][0]}..) are missing "
       "after every process finished: every process needs --out on a filesystem they all share"
     )
   metadata = dict(

@@ -138,7 +138,7 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
     snapshots.append(env.clone())
     a = int(policy(obs, traj_rng))
     if not 0 <= a < A:
-      raise HindsightError(f"--policy returned action {a}, outside [0, {A})")
+      raise HindsightError(f"policy returned action {a}, outside [0, {A})")
     observations.append(obs)
     obs, r, done = env.step(a)
     actions.append(a)
@@ -157,7 +157,7 @@ def label_episode(job: PyJob, episode: int) -> dict[str, np.ndarray]:
     for i, (got, want) in enumerate(zip(seen, observations[: t + 1], strict=True)):
       if got.shape != want.shape or not np.array_equal(got, want):
         raise HindsightError(
-          f"--env {job.env}: episode {episode} cannot be branched at step {t}: replaying it "
+          f"env {job.env}: episode {episode} cannot be branched at step {t}: replaying it "
           f"(deepcopy failed) diverged from the recording at step {i}, so the environment is "
           "not deterministic under reset(seed)"
         )

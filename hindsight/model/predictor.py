@@ -204,9 +204,9 @@ class Predictor:
         try:
           chosen = int(step)
         except ValueError:
-          raise HindsightError(f"--step {step!r}: expected best, last or a number") from None
+          raise HindsightError(f"step {step!r}: expected best, last or a number") from None
         if chosen not in steps:
-          raise HindsightError(f"--step {chosen}: not a kept checkpoint (kept: {steps})")
+          raise HindsightError(f"step {chosen}: not a kept checkpoint (kept: {steps})")
       path = os.path.join(ckpt.step_dir(chosen), MODEL_FILE)
       if not os.path.isfile(path):
         raise HindsightError(

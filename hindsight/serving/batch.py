@@ -58,7 +58,7 @@ def score_file(
   names = np.asarray(KLASS_NAMES)
   directory = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(directory):
-    raise HindsightError(f"--out {out}: directory {directory} does not exist")
+    raise HindsightError(f"out {out}: directory {directory} does not exist")
   count = 0
   with (
     atomic_open(out) as f,

@@ -32,11 +32,12 @@ class ServeConfig:
   allow_reload_from: str = ""
 
   def __post_init__(self):
-    """One-line errors for limits the server cannot run with (the flags map onto these)."""
+    """One-line errors for limits the server cannot run with, naming the field (the CLI
+    says its flag)."""
     for name in ("window_ms", "max_batch", "max_body_bytes", "max_trajectories", "max_steps"):
       value = getattr(self, name)
       if value < 0 or (name != "max_steps" and value == 0):
-        raise HindsightError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        raise HindsightError(f"{name} must be > 0, got {value}")
 
   def steps_limit(self, spec) -> int:
     """Steps per trajectory served (and warmed up): max_steps, or the model's max_length."""
@@ -52,10 +53,10 @@ class ServeConfig:
           token = f.read().strip()
       except OSError as e:
         raise HindsightError(
-          f"--admin-token-file {self.admin_token_file}: {e.strerror or e}"
+          f"admin_token_file {self.admin_token_file}: {e.strerror or e}"
         ) from None
       if not token:
-        raise HindsightError(f"--admin-token-file {self.admin_token_file} is empty")
+        raise HindsightError(f"admin_token_file {self.admin_token_file} is empty")
       return token
     return os.environ.get(ADMIN_TOKEN_ENV, "").strip() or None
 

@@ -92,7 +92,7 @@ class CompletionCache:
         "(key TEXT PRIMARY KEY, text TEXT NOT NULL, finish TEXT NOT NULL, tokens INTEGER)"
       )
     except sqlite3.DatabaseError as e:
-      raise HindsightError(f"--cache {path}: not a completion cache ({e})") from None
+      raise HindsightError(f"cache {path}: not a completion cache ({e})") from None
 
   @staticmethod
   def key(model: str, prompt: str, sampling: Sampling, seed: int, index: int) -> str:
@@ -188,9 +188,9 @@ class CompletionClient:
     bar=None,
   ):
     if concurrency < 1:
-      raise HindsightError(f"--concurrency must be >= 1, got {concurrency}")
+      raise HindsightError(f"concurrency must be >= 1, got {concurrency}")
     if not endpoint.startswith(("http://", "https://")):
-      raise HindsightError(f"--endpoint {endpoint}: expected an http:// or https:// URL")
+      raise HindsightError(f"endpoint {endpoint}: expected an http:// or https:// URL")
     self.url = endpoint.rstrip("/") + "/completions"
     self.endpoint, self.model, self.sampling, self.cache = endpoint, model, sampling, cache
     self.api_key, self.concurrency, self.retries = api_key, concurrency, retries
@@ -266,7 +266,7 @@ class CompletionClient:
       except _Retry as e:
         if attempt == self.retries:
           raise HindsightError(
-            f"--endpoint {self.endpoint}: {e} after {self.retries} retries"
+            f"endpoint {self.endpoint}: {e} after {self.retries} retries"
           ) from None
         self.stats.retries += 1
         wait = self.backoff * 2**attempt if e.wait is None else e.wait
@@ -312,7 +312,7 @@ class CompletionClient:
       raise _Retry(f"HTTP {response.status_code}", wait)
     if response.status_code >= 400:
       raise HindsightError(
-        f"--endpoint {self.endpoint} refused the request (HTTP {response.status_code}): "
+        f"endpoint {self.endpoint} refused the request (HTTP {response.status_code}): "
         f"{_error_message(response)}"
       )
     try:

@@ -34,6 +34,7 @@ def exact_labels(example: dict, replacement: str) -> dict[str, np.ndarray]:
 
 def compare_to_exact(path: str) -> dict:
   """z-scores of every labeled step of the dataset at `path` against the world's DP."""
+  from hindsight.credit.estimators import DECORATIVE, HARMFUL, LOAD_BEARING, UNDETERMINED
   from hindsight.data import open_labels
 
   labels = open_labels(path)
@@ -42,6 +43,17 @@ def compare_to_exact(path: str) -> dict:
   # Credit's z over the steps whose stderr is a sample stderr, not the tie bound (which is
   # conservative by design): honest stderrs give an RMS near 1 there.
   sampled_z = []
+  # klass against the truth: a decided step (load_bearing, harmful, decorative) whose exact
+  # credit contradicts its class. With honest intervals at level `confidence` that happens
+  # to at most 1 - confidence of them.
+  tolerance = float(labels.metadata.get("decorative_tolerance", 0.05))
+  decided = contradicted = 0
+  # phi_hard, an indicator, against its expectation: 1 - (1 - Q_t(x_t, a_t))^K for the K
+  # continuations after step t < T - 1 (Q = progress + phi of the truth), summed over steps
+  # (z of the sum, variance sum h (1 - h)); at t = T - 1 it is the trace's own outcome.
+  K = int(labels.metadata.get("rollouts", 0))
+  hard_obs = hard_exp = hard_var = 0.0
+  hard_steps = hard_last_errors = 0
   # Undefined by the estimate alone: the truth exists, but --max-draws x K draws found
   # fewer than 2 that avoid the step's content (content the policy nearly always writes).
   too_rare = undefined_by_truth_only = 0
@@ -51,6 +63,12 @@ def compare_to_exact(path: str) -> dict:
     too_rare += int((undefined & ~truth["undefined"]).sum())
     undefined_by_truth_only += int((~undefined & truth["undefined"]).sum())
     ok = ~undefined & ~truth["undefined"]
+    hard = np.asarray(example["phi_hard"], np.float64)
+    q_taken = truth["progress"] + truth["phi"]
+    h = 1.0 - (1.0 - np.clip(q_taken[:-1], 0.0, 1.0)) ** K
+    hard_obs, hard_exp = hard_obs + hard[:-1].sum(), hard_exp + h.sum()
+    hard_var, hard_steps = hard_var + (h * (1.0 - h)).sum(), hard_steps + h.size
+    hard_last_errors += int(hard[-1] != float(bool(example["success"])))
     for f in FIELDS:
       est = np.asarray(example[f], np.float64)[ok]
       se = np.asarray(example[f + "_stderr"], np.float64)[ok]
@@ -63,6 +81,14 @@ def compare_to_exact(path: str) -> dict:
       if f == "credit":
         sampled = ~exact & ~np.asarray(example["credit_bounded"], bool)[ok]
         sampled_z.extend((err[sampled] / se[sampled]).tolist())
+        klass = np.asarray(example["klass"])[ok]
+        wrong = np.select(
+          [klass == LOAD_BEARING, klass == HARMFUL, klass == DECORATIVE],
+          [true <= tolerance, true >= -tolerance, np.abs(true) > tolerance],
+          False,
+        )
+        decided += int((klass != UNDETERMINED).sum())
+        contradicted += int(wrong.sum())
   out = {"dataset": labels.path, "replacement": replacement, "fields": {}}
   for f, v in per_field.items():
     z, err = np.asarray(v["z"]), np.asarray(v["err"])
@@ -77,13 +103,22 @@ def compare_to_exact(path: str) -> dict:
   z = np.asarray(sampled_z)
   out["fields"]["credit"]["sampled_steps"] = int(z.size)
   out["fields"]["credit"]["z_rms_sampled"] = float(np.sqrt(np.mean(z**2))) if z.size else np.nan
+  out["fields"]["credit"]["klass_decided"] = decided
+  out["fields"]["credit"]["klass_contradicted"] = contradicted
+  out["fields"]["phi_hard"] = {
+    "steps": hard_steps,
+    "observed": float(hard_obs),
+    "expected": float(hard_exp),
+    "z": float((hard_obs - hard_exp) / np.sqrt(hard_var)) if hard_var > 0 else 0.0,
+    "last_step_errors": hard_last_errors,
+  }
   c = out["fields"]["credit"]
   out["summary"] = {
     "traces": len(labels),
     "steps": c["steps"],
     "z_rms": c["z_rms"],
     "z_over_3": c["z_over_3"],
-    "false_zeros": sum(v["false_zeros"] for v in out["fields"].values()),
+    "false_zeros": sum(out["fields"][f]["false_zeros"] for f in FIELDS),
     "undefined_too_rare": too_rare,
     "undefined_missed": undefined_by_truth_only,
     "completions": int(labels.metadata.get("completions", 0)),

@@ -73,7 +73,7 @@ def text_path(env: str) -> str:
   """FILE of `--env text:FILE.jsonl`."""
   path = env.partition(":")[2]
   if not path:
-    raise HindsightError("--env text needs a trace file: text:FILE.jsonl")
+    raise HindsightError("env text needs a trace file: text:FILE.jsonl")
   return path
 
 
@@ -128,7 +128,7 @@ class TextLabeler:
       raise HindsightError("--unstratified has no meaning for text traces")
     self.traces = read_traces(self.path, limit=episodes)
     if len(self.traces) < episodes:
-      raise HindsightError(f"--episodes {episodes}: {self.path} holds {len(self.traces)} traces")
+      raise HindsightError(f"episodes {episodes}: {self.path} holds {len(self.traces)} traces")
     self.config, self.options, self.seed = config, options, seed
     self.verify = load_verifier(options.verifier)
     self.similarity = Similarity(options.embedding, options.similarity)

@@ -48,7 +48,7 @@ class Similarity:
 
   def __init__(self, spec: str = "lexical", threshold: float = DEFAULT_THRESHOLD):
     if not 0.0 < threshold <= 1.0:
-      raise HindsightError(f"--similarity must be in (0, 1], got {threshold}")
+      raise HindsightError(f"similarity must be in (0, 1], got {threshold}")
     self.spec, self.threshold = spec, threshold
     self._embed: Callable[[list[str]], np.ndarray] | None = None
     if spec != "lexical":
@@ -65,10 +65,10 @@ class Similarity:
     try:
       vectors = np.asarray(self._embed([text, *others]), np.float64)
     except Exception as e:  # user code: any failure is named, once
-      raise HindsightError(f"--embedding {self.spec} raised {type(e).__name__}: {e}") from None
+      raise HindsightError(f"embedding {self.spec} raised {type(e).__name__}: {e}") from None
     if vectors.ndim != 2 or vectors.shape[0] != len(others) + 1:
       raise HindsightError(
-        f"--embedding {self.spec}: expected an array [n, d] for n texts, got {vectors.shape}"
+        f"embedding {self.spec}: expected an array [n, d] for n texts, got {vectors.shape}"
       )
     norms = np.linalg.norm(vectors, axis=1)
     norms = np.where(norms > 0, norms, 1.0)

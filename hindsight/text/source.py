@@ -26,7 +26,7 @@ class TextSource:
     from hindsight.text.labeler import TextLabeler
 
     if job.text is None:
-      raise HindsightError("--env text:... needs --model NAME (the endpoint's model)")
+      raise HindsightError("env text:... needs --model NAME (the endpoint's model)")
     if jax.process_count() > 1:
       raise HindsightError(
         "text traces are labeled by one process (the endpoint does the work: raise "

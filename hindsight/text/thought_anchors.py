@@ -103,7 +103,7 @@ def import_thought_anchors(
   """Writes the label dataset of every problem under `root` to `out_dir`; its dataset dir."""
   if replacement not in IMPORT_REPLACEMENTS:
     raise HindsightError(
-      f"--replacement {replacement}: thought-anchors resamples give "
+      f"replacement {replacement}: thought-anchors resamples give "
       f"{' and '.join(IMPORT_REPLACEMENTS)} only"
     )
   similarity = similarity or Similarity()
@@ -114,10 +114,10 @@ def import_thought_anchors(
   if label_io.is_complete(out_dir):
     previous = json.loads(label_io.open_labels(out_dir).metadata.get("job", "{}"))
     if previous != described:
-      raise HindsightError(f"--out {out_dir} already holds another dataset; choose another --out")
+      raise HindsightError(f"out {out_dir} already holds another dataset; choose another --out")
     return label_io.dataset_dir(out_dir)
   if os.path.isdir(out_dir) and os.listdir(out_dir):
-    raise HindsightError(f"--out {out_dir} is not empty and holds no finished import")
+    raise HindsightError(f"out {out_dir} is not empty and holds no finished import")
   rows, dropped, total, largest = [], 0, 0, 0
   for episode, path in enumerate(problem_dirs(root)):
     prompt, chunks, outcome, pools, replace, lost = read_problem(path, replacement, similarity)
