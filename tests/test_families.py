@@ -3,6 +3,7 @@ example of docs/environments.md, run as written) and the registry's one-line err
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -81,3 +82,30 @@ def test_unknown_specs_list_what_is_registered():
   assert takes["gymnax"] == {"policy", "horizon", "return_range"}
   assert takes["gymnasium"] == takes["dm_env"] == {"policy", "horizon", "return_range", "workers"}
   assert takes["text"] == {"text"} and not takes["reasoning"]
+
+
+def test_a_label_source_of_ones_own_serves_a_family(user_module, tmp_path):
+  """docs/labeling.md's example: a family whose label source wraps the JAX engine. The job
+  drives it through the LabelSource protocol alone: one timing per chunk, and the labels are
+  key_corridor's bit for bit."""
+  import hindsight
+  from hindsight.labeling.source import LabelSource
+
+  user_module("my_sources", "labeling.md", "## Your own label source")
+  import my_sources
+
+  n = 130  # two chunks: the chunk size is rounded up to whole blocks of the 8 test devices
+  job = hindsight.LabelJob("timed:key_corridor", n, hindsight.LabelConfig(num_rollouts=4),
+                           chunk_size=4)  # fmt: skip
+  out = hindsight.run_label_job(job, str(tmp_path / "timed"), progress=False)
+  assert isinstance(families.family_of("timed:x").label_source(job, ""), LabelSource)
+  plain = hindsight.LabelJob("key_corridor", n, hindsight.LabelConfig(num_rollouts=4),
+                             chunk_size=4)  # fmt: skip
+  ref = hindsight.run_label_job(plain, str(tmp_path / "plain"), progress=False)
+  a, b = open_labels(out), open_labels(ref)
+  chunk = json.loads(a.metadata["job"])["chunk_size"]  # rounded up to the devices' blocks
+  assert len(my_sources.CHUNK_SECONDS) == -(-n // chunk) >= 2, (my_sources.CHUNK_SECONDS, chunk)
+  assert a.metadata["env"] == "timed:key_corridor"
+  for i in range(n):
+    for name, value in b[i].items():
+      assert np.asarray(a[i][name]).tobytes() == np.asarray(value).tobytes(), (i, name)
