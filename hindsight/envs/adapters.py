@@ -156,11 +156,11 @@ class DmEnv(PyEnv):
 def make_py_env(spec: str, horizon: int | None = None) -> PyEnv:
   """The stateful Python environment of a `gymnasium:` / `dm_env:` spec (any family with a
   `make_python`, hindsight.envs.families)."""
-  from hindsight.envs.families import family_of, registered_families, split_spec
+  from hindsight.envs.families import family_of, known_specs, split_spec
 
   family = family_of(spec)
   if family.make_python is None:
-    known = ", ".join(f.usage for f in registered_families() if f.make_python is not None)
+    known = known_specs(where=lambda f: f.make_python is not None)
     raise HindsightError(f"env {spec}: expected a Python environment ({known})")
   return family.make_python(split_spec(spec)[1], horizon)
 

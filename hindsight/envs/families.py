@@ -121,9 +121,10 @@ def registered_families() -> tuple[EnvFamily, ...]:
   return tuple(_FAMILIES.values())
 
 
-def known_specs(sep: str = ", ") -> str:
-  """The registered families' usage, for errors (and --help, with sep " | ")."""
-  return sep.join(f.usage for f in _FAMILIES.values())
+def known_specs(sep: str = ", ", where: Callable[[EnvFamily], bool] | None = None) -> str:
+  """The registered families' usage (those `where` accepts), for errors (and --help, with
+  sep " | ")."""
+  return sep.join(f.usage for f in _FAMILIES.values() if where is None or where(f))
 
 
 def _load_plugins(name: str) -> None:

@@ -12,7 +12,6 @@ from hindsight.envs.families import (
   EnvOptions,
   family_of,
   known_specs,
-  registered_families,
   split_spec,
 )
 from hindsight.errors import HindsightError
@@ -49,16 +48,12 @@ def make(
   horizon and return_range reach the families that take them (`EnvFamily.options`: gymnax)."""
   family = family_of(spec)
   if family.make is None:
+    functional = known_specs(where=lambda f: f.functional)
     raise HindsightError(
       f"'{spec}': {family.name} environments are not functional JAX environments (only "
-      f"`hindsight label` labels them); functional ones: {functional_specs()}"
+      f"`hindsight label` labels them); functional ones: {functional}"
     )
   return family.make(split_spec(spec)[1], EnvOptions(policy, horizon, return_range))
-
-
-def functional_specs() -> str:
-  """The usage of every family `make` builds, for errors."""
-  return ", ".join(f.usage for f in registered_families() if f.functional)
 
 
 __all__ = ["family_of", "known_specs", "make", "make_labeled"]

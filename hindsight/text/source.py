@@ -44,7 +44,6 @@ class TextSource:
     self.with_states, self.texts = False, True
     self.num_agents, self.agent_names = 0, ()
     self.coalitions, self.permutations = False, 0
-    self._options = options
     self._truncated = 0
 
   def chunk_multiple(self) -> int:
@@ -71,7 +70,7 @@ class TextSource:
     return {
       "horizon": int(totals["length"].max()),
       "completions": int(totals["completions"].sum()),
-      "text": json.dumps(self._options.describe(), sort_keys=True),
+      "text": json.dumps(self.labeler.options.describe(), sort_keys=True),
     }
 
 
