@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 
 # Label the reasoning environment, train the credit model (runs/demo/report.json: the test
 # split against its own training labels), then the drift report against the reference
-# credit on 512 of the test episodes, every baseline and the policy-gradient table:
+# credit on 512 of the test episodes and every baseline (`hindsight eval --run runs/tabular`
+# adds the policy-gradient table, which needs a tabular MDP):
 # runs/demo/drift/report.md (+ plots). Rerunning resumes; on a finished run it computes
 # nothing (the report, the reference and the learned baselines are cached).
 demo: $(STAMP)

@@ -2,7 +2,7 @@
 environment nobody here wrote, where PPO with GAE has published learning curves
 (purejaxrl, rejax: return near 500 within 5e5 env steps at horizon 500).
 
-  python eval/rl_experiment.py --config configs/rl_cartpole.py --sources outcome,gae,mc_credit
+  hindsight rl --config rl_cartpole --sources outcome,gae,mc_credit --workdir runs/rl/cartpole
 
 5 seeds x 50 updates x 16 episodes. The :smoke variant is for tests.
 """

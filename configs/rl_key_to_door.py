@@ -1,7 +1,7 @@
 """RL on `key_to_door` (apple phase shortened to 30 steps: horizon 60), from the scripted
 policy that grabs the key half the time: credit's classic long-delay case.
 
-  python eval/rl_experiment.py --config configs/rl_key_to_door.py
+  hindsight rl --config rl_key_to_door --sources all --workdir runs/rl/key_to_door
 
 5 seeds x 40 updates x 32 episodes. The :smoke variant is for tests.
 """

@@ -1,8 +1,8 @@
 """RL on `reasoning`: the learner starts as the scripted policy (reading its competence c).
 
-  python -m train.rl --config configs/rl_reasoning.py --workdir runs/rl/reasoning/SOURCE \
-      --config.source=SOURCE
-  (eval/rl_experiment.py runs every source.)
+  hindsight rl --config rl_reasoning --workdir runs/rl/reasoning/SOURCE --config.source=SOURCE
+  hindsight rl --config rl_reasoning --sources all --workdir runs/rl/reasoning   # every source
+  (in a checkout also python -m train.rl / python eval/rl_experiment.py, the same program)
 
 5 seeds x 60 updates x 64 episodes (about 40k policy env steps per seed). The :smoke variant
 (2 seeds, 4 updates of 16 episodes, tiny models) is for tests.

@@ -1,4 +1,4 @@
-"""Credit model on the bundled tabular MDP (data/key_corridor.npz, `policy` replacement).
+"""Credit model on the bundled tabular MDP (`key_corridor`, `policy` replacement).
 
   python -m train.main --config configs/tabular.py --workdir runs/tabular
 
@@ -14,7 +14,7 @@ from hindsight import default_config as common
 
 def get_config(arg: str = ""):
   c = common.base_config()
-  c.data.label.env = "tabular:data/key_corridor.npz"
+  c.data.label.env = "key_corridor"
   c.data.label.episodes = 2048
   c.data.label.num_rollouts = 64
   c.data.label.replacement = "policy"

@@ -5,8 +5,10 @@
                     [--policy MODULE:FN] [--horizon H] [--workers W] [--return-range LO:HI]
                     [--permutations P]
                     [--coordinator HOST:PORT --num-processes N --process-id I]
-  hindsight train   --labels DIR --workdir WORKDIR [--config FILE.py[:VARIANT]]
+  hindsight train   --labels DIR --workdir WORKDIR [--config NAME|FILE.py[:VARIANT]]
                     [--config.FIELD=VALUE ...]   (the credit model; resumable)
+  hindsight rl      --workdir WORKDIR [--config NAME|FILE.py[:VARIANT]] [--sources a,b,c]
+                    [--config.FIELD=VALUE ...]   (policies trained on credit; resumable)
   hindsight export  DIR --format jsonl
   hindsight summary DIR
   hindsight coalition --values FILE.npy   (values [2^n] by bitmask: Shapley, interactions,
@@ -215,8 +217,30 @@ def _parser() -> argparse.ArgumentParser:
   trn.add_argument("--labels", default="", help="label dataset (--out of `hindsight label`)")
   trn.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
   trn.add_argument(
-    "--config", default="", help="configs/NAME.py[:VARIANT] (default: the generic config)"
+    "--config",
+    default="",
+    help="a shipped config (reasoning, key_to_door, tabular, team; NAME:smoke for a tiny one) "
+    "or FILE.py[:VARIANT] (default: the generic config, on --labels)",
   )
+
+  rl = sub.add_parser(
+    "rl",
+    help="train policies on a credit source (PPO), or every source of --sources side by side",
+    description="Trains policies with PPO on a credit source, seeds vmapped (checkpoints, "
+    "TensorBoard and results.json in --workdir; rerun to resume). With --sources, each source "
+    "trains into WORKDIR/SOURCE and WORKDIR/table.md compares them (docs/rl.md). Any config "
+    "field is set with --config.FIELD=VALUE, e.g. --config.env=gymnax:Catch-bsuite "
+    "(every field: hindsight/rl/config.py).",
+  )
+  rl.add_argument("--config", default="rl_reasoning",
+                  help="a shipped RL config (rl_reasoning, rl_key_to_door, rl_cartpole; "
+                  "NAME:smoke for a tiny one) or FILE.py[:VARIANT]")  # fmt: skip
+  rl.add_argument("--workdir", default="",
+                  help="checkpoints, TensorBoard, results.json (required without --sources; "
+                  "with them default runs/rl/ENV)")  # fmt: skip
+  rl.add_argument("--sources", default="",
+                  help="comma-separated credit sources to train and compare, or 'all' "
+                  "(default: the config's source alone)")  # fmt: skip
 
   exp = sub.add_parser("export", help="print a label dataset")
   exp.add_argument("dir", help="a `hindsight label --out` directory")
@@ -247,10 +271,14 @@ def _parser() -> argparse.ArgumentParser:
     action="append",
     help="OOD env spec to slice by (repeatable; default per environment, 'none' for none)",
   )
-  option(ev, DriftConfig, "shift_episodes", "episodes per shifted set")
-  option(ev, DriftConfig, "baseline_steps", "steps per learned baseline")
+  option(ev, DriftConfig, "shift_episodes",
+         "episodes per shifted set (0: as many as evaluated, within 32-128)")  # fmt: skip
+  option(ev, DriftConfig, "baseline_steps",
+         "steps per learned baseline (-1: 20 passes over the training split, within "
+         "100-1000; 0: no learned baselines)")  # fmt: skip
   option(ev, DriftConfig, "gradient_env",
-         "tabular env spec of the policy-gradient table ('none' for none)")  # fmt: skip
+         "tabular env spec of the policy-gradient table (auto: the run's own environment "
+         "when it is a tabular MDP; 'none' for none)")  # fmt: skip
   option(ev, DriftConfig, "gradient_episodes", "episodes of that table")
   option(ev, DriftConfig, "bootstrap", "bootstrap resamples per CI")
   option(ev, DriftConfig, "seed", "seed of fresh episode sets (--env, shifts), the bootstrap and "
@@ -391,7 +419,7 @@ def _train(args) -> int:
   from hindsight.training import run_training
 
   logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-  overrides = [item[len("--config.") :] for item in args.config_overrides]
+  overrides = args.config_overrides
   if args.config:
     config = load_config(args.config, overrides)
   else:
@@ -401,6 +429,38 @@ def _train(args) -> int:
   if not config.data.labels_dir and not config.data.label.env:
     raise HindsightError("--labels DIR is required (the --out of `hindsight label`)")
   return run_training(config, args.workdir)
+
+
+def _rl(args) -> int:
+  from hindsight.config_io import load_config
+  from hindsight.errors import HindsightError
+
+  overrides = args.config_overrides
+  if args.sources:
+    from hindsight.rl import experiment
+    from hindsight.rl.sources import registered_sources
+
+    sources = registered_sources() if args.sources == "all" else args.sources.split(",")
+    out = args.workdir or experiment.default_out(load_config(args.config, overrides))
+    command = " ".join(["hindsight rl", *args.argv])
+    print(experiment.run_experiment(args.config, overrides, [s for s in sources if s], out,
+                                    command))  # fmt: skip
+    print(f"table: {os.path.join(out, 'table.md')}")
+    return 0
+  if not args.workdir:
+    raise HindsightError("--workdir is required (or --sources a,b,c to compare sources)")
+  from hindsight.rl.trainer import train_and_evaluate
+
+  results = train_and_evaluate(load_config(args.config, overrides), args.workdir)
+  seeds = results["seeds"]
+  success = sum(s["success"] for s in seeds) / len(seeds)
+  length = sum(s["length"] for s in seeds) / len(seeds)
+  print(
+    f"{results['source']} on {results['env']}: after {results['updates']} updates, success "
+    f"{success:.3f}, length {length:.2f} (mean of {len(seeds)} seeds); "
+    f"{os.path.join(args.workdir, 'results.json')}"
+  )
+  return 0
 
 
 def _score(args) -> int:
@@ -588,11 +648,18 @@ def _coalition(args) -> int:
 def main(argv: list[str] | None = None) -> int:
   parser = _parser()
   args, rest = parser.parse_known_args(argv)
-  # `hindsight train` takes --config.FIELD=VALUE overrides; nothing else may be unknown.
-  args.config_overrides = [a for a in rest if args.command == "train" and a.startswith("--config.")]
-  unknown = [a for a in rest if a not in args.config_overrides]
-  if unknown:
-    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
+  # `hindsight train` and `hindsight rl` take --config.FIELD=VALUE overrides (or
+  # --config.FIELD VALUE); nothing else may be unknown.
+  args.config_overrides, bare = [], ""
+  if args.command in ("train", "rl"):
+    from hindsight.cli_options import split_overrides
+
+    args.config_overrides, rest, bare = split_overrides(rest)
+  if rest:
+    parser.error(f"unrecognized arguments: {' '.join(rest)}")
+  if bare:
+    parser.error(f"{bare} needs a value: {bare}=VALUE")
   use_all_cpu_cores()
   from hindsight import interrupts
   from hindsight.compile_cache import enable_compilation_cache
@@ -603,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
   commands = {
     "label": _label,
     "train": _train,
+    "rl": _rl,
     "export": _export,
     "summary": _summary,
     "coalition": _coalition,

@@ -55,18 +55,43 @@ def build(cls, args: argparse.Namespace, **values):
   return cls(**{**given, **values})
 
 
+def split_overrides(rest: list[str]) -> tuple[list[str], list[str], str]:
+  """(FIELD=VALUE of every `--config.FIELD=VALUE` or `--config.FIELD VALUE`, the other
+  leftovers, the first `--config.FIELD` given without a value or "")."""
+  out, other, bare = [], [], ""
+  items = iter(rest)
+  for item in items:
+    if not item.startswith("--config."):
+      other.append(item)
+      continue
+    field = item[len("--config.") :]
+    if "=" not in field:
+      value = next(items, None)
+      if value is None or value.startswith("--"):
+        bare = bare or item
+        if value is not None:
+          other.append(value)
+        continue
+      field = f"{field}={value}"
+    out.append(field)
+  return out, other, bare
+
+
 def config_overrides(rest: list[str], prog: str) -> list[str] | None:
-  """The FIELD=VALUE of every `--config.FIELD=VALUE` left over by parse_known_args; None
-  (after one line on stderr naming it) when something else is left over. JAX-free: the
-  training programs call it before JAX starts."""
+  """The FIELD=VALUE of every `--config.FIELD=VALUE` (or `--config.FIELD VALUE`, as argparse
+  reads any other flag) left over by parse_known_args; None (after one line on stderr naming
+  it) when something else is left over. JAX-free: the training programs call it before JAX
+  starts."""
   import sys
 
-  out = []
-  for item in rest:
-    if not item.startswith("--config."):
-      print(f"{prog}: error: unknown argument {item}", file=sys.stderr)
-      return None
-    out.append(item[len("--config.") :])
+  out, other, bare = split_overrides(rest)
+  if other:
+    print(f"{prog}: error: unknown argument {other[0]} (config fields are set with "
+          f"--config.FIELD=VALUE)", file=sys.stderr)  # fmt: skip
+    return None
+  if bare:
+    print(f"{prog}: error: {bare} needs a value: {bare}=VALUE", file=sys.stderr)
+    return None
   return out
 
 

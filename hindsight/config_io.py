@@ -1,5 +1,5 @@
-"""Loads `configs/NAME.py[:ARG]` and applies `--config.a.b=VALUE` overrides (flax style,
-without absl: every mistake is one line)."""
+"""Loads a config (a shipped NAME or a file, PATH.py, with an optional :ARG) and applies
+`--config.a.b=VALUE` overrides (flax style, without absl: every mistake is one line)."""
 
 from __future__ import annotations
 
@@ -33,15 +33,58 @@ def current_names(flat: dict) -> dict:
   return out
 
 
+def shipped_configs(prefix: str = "") -> list[str]:
+  """The experiments shipped with the package (configs/ of the checkout, installed as
+  hindsight.configs), by name; `prefix="rl_"` lists the RL ones."""
+  import pkgutil
+
+  import hindsight.configs
+
+  names = sorted(m.name for m in pkgutil.iter_modules(hindsight.configs.__path__))
+  return [n for n in names if n.startswith(prefix)]
+
+
 def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
-  """`spec` is PATH or PATH:ARG; get_config(ARG) (or get_config()) builds the ConfigDict.
+  """`spec` is NAME[:ARG] (a shipped config: `shipped_configs()`) or PATH.py[:ARG] (a file);
+  get_config(ARG) (or get_config()) builds the ConfigDict.
 
   overrides: ["a.b=value", ...]; the value is parsed as a Python literal when it is one and
   must match the type of the field it replaces.
   """
   path, _, arg = spec.partition(":")
+  module = _shipped_module(path) if _is_name(path) else _file_module(path)
+  if not hasattr(module, "get_config"):
+    raise HindsightError(f"--config {path}: defines no get_config()")
+  try:
+    config = module.get_config(arg) if arg else module.get_config()
+  except HindsightError:
+    raise
+  except Exception as e:
+    raise HindsightError(f"--config {spec}: {type(e).__name__}: {e}") from e
+  return apply_overrides(config, overrides)
+
+
+def _is_name(path: str) -> bool:
+  """A config named (`rl_reasoning`), not a path (`configs/rl_reasoning.py`, `./mine`)."""
+  return path.isidentifier()
+
+
+def _shipped_module(name: str):
+  import importlib
+
+  if name not in shipped_configs():
+    raise HindsightError(
+      f"--config {name}: no shipped config of that name (shipped: "
+      f"{', '.join(shipped_configs())}; or give a file, PATH.py)"
+    )
+  return importlib.import_module(f"hindsight.configs.{name}")
+
+
+def _file_module(path: str):
   if not os.path.isfile(path):
-    raise HindsightError(f"--config {path}: no such file")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    hint = f" (the shipped config: --config {stem})" if stem in shipped_configs() else ""
+    raise HindsightError(f"--config {path}: no such file{hint}")
   module_spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(module_spec)
   # A config in a package (configs/__init__.py) imports its siblings (`from configs import
@@ -58,15 +101,7 @@ def load_config(spec: str, overrides: list[str] = ()) -> ConfigDict:
   finally:
     if added:
       sys.path.remove(root)
-  if not hasattr(module, "get_config"):
-    raise HindsightError(f"--config {path}: defines no get_config()")
-  try:
-    config = module.get_config(arg) if arg else module.get_config()
-  except HindsightError:
-    raise
-  except Exception as e:
-    raise HindsightError(f"--config {spec}: {type(e).__name__}: {e}") from e
-  return apply_overrides(config, overrides)
+  return module
 
 
 def apply_overrides(config: ConfigDict, overrides: list[str] = ()) -> ConfigDict:

@@ -1,4 +1,4 @@
-"""Progress bars whose first ETA is not dominated by XLA compilation."""
+"""Progress bars whose ETA is not dominated by XLA compilation."""
 
 from __future__ import annotations
 
@@ -12,22 +12,38 @@ class CompileAwareBar(tqdm):
 
   The first unit of work (a labeling chunk, a training step) pays for compiling its XLA
   program, seconds to minutes: counted in, it made the first ETA read hours. Until the first
-  update the description says "(compiling)"; from then on the rate is the average over what
-  followed (smoothing 0: steady work, and no moving average that remembers the compile).
+  update the description says "(compiling)" and no rate or ETA is shown; from then on the
+  rate is the average over what followed (smoothing 0: steady work, and no moving average
+  that remembers the compile). The elapsed clock runs from the start, compile included.
   """
 
   def __init__(self, *args, desc: str = "", **kwargs):
     kwargs.setdefault("smoothing", 0.0)
+    # The terminal's width at every refresh: a line wider than the terminal wraps, and the
+    # next refresh rewrites only its last row (two interleaved copies of the bar).
+    kwargs.setdefault("dynamic_ncols", True)
     self._plain_desc = desc
-    self._compiled = False
+    self._origin: tuple[float, float] | None = None  # (n, time) the rate counts from
     super().__init__(*args, desc=f"{desc} (compiling)", **kwargs)
+
+  @property
+  def format_dict(self):
+    d = super().format_dict
+    rate = None
+    if self._origin is not None:
+      n0, t0 = self._origin
+      dt = self._time() - t0
+      rate = (d["n"] - n0) / dt if d["n"] > n0 and dt > 0 else None
+    d["rate"] = rate
+    if rate is None:
+      d["initial"] = d["n"]  # format_meter's fallback rate (n - initial) / elapsed is then 0
+    return d
 
   def update(self, n=1):
     interrupts.check()  # a Ctrl-C the interpreter swallowed still stops the job here
-    shown = super().update(n)
-    if not self._compiled and not self.disable:
-      self._compiled = True
-      self.initial = self.n  # format_meter's rate is (n - initial) / (now - start_t)
-      self.start_t = self.last_print_t = self._time()
-      self.set_description(self._plain_desc)
-    return shown
+    if self._origin is None and not self.disable:
+      self.n += n  # the first unit: counted, not printed with a rate that holds the compile
+      self._origin = (self.n, self._time())
+      self.set_description(self._plain_desc)  # refreshes
+      return True
+    return super().update(n)

@@ -37,6 +37,20 @@ def pytest_configure(config):
                   ignore_errors=True)  # fmt: skip
 
 
+def page_file(page: str, name: str) -> str:
+  """The Python block of `page` (README.md, docs/X.md) that starts with the comment `# NAME`:
+  a file the page asks its reader to write (docs/rl.md's my_catch.py), that line dropped."""
+  import re
+
+  with open(os.path.join(ROOT, page)) as f:
+    blocks = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+  for block in blocks:
+    first, _, rest = block.partition("\n")
+    if first.strip() == f"# {name}":
+      return rest
+  raise AssertionError(f"{page}: no ```python block starting '# {name}'")
+
+
 @pytest.fixture
 def mdp_file(tmp_path):
   """A random tabular MDP saved to disk; returns its path."""

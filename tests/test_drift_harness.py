@@ -422,3 +422,22 @@ def test_the_evaluation_pages_predictor_example_runs(tabular_run):
   assert len(scores) == len(episodes) == min(8, len(namespace["test_ids"])) > 0
   for i, (sc, ep) in enumerate(zip(scores, episodes, strict=True)):
     np.testing.assert_allclose(np.asarray(out["credit"])[i, : len(ep)], sc["credit"], atol=1e-6)
+
+
+def test_eval_defaults_scale_with_the_run():
+  """A 7-episode test split of a 64-episode reasoning run trained three 1000-step baselines
+  (600 passes over its 51 training episodes), labeled 128 episodes per shifted set and drew a
+  key_corridor gradient table that had nothing to do with reasoning. The defaults now follow
+  the run; `make demo`'s sizes keep what they had."""
+  from hindsight.drift.baselines import scaled_steps
+  from hindsight.drift.config import DriftConfig, gradient_env_for, shift_episodes_for
+
+  cfg = DriftConfig(checkpoint="runs/x")
+  assert scaled_steps(51) == 100 and scaled_steps(13_107) == 1000 and scaled_steps(400) == 250
+  assert shift_episodes_for(cfg, 7) == 32 and shift_episodes_for(cfg, 512) == 128
+  assert shift_episodes_for(dataclasses.replace(cfg, shift_episodes=9), 512) == 9
+  assert gradient_env_for(cfg, "reasoning", tabular=False) == ""
+  assert gradient_env_for(cfg, "key_corridor", tabular=True) == "key_corridor"
+  assert gradient_env_for(dataclasses.replace(cfg, gradient_env=""), "key_corridor", True) == ""
+  with pytest.raises(HindsightError, match="baseline_steps"):
+    dataclasses.replace(cfg, baseline_steps=-2).check()

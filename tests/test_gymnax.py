@@ -71,6 +71,17 @@ def test_bad_gymnax_specs_are_one_line_errors(tmp_path):
   assert_one_line_error(proc, "--policy")
 
 
+def test_without_the_adapters_extra_the_error_names_it(tmp_path, monkeypatch):
+  """An installed package without gymnax: the one line says which extra brings it (it said
+  `pip install -e .[adapters]`, advice for a checkout only)."""
+  import sys
+
+  monkeypatch.setitem(sys.modules, "gymnax", None)  # `import gymnax` raises ImportError
+  proc = run_cli("label", "--env", "gymnax:Catch-bsuite", "--episodes", "2",
+                 "--out", tmp_path / "x")  # fmt: skip
+  assert_one_line_error(proc, "pip install 'hindsight[adapters]'")
+
+
 def test_a_job_with_a_return_range_describes_itself_as_its_json_reads_back():
   """The job description a rerun compares with the dataset's metadata survives its JSON
   round trip (a tuple range once read back as a list refused every rerun)."""

@@ -173,3 +173,13 @@ def test_phi_hard_against_the_exact_success_chance():
   assert mid.sum() > 1000
   zscore = (hard[mid].sum() - h.sum()) / np.sqrt(np.sum(h * (1 - h)))
   assert abs(zscore) < 4, zscore
+
+
+def test_the_labelers_entry_points_have_help():
+  """help(Labeler.sample_and_label) raised AttributeError: the jitted functions were set per
+  instance. They are methods now, documented with their shapes."""
+  import pydoc
+
+  for name in ("sample_and_label", "sample", "label", "label_steps", "step_info"):
+    text = pydoc.render_doc(getattr(Labeler, name), renderer=pydoc.plaintext)
+    assert "[E" in text, (name, text)

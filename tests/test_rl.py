@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from hindsight.envs import make
 from hindsight.envs.reasoning import competence_features
@@ -191,15 +192,26 @@ def test_a_killed_run_resumes_to_bitwise_equal_parameters(tmp_path):
 
 
 def test_bad_configs_are_one_line(tmp_path, tabular_run):
-  proc = subprocess.run(
-    [sys.executable, "-m", "train.rl", "--config", "configs/rl_reasoning.py:smoke",
-     "--workdir", str(tmp_path / "a"), "--config.source=vibes"],
-    cwd=ROOT, capture_output=True, text=True,
-  )  # fmt: skip
-  lines = proc.stderr.strip().splitlines()
-  assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-  assert lines[0].startswith("train.rl: error: source 'vibes' is unknown"), lines
-  assert "mc_credit" in lines[0] and "Traceback" not in proc.stderr
+  for config in ("configs/rl_reasoning.py:smoke", "rl_reasoning:smoke"):  # a file, a name
+    proc = run_cli("rl", "--config", config, "--workdir", tmp_path / "a", "--config.source=vibes")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("hindsight: error: source 'vibes' is unknown"), lines
+    assert "mc_credit" in lines[0] and "Traceback" not in proc.stderr
+  # A space instead of '=' reads as argparse reads any flag; a field with no value is named.
+  proc = run_cli("rl", "--config", "rl_reasoning:smoke", "--workdir", tmp_path / "a",
+                 "--config.source", "vibes")  # fmt: skip
+  assert "source 'vibes' is unknown" in proc.stderr, proc.stderr
+  proc = run_cli("rl", "--workdir", tmp_path / "a", "--config.source")
+  assert proc.returncode == 2
+  assert proc.stderr.strip().startswith(
+    "hindsight: error: --config.source needs a value: --config.source=VALUE"
+  ), proc.stderr
+  proc = run_cli("rl", "--config", "rl_nothing", "--workdir", tmp_path / "a")
+  assert proc.returncode == 2 and "no shipped config of that name" in proc.stderr
+  assert "rl_cartpole" in proc.stderr, proc.stderr
+  proc = run_cli("rl", "--config", "rl_reasoning:smoke")  # no --workdir, no --sources
+  assert proc.returncode == 2 and "--workdir is required" in proc.stderr, proc.stderr
   c = smoke(base_config())
   c.source, c.credit.model = "learned", tabular_run
   with pytest.raises(HindsightError, match="cannot score reasoning"):
@@ -211,15 +223,23 @@ def test_bad_configs_are_one_line(tmp_path, tabular_run):
 
 
 @pytest.mark.slow
-def test_the_experiment_smoke_runs_end_to_end(tmp_path):
+def test_the_experiment_smoke_runs_end_to_end(tmp_path, capsys):
+  from eval.rl_experiment import main as rl_experiment
+
   out = str(tmp_path / "exp")
-  proc = subprocess.run(
-    [sys.executable, "eval/rl_experiment.py", "--config", "configs/rl_reasoning.py:smoke",
-     "--sources", "outcome,mc_credit", "--out", out],
-    cwd=ROOT, capture_output=True, text=True, timeout=600,
-  )  # fmt: skip
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  code = rl_experiment(["--config", "configs/rl_reasoning.py:smoke",
+                        "--sources", "outcome,mc_credit", "--out", out])  # fmt: skip
+  assert code == 0, capsys.readouterr().err[-2000:]
   results = _json(os.path.join(out, "results.json"))
+  # The smoke variant moves the policy: the sources end apart (at lr 3e-4 every source
+  # ended with the same success and length, its sampled actions unmoved).
+  ends = {n: [(s["success"], s["length"]) for s in r["seeds"]]
+          for n, r in results["sources"].items()}  # fmt: skip
+  assert ends["outcome"] != ends["mc_credit"], ends
+  first = results["sources"]["outcome"]["curve"][0]["seeds"]
+  assert [(s["success"], s["length"]) for s in first] != ends["outcome"]
+  # K=4 smoke references leave most steps undetermined: said, never a finding.
+  assert "undetermined" in results["sources"]["outcome"]["warnings"]
   assert set(results["sources"]) == {"outcome", "mc_credit"}
   for name, r in results["sources"].items():
     own = _json(os.path.join(out, name, "results.json"))
@@ -231,8 +251,7 @@ def test_the_experiment_smoke_runs_end_to_end(tmp_path):
   with open(os.path.join(out, "table.md")) as f:
     assert "| mc_credit |" in f.read()
   # The loaded policy is the trained one of seed 1: its rollouts on the run's last evaluation
-  # keys give results.json's numbers, and it is not theta_0 (smoke updates can leave every
-  # sampled action as it was, so the log-probabilities tell the two apart).
+  # keys give results.json's numbers, and it is not theta_0.
   from hindsight.config_io import load_config
   from hindsight.labeling.rollout import sample_episode
   from hindsight.rl.measure import point_keys
@@ -257,3 +276,84 @@ def test_the_experiment_smoke_runs_end_to_end(tmp_path):
     jax.random.split(jax.random.key(0), 4)
   )
   assert traj.mask.shape == (4, env.horizon)
+
+
+def test_a_gymnax_task_fits_its_horizon_and_says_so(capsys):
+  """Catch declares 1,000 steps for episodes of 9: the run fits the horizon to them (every
+  update computed on 1,000 padded steps, about 20x slower), keeps the declared environment
+  to measure what the fit cuts, and says both things it chose for the user."""
+  pytest.importorskip("gymnax")
+  c = smoke(base_config())
+  c.env = "gymnax:Catch-bsuite"
+  task = make_task(c)
+  assert task.env.horizon == 9 and task.declared.horizon == 1000
+  assert task.policy.prior is None and not task.bounded  # uniform start, no return range
+  err = capsys.readouterr().err
+  assert "horizon 9, the longest of 1024 episodes" in err, err
+  assert "policy.prior: gymnax:Catch-bsuite has no scripted policy" in err, err
+  c.horizon, c.return_range, c.policy.prior = 12, "-1:1", False
+  task = make_task(c)
+  assert task.env.horizon == 12 and task.declared is None and task.bounded
+  assert capsys.readouterr().err == ""  # nothing chosen for the user: nothing said
+  c.return_range = "1:-1"
+  with pytest.raises(HindsightError, match="LO must be below HI"):
+    make_task(c)
+  c = smoke(base_config())
+  c.return_range = "0:1"
+  with pytest.raises(HindsightError, match="reasoning declares its own return bounds"):
+    make_task(c)
+
+
+def test_undefined_drift_metrics_say_why():
+  from scipy import stats
+
+  from hindsight.rl.measure import drift
+
+  ref = np.array([0.0, 0.0, 0.0, np.nan])
+  out = drift(np.array([0.1, 0.2, 0.3, 0.4]), ref)
+  assert out["spearman"] is None and "reference credit is 0 on every step" in out["spearman_note"]
+  assert out["mean_gap"] == pytest.approx(0.2) and out["mae"] == pytest.approx(0.2)
+  out = drift(np.full(4, 0.5), np.array([0.1, 0.3, 0.2, 0.4]))
+  assert out["spearman"] is None and "prediction is 0.5" in out["spearman_note"]
+  out = drift(np.zeros(2), np.full(2, np.nan))
+  assert out["mean_gap"] is None and "no step has a finite" in out["mean_gap_note"]
+  pred, ref = np.array([0.1, 0.5, 0.2, 0.9]), np.array([0.0, 0.4, 0.3, 1.0])
+  out = drift(pred, ref)
+  assert out["spearman"] == pytest.approx(stats.spearmanr(pred, ref).statistic)
+  assert "spearman_note" not in out
+
+
+def test_the_table_does_not_present_an_undetermined_reference_as_a_finding():
+  from hindsight.rl.experiment import markdown
+
+  row = {
+    "success": (0.5, 0.4, 0.6), "length": (9.0, 9.0, 9.0), "decorative": (0.0, 0.0, 0.0),
+    "undetermined": (0.88, 0.87, 0.89), "policy_env_steps": 1e3, "credit_env_steps": 0.0,
+    "wall_seconds": 1.0, "policy_steps_per_second": 1e3, "drift": (0.1, 0.0, 0.2),
+    "spearman": None, "warnings": {"undetermined": "88% of the reference's steps ..."},
+  }  # fmt: skip
+  start = {"success": 0.2, "length": 9.0, "decorative": 0.0}
+  table = markdown("gymnax:Catch-bsuite", {"learned": row}, start, 2, "cmd", planted=False)
+  line = next(x for x in table.splitlines() if x.startswith("| learned |"))
+  assert "n/a (undetermined 0.88)" in line and "0.000 [0.000, 0.000]" not in line
+  assert "n/a (reference constant)" in line  # the Spearman that was undefined
+  assert "- learned: 88% of the reference's steps" in table
+  # Planted decorative tags (reasoning) do not depend on the reference's classes.
+  table = markdown("reasoning", {"learned": row}, start, 2, "cmd", planted=True)
+  assert "0.000 [0.000, 0.000]" in table
+
+
+@pytest.mark.slow
+def test_a_fitted_horizon_that_cuts_the_policys_episodes_is_said(tmp_path):
+  """CartPole from uniform: fitted to 106 steps, the learning policy outgrows it within
+  4 updates; the run warns (stderr, results.json) instead of training on cut episodes."""
+  pytest.importorskip("gymnax")
+  proc = run_cli("rl", "--config", "rl_cartpole:smoke", "--workdir", tmp_path / "cp",
+                 "--config.source=outcome", "--config.horizon=0")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  results = _json(os.path.join(tmp_path, "cp", "results.json"))
+  assert results["horizon"] < 500
+  assert "horizon_cut" in results["warnings"], results["warnings"]
+  cuts = [s["cut_share"] for p in results["curve"] for s in p["seeds"]]
+  assert cuts[0] == 0.0 and max(cuts) > 0
+  assert f"the fitted horizon {results['horizon']} cuts" in proc.stderr

@@ -13,10 +13,12 @@ import logging
 import sys
 
 EPILOG = """\
-configs (configs/NAME.py): reasoning (make demo), key_to_door, tabular, team, generic
-  (generic needs --config.data.labels_dir=DIR, the --out of `hindsight label`).
-variants: configs/NAME.py is the experiment as documented in its docstring;
-  configs/NAME.py:smoke is a tiny version (few episodes, a small model, 40 steps) for tests.
+configs: reasoning (make demo), key_to_door, tabular, team, generic, by name (--config
+  reasoning) or as files (--config configs/reasoning.py); generic needs
+  --config.data.labels_dir=DIR, the --out of `hindsight label`. The same from an installed
+  package: hindsight train --config NAME.
+variants: NAME is the experiment as documented in its docstring; NAME:smoke is a tiny
+  version (few episodes, a small model, 40 steps) for tests.
 overrides: --config.FIELD=VALUE sets any field, e.g. --config.train.steps=500
   --config.model.width=128 --config.data.labels_dir=runs/demo/labels; every field and its
   meaning is listed, commented, in hindsight/default_config.py. A workdir refuses a
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
   parser.add_argument(
-    "--config", required=True, help="configs/NAME.py or configs/NAME.py:VARIANT (see below)"
+    "--config", required=True, help="NAME or configs/NAME.py, with :VARIANT (see below)"
   )
   parser.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
   args, rest = parser.parse_known_args(argv)

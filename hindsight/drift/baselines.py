@@ -89,6 +89,19 @@ class BaselineConfig:
   seed: int = 0
 
 
+# A learned baseline's steps when scaled to its data: this many passes over the training
+# split, within [MIN_STEPS, BaselineConfig.steps].
+SCALED_EPOCHS, MIN_STEPS = 20, 100
+
+
+def scaled_steps(train_episodes: int, batch_size: int = BaselineConfig.batch_size) -> int:
+  """Optimizer steps of a learned baseline on `train_episodes` episodes (`--baseline-steps
+  -1`): SCALED_EPOCHS passes, at least MIN_STEPS, at most the default 1000. A 13,000-episode
+  split trains the full 1000 steps; a 50-episode one 100 (1000 would be 600 passes)."""
+  steps = -(-SCALED_EPOCHS * train_episodes // batch_size)
+  return int(min(max(steps, MIN_STEPS), BaselineConfig.steps))
+
+
 def _targets(kind: str, batch: dict, scale: float) -> jax.Array:
   """Per-step regression / classification targets [B, T]."""
   r = batch["rewards"] * batch["mask"]

@@ -20,9 +20,14 @@ class DriftConfig:
   reference_fraction: float = 0.1  # ... its RMS stderr / the credit spread
   check_episodes: int = 64  # episodes of the second, independent reference pass
   shifts: tuple[str, ...] | None = None  # OOD env specs (None: the env family's shifts)
-  shift_episodes: int = 128
-  baseline_steps: int = 1000  # optimizer steps of each learned baseline (0: none)
-  gradient_env: str = "key_corridor"  # tabular env spec of the gradient table; "" = none
+  # Episodes per shifted set (0: scaled to the evaluated set, `shift_episodes_for`).
+  shift_episodes: int = 0
+  # Optimizer steps of each learned baseline (-1: scaled to the training split,
+  # `baselines.scaled_steps`; 0: no learned baselines).
+  baseline_steps: int = -1
+  # Tabular env spec of the policy-gradient table: "auto" = the run's own environment when
+  # it is a tabular MDP, else none; "" = none.
+  gradient_env: str = "auto"
   gradient_episodes: int = 1024
   gradient_rollouts: int = 16
   bootstrap: int = 400  # bootstrap resamples per CI
@@ -34,9 +39,13 @@ class DriftConfig:
   progress: bool = True
 
   def check(self) -> None:
-    for name in ("episodes", "reference_rollouts", "shift_episodes", "baseline_steps"):
+    for name in ("episodes", "reference_rollouts", "shift_episodes"):
       if getattr(self, name) < 0:
         raise HindsightError(f"{name} must be >= 0")
+    if self.baseline_steps < -1:
+      raise HindsightError(
+        f"baseline_steps must be >= 0 (or -1: scaled), got {self.baseline_steps}"
+      )
     if self.reference_rollouts == 1:
       raise HindsightError("reference_rollouts must be >= 2 (or 0: chosen automatically)")
     if self.bootstrap < 10:
@@ -45,3 +54,23 @@ class DriftConfig:
       raise HindsightError("reference_fraction must be in (0, 1)")
     if self.check_episodes < 2:
       raise HindsightError("check_episodes must be >= 2")
+
+
+# Shifted sets: as many episodes as the evaluated set, within these bounds.
+MIN_SHIFT_EPISODES, MAX_SHIFT_EPISODES = 32, 128
+
+
+def shift_episodes_for(cfg: DriftConfig, evaluated: int) -> int:
+  """Episodes of each shifted set: cfg.shift_episodes, or (0) the evaluated set's count
+  clipped to [MIN_SHIFT_EPISODES, MAX_SHIFT_EPISODES]."""
+  if cfg.shift_episodes:
+    return cfg.shift_episodes
+  return int(min(max(evaluated, MIN_SHIFT_EPISODES), MAX_SHIFT_EPISODES))
+
+
+def gradient_env_for(cfg: DriftConfig, evaluated_env: str, tabular: bool) -> str:
+  """The policy-gradient table's environment: cfg.gradient_env, or for "auto" the evaluated
+  environment where it is a tabular MDP (the table needs its DP), else none ("")."""
+  if cfg.gradient_env == "auto":
+    return evaluated_env if tabular else ""
+  return cfg.gradient_env

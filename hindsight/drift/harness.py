@@ -28,7 +28,7 @@ from hindsight.data.episode import Episode
 from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
-from hindsight.drift.config import DriftConfig
+from hindsight.drift.config import DriftConfig, gradient_env_for, shift_episodes_for
 from hindsight.drift.gradients import gradient_table
 from hindsight.envs import make, make_labeled
 from hindsight.envs.families import family_of
@@ -243,7 +243,8 @@ def run_drift(cfg: DriftConfig) -> dict:
   report["reference"].update(_noise_ratio(main.cols))
   # The family's own shifts (EnvFamily.shifts) unless the config names others.
   shifts = family_of(main_env).shifts if cfg.shifts is None else cfg.shifts
-  shift_sets = [_shift_set(ctx, spec, j) for j, spec in enumerate(shifts)]
+  n_shift = shift_episodes_for(cfg, len(main.episodes))
+  shift_sets = [_shift_set(ctx, spec, j, n_shift) for j, spec in enumerate(shifts)]
 
   score_seconds, models = _add_signals(ctx, predictor, run, [main, *shift_sets])
 
@@ -254,13 +255,14 @@ def run_drift(cfg: DriftConfig) -> dict:
   report.update(
     build_report(cfg, predictor, main, shift_sets, base.num_rollouts, k_ref, score_seconds)
   )
-  if cfg.gradient_env:
+  gradient_env = gradient_env_for(cfg, main_env, tabular=isinstance(env, TabularEnv))
+  if gradient_env:
     # The learned signals join the table when they were trained on its environment.
     extra = None
-    if _same_env(cfg.gradient_env, main_env):
+    if _same_env(gradient_env, main_env):
       extra = _gradient_learned_sources(env, predictor, models)
     report["gradient"] = gradient_table(
-      cfg.gradient_env,
+      gradient_env,
       cfg.gradient_episodes,
       cfg.gradient_rollouts,
       cfg.seed,
@@ -390,19 +392,17 @@ def _check_reference(ctx: _Context, main, traj, ids, seed: int, env_spec: str) -
   return {"kind": "two independent passes", **ref_lib.check_passes(first, check, mask)}
 
 
-def _shift_set(ctx: _Context, spec: str, j: int):
-  """Fresh episodes of a shifted environment (an OOD slice), labeled as the reference."""
+def _shift_set(ctx: _Context, spec: str, j: int, n: int):
+  """n fresh episodes of a shifted environment (an OOD slice), labeled as the reference."""
   env, policy = make(spec)
   seed = ctx.cfg.seed + SHIFT_SEED_OFFSET + 1 + j
 
   def compute():
     labeler = ctx.labeler(env, policy, exact_if_tabular=True)
-    t, lab = tr.sample_and_label(
-      labeler, seed, ctx.cfg.shift_episodes, ctx.cfg.progress, f"{spec} reference"
-    )
+    t, lab = tr.sample_and_label(labeler, seed, n, ctx.cfg.progress, f"{spec} reference")
     return _keep(lab) | tr.trajectory_arrays(env, t)
 
-  got = ctx.cached("shift", compute, env=spec, seed=seed, n=ctx.cfg.shift_episodes)
+  got = ctx.cached("shift", compute, env=spec, seed=seed, n=n)
   return EpisodeSet(spec, tr.episodes_from_arrays(env, got), got, None)
 
 
@@ -452,7 +452,8 @@ def _learned_baselines(ctx: _Context, predictor, reader, run) -> list:
   returns = np.array([e.episode_return for e in train])
   success = np.array([e.success for e in train])
   return_scale = float(max(returns.std(), 1e-6))
-  bcfg = bl.BaselineConfig(steps=cfg.baseline_steps, seed=cfg.seed)
+  steps = cfg.baseline_steps if cfg.baseline_steps > 0 else bl.scaled_steps(train_ids.size)
+  bcfg = bl.BaselineConfig(steps=steps, seed=cfg.seed)
   pads = bucket_lengths(lengths, 2)
   plan = BatchPlan(train_ids, lengths, bcfg.batch_size, pads, cfg.seed, shuffle=True)
 

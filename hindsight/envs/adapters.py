@@ -26,6 +26,8 @@ from hindsight.errors import HindsightError
 from hindsight.plugins import import_function
 
 DEFAULT_HORIZON = 1000
+# Where gymnax, Gymnasium, dm_env and bsuite come from: the package's optional extra.
+ADAPTERS_EXTRA = "pip install 'hindsight[adapters]'; in a checkout pip install -e '.[adapters]'"
 
 
 class PyEnv:
@@ -85,7 +87,7 @@ class GymnasiumEnv(PyEnv):
     try:
       import gymnasium
     except ImportError:
-      raise HindsightError("env gymnasium:... needs the gymnasium package") from None
+      raise HindsightError(f"env gymnasium: needs gymnasium ({ADAPTERS_EXTRA})") from None
     try:
       self._env = gymnasium.make(env_id)
     except Exception as e:

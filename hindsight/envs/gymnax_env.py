@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight import pytree
-from hindsight.envs.adapters import import_policy
+from hindsight.envs.adapters import ADAPTERS_EXTRA, import_policy
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
 from hindsight.policies.base import Policy
@@ -56,9 +56,7 @@ class GymnaxEnv(Environment):
     try:
       import gymnax
     except ImportError:
-      raise HindsightError(
-        "env gymnax: needs gymnax (pip install -e .[adapters], or pip install gymnax)"
-      ) from None
+      raise HindsightError(f"env gymnax: needs gymnax ({ADAPTERS_EXTRA})") from None
     try:
       self.env, self._params = gymnax.make(env_id)
     except Exception as e:  # gymnax raises ValueError or its own types for unknown ids

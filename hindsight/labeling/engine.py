@@ -119,11 +119,42 @@ class Labeler:
     self._program_dir = program_dir
     # How unit_program() came to be: "traced", or from program_dir "exported" / "loaded".
     self.program_source = None
-    self.label = jit(self._label_batch)
-    self.label_steps = jit(jax.vmap(self._label_step))
-    self.step_info = jit(jax.vmap(self._step_info))
-    self.sample = jit(lambda keys: self.sample_under(self.policy_params, keys))
-    self.sample_and_label = jit(self._sample_and_label)
+    # The public entry points below are methods (help() reads them) that call these.
+    self._jitted = {
+      "label": jit(self._label_batch),
+      "label_steps": jit(jax.vmap(self._label_step)),
+      "step_info": jit(jax.vmap(self._step_info)),
+      "sample": jit(lambda keys: self.sample_under(self.policy_params, keys)),
+      "sample_and_label": jit(self._sample_and_label),
+    }
+
+  def sample_and_label(self, seed, episode_indices) -> tuple[Trajectory, dict]:
+    """(Trajectory, labels) of episodes `episode_indices` (int32 [E]) of `seed`: each sampled
+    from its own key `episode_key(seed, i)` and labeled. Trajectory leaves are [E, H + 1, ...]
+    (states) or [E, H] (actions, rewards, mask); labels are a dict of [E, H] arrays (credit,
+    credit_stderr, progress, phi_hard, klass, ...: docs/labeling.md lists every field).
+    Jitted; NumPy with `to_numpy`."""
+    return self._jitted["sample_and_label"](seed, episode_indices)
+
+  def sample(self, keys: jax.Array) -> Trajectory:
+    """The episodes of `keys` [E] under the labeler's policy (no labels). Jitted."""
+    return self._jitted["sample"](keys)
+
+  def label(self, trajectories: Trajectory, keys: jax.Array) -> dict:
+    """Labels of given trajectories (leaves [E, ...], from anywhere: a replay buffer, an RL
+    loop) with branch keys `keys` [E]: a dict of [E, H] arrays as `sample_and_label`'s.
+    Jitted."""
+    return self._jitted["label"](trajectories, keys)
+
+  def label_steps(self, trajectories: Trajectory, steps: jax.Array, keys: jax.Array) -> dict:
+    """The credit of one chosen step `steps[e]` (int32 [E]) of each trajectory (the audit):
+    a dict of [E] arrays. Jitted."""
+    return self._jitted["label_steps"](trajectories, steps, keys)
+
+  def step_info(self, trajectories: Trajectory) -> tuple[jax.Array, jax.Array]:
+    """(undefined bool [E, H]: steps whose replacement q does not exist, so no credit;
+    bounds [E, H, 2]: the (lo, hi) range of each step's return-to-go). Jitted."""
+    return self._jitted["step_info"](trajectories)
 
   # Read only while a program is traced: a process that loads its stored unit program
   # never computes them (they import scipy.special, 0.4 s). NumPy, not jax: a jax array

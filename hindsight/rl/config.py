@@ -14,7 +14,14 @@ from hindsight.labeling.config import label_node
 def base_config() -> ConfigDict:
   c = ConfigDict()
   c.env = "reasoning"  # --env spec (hindsight.envs.make); gymnax:ID too
-  c.horizon = 0  # gymnax only: episode cap (0: the environment's own)
+  # gymnax only: episode cap. 0: the longest of 1,024 episodes of the initial policy when
+  # that is below the environment's declared cap (rl.task; evaluation points warn when the
+  # policy's episodes outgrow it), else the declared cap.
+  c.horizon = 0
+  # gymnax only: "LO:HI", bounds of any return-to-go ("" = unknown). Without them a step
+  # whose branches all tie has no finite stderr, and most reference labels of a sparse-reward
+  # environment come back undetermined (the run warns when more than half do).
+  c.return_range = ""
   c.source = "outcome"  # a registered credit source (rl.sources; MODULE:NAME for your own)
   c.seed = 0  # root of every key
   c.num_seeds = 5  # independent runs trained together (vmapped): keys fold_in(seed, i)
@@ -76,13 +83,15 @@ def base_config() -> ConfigDict:
 
 
 def smoke(c: ConfigDict) -> ConfigDict:
-  """A tiny variant for tests: 2 seeds, a few small updates, small credit models."""
+  """A tiny variant for tests: 2 seeds, a few small updates, small credit models, and a
+  learning rate at which 4 updates move the sampled actions (so sources differ)."""
   c.num_seeds = 2
   c.policy.hidden = (16,)
   c.ppo.updates = 4
   c.ppo.episodes = 16
   c.ppo.epochs = 2
   c.ppo.minibatches = 2
+  c.ppo.learning_rate = 3e-2
   c.label.num_rollouts = 4
   c.credit.model_episodes = 64
   c.credit.model_rollouts = 4

@@ -7,7 +7,10 @@ each reference class (KLASS_NAMES: decorative, load_bearing, harmful, undetermin
 labels' own rule at the labeler's tolerance and confidence) and in each environment tag
 (on `reasoning` the tags are the planted roles), and, for learned sources, the credit
 model's drift from the reference: mean gap (prediction - reference credit), MAE and
-Spearman over the valid steps.
+Spearman over the valid steps. A metric that is undefined is null with the reason beside
+it (`spearman_note`: the reference credit is constant, ...), and `warnings` lists what
+voids the point's class shares (most reference steps undetermined) or its episodes (a
+fitted horizon that cuts them).
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from scipy import stats
 from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
-from hindsight.labeling.rollout import sample_episode
+from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
 from hindsight.rl.task import Task
+
+# Above this share of undetermined reference steps the class shares say nothing.
+UNDETERMINED_WARNING = 0.5
 
 
 def point_keys(seed_key: jax.Array, stream: int, update: int, n: int) -> jax.Array:
@@ -44,6 +50,11 @@ class LabeledSampler:
     self._run = jax.jit(
       lambda params, keys: self._labeled(jax.vmap(sample, (None, 0))(params, keys), params, keys)
     )
+    self._declared_lengths = None
+    if task.declared is not None:  # a fitted horizon: the same episodes at the declared cap
+      env = task.declared
+      length = functools.partial(episode_length, env, task.policy, env.default_params())
+      self._declared_lengths = jax.jit(jax.vmap(length, (None, 0)))
 
   def _labeled(self, traj, params, keys):
     labels = self.labeler.label_under(params, traj, keys)
@@ -52,6 +63,14 @@ class LabeledSampler:
   def __call__(self, params, keys):
     """(trajectories, labels, labeled batch) of the episodes of `keys` under `params`."""
     return self._run(params, keys)
+
+  def cut_share(self, params, keys) -> float | None:
+    """With a fitted horizon, the share of the episodes of `keys` that run longer than it
+    at the environment's declared cap (None: the horizon was not fitted)."""
+    if self._declared_lengths is None:
+      return None
+    lengths = np.asarray(self._declared_lengths(params, keys))
+    return float(np.mean(lengths > self.task.env.horizon))
 
 
 def evaluate_point(sampler: LabeledSampler, params, keys, score=None, model_state=None):
@@ -72,14 +91,48 @@ def evaluate_point(sampler: LabeledSampler, params, keys, score=None, model_stat
     tags = np.asarray(labels["tags"])[mask]
     out["tag_share"] = {t: float(np.sum(tags == i) / n_valid) for i, t in enumerate(env.tag_names)}
   if score is not None:
-    pred = np.asarray(score(model_state, batch)["mean"])[mask]
-    ref = np.asarray(labels["credit"])[mask]
-    ok = np.isfinite(ref)
-    gap = pred[ok] - ref[ok]
-    rho = stats.spearmanr(pred[ok], ref[ok]).statistic if ok.sum() > 2 else float("nan")
-    out["drift"] = {
-      "mean_gap": float(gap.mean()),
-      "mae": float(np.abs(gap).mean()),
-      "spearman": float(rho),
-    }
+    out["drift"] = drift(np.asarray(score(model_state, batch)["mean"])[mask],
+                         np.asarray(labels["credit"])[mask])  # fmt: skip
+  warnings = {}  # kind -> message
+  undetermined = out["klass_share"]["undetermined"]
+  if undetermined > UNDETERMINED_WARNING:
+    fix = ("set return_range=LO:HI: without bounds a tied step has no finite stderr"
+           if not sampler.task.bounded else "more eval.rollouts narrow the intervals")  # fmt: skip
+    warnings["undetermined"] = (
+      f"{undetermined:.0%} of the reference's steps are undetermined, so its class shares "
+      f"measure nothing ({fix})"
+    )
+  cut = sampler.cut_share(params, keys)
+  if cut is not None:
+    out["cut_share"] = cut
+    if cut > 0:
+      warnings["horizon_cut"] = (
+        f"the fitted horizon {env.horizon} cuts {cut:.0%} of the policy's episodes (set "
+        "horizon, up to the environment's declared cap)"
+      )
+  out["warnings"] = warnings
+  return out
+
+
+def drift(pred: np.ndarray, ref: np.ndarray) -> dict:
+  """Mean gap (pred - ref), MAE and Spearman over the steps with a finite reference; an
+  undefined one is None, said why in `NAME_note`."""
+  ok = np.isfinite(ref)
+  pred, ref = pred[ok], ref[ok]
+  if ok.sum() == 0:
+    note = "no step has a finite reference credit"
+    return {"mean_gap": None, "mae": None, "spearman": None, "mean_gap_note": note,
+            "mae_note": note, "spearman_note": note}  # fmt: skip
+  gap = pred - ref
+  out = {"mean_gap": float(gap.mean()), "mae": float(np.abs(gap).mean())}
+  reason = None
+  if ref.size < 3:
+    reason = f"{ref.size} steps with a finite reference credit (Spearman needs 3)"
+  elif np.ptp(ref) == 0:
+    reason = f"the reference credit is {ref[0]:g} on every step (nothing to rank)"
+  elif np.ptp(pred) == 0:
+    reason = f"the prediction is {pred[0]:g} on every step (nothing to rank)"
+  out["spearman"] = None if reason else float(stats.spearmanr(pred, ref).statistic)
+  if reason:
+    out["spearman_note"] = reason
   return out

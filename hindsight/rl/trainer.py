@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from ml_collections import ConfigDict
 
 from hindsight.config_io import check_workdir
+from hindsight.errors import note
 from hindsight.files import write_json
 from hindsight.progress import CompileAwareBar
 from hindsight.rl.config import check_config
@@ -98,6 +99,8 @@ class _Board:
         self.writer.add_scalar(f"train/share_{tag}", share, step)
 
   def point(self, update: int, point: dict) -> None:
+    for kind, message in point_warnings(point).items():
+      self.writer.add_text(f"warnings/{kind}", message, update)
     for name in ("success", "length", "return"):
       value = np.mean([s[name] for s in point["seeds"]])
       self.writer.add_scalar(f"eval/{name}", value, update)
@@ -108,6 +111,16 @@ class _Board:
 
   def close(self) -> None:
     self.writer.close()
+
+
+def point_warnings(point: dict) -> dict[str, str]:
+  """kind -> message of an evaluation point's warnings (`rl.measure`), each said once with
+  the first seed that raised it."""
+  out = {}
+  for i, s in enumerate(point["seeds"]):
+    for kind, message in s.get("warnings", {}).items():
+      out.setdefault(kind, f"seed {i}: {message}")
+  return out
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
@@ -185,11 +198,24 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   bar = CompileAwareBar(
     total=total, initial=done, desc=f"rl {config.source}", unit="update", disable=not progress
   )
+  said: set[str] = set()
+
+  def warn(point: dict) -> str:
+    """A point's warnings: once per kind on stderr (above the bar), and the kinds in the bar."""
+    warnings = point_warnings(point)
+    for kind, message in warnings.items():
+      if kind not in said:
+        said.add(kind)
+        bar.clear()
+        note(f"rl {config.source} at update {point['update']}: {message}")
+    return ",".join(warnings)
+
   try:
     if not history["points"]:
       history["points"].append(measure(0))
       board.point(0, history["points"][-1])
       save(0)
+    warn(history["points"][-1])
     with bar:
       while done < total:
         start = time.perf_counter()
@@ -218,18 +244,22 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         board.point(done, history["points"][-1])
         save(done)
         last = history["points"][-1]["seeds"]
-        bar.set_postfix(success=f"{np.mean([s['success'] for s in last]):.3f}",
-                        length=f"{np.mean([s['length'] for s in last]):.2f}")  # fmt: skip
+        postfix = {"success": f"{np.mean([s['success'] for s in last]):.3f}",
+                   "length": f"{np.mean([s['length'] for s in last]):.2f}"}  # fmt: skip
+        kinds = warn(history["points"][-1])
+        if kinds:
+          postfix["warning"] = kinds
+        bar.set_postfix(postfix)
         bar.update(every)
   finally:
     board.close()
     manager.close()
-  results = summarize(config, history, learned=source.predictor is not None)
+  results = summarize(config, history, source.predictor is not None, task.env.horizon)
   write_json(os.path.join(workdir, "results.json"), results)
   return results
 
 
-def summarize(config: ConfigDict, history: dict, learned: bool) -> dict:
+def summarize(config: ConfigDict, history: dict, learned: bool, horizon: int) -> dict:
   """results.json: per seed the final point's measurements and what the run spent."""
   final = history["points"][-1]
   seeds = []
@@ -258,4 +288,7 @@ def summarize(config: ConfigDict, history: dict, learned: bool) -> dict:
       for p in history["points"]
     ],
     "learned": learned,
+    # what voids a measurement (kind -> message, the last point's; rl.measure)
+    "warnings": point_warnings(final),
+    "horizon": horizon,
   }

@@ -1,0 +1,204 @@
+"""Every credit source on one environment (`hindsight rl --sources a,b,c`): does
+credit-shaped training shorten traces?
+
+Trains each source (`rl.trainer`, seeds vmapped) into OUT/SOURCE, then writes
+  OUT/results.json   per source and seed: final success rate, mean trace length, reference
+                     class shares, tag shares, env steps for the policy and for credit, and
+                     the run's wall time; per source the curves over evaluation points
+  OUT/table.md       per source: the seeds' means with 95% t-intervals
+  OUT/curves.png     success, trace length and decorative share against env steps
+                     (policy + credit), mean and 95% band over seeds
+Each run resumes where it stopped (a rerun of a finished experiment only re-reads it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from scipy import stats
+
+# The reference's undetermined share above which its class shares say nothing (no table
+# presents a tie as a finding): the trainer warns at the same level (rl.measure).
+from hindsight.rl.measure import UNDETERMINED_WARNING
+
+
+def mean_ci(values) -> tuple[float, float, float] | None:
+  """(mean, lo, hi): the 95% t-interval of the mean over seeds (lo = hi = mean for one);
+  None when no seed has a value (a metric that was undefined everywhere)."""
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  x = x[np.isfinite(x)]
+  if x.size == 0:
+    return None
+  m = float(x.mean())
+  if x.size < 2:
+    return m, m, m
+  half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+  return m, m - half, m + half
+
+
+def decorative_share(seed: dict, decorative_tags) -> float:
+  """The share of a seed's valid steps whose tag is a planted decorative one (reasoning),
+  else the reference labels' decorative class share."""
+  if decorative_tags and "tag_share" in seed:
+    return float(sum(seed["tag_share"].get(t, 0.0) for t in decorative_tags))
+  return float(seed["klass_share"]["decorative"])
+
+
+def decorative_tags_of(env) -> list[str]:
+  """The planted decorative tags of an environment (reasoning's), else none."""
+  return [t for t in ("restate", "verify", "search_unused") if t in env.tag_names]
+
+
+def summarize(results: dict, decorative_tags) -> dict:
+  """Per source: the seeds' means with 95% t-intervals and what the run spent."""
+  rows = {}
+  for name, r in results.items():
+    seeds = r["seeds"]
+    drift = "drift" in seeds[0]
+    rows[name] = {
+      "success": mean_ci([s["success"] for s in seeds]),
+      "length": mean_ci([s["length"] for s in seeds]),
+      "decorative": mean_ci([decorative_share(s, decorative_tags) for s in seeds]),
+      "klass_decorative": mean_ci([s["klass_share"]["decorative"] for s in seeds]),
+      "undetermined": mean_ci([s["klass_share"]["undetermined"] for s in seeds]),
+      "policy_env_steps": float(np.mean([s["policy_env_steps"] for s in seeds])),
+      "credit_env_steps": float(np.mean([s["credit_env_steps"] for s in seeds])),
+      "wall_seconds": float(r["wall_seconds"] + r["setup_seconds"]),
+      # the policy's env steps per second of training (every seed; setup and the
+      # evaluation points' reference labels left out, compiles included)
+      "policy_steps_per_second": float(
+        sum(s["policy_env_steps"] for s in seeds) / max(r["wall_seconds"], 1e-9)
+      ),
+      "drift": mean_ci([s["drift"]["mean_gap"] for s in seeds]) if drift else None,
+      "spearman": mean_ci([s["drift"]["spearman"] for s in seeds]) if drift else None,
+      # kind -> the message of the first seed that raised it (rl.measure)
+      "warnings": {k: m for s in reversed(seeds) for k, m in s.get("warnings", {}).items()},
+    }
+  return rows
+
+
+def _ci(v, fmt=".3f") -> str:
+  if v is None:
+    return "n/a"
+  m, lo, hi = v
+  return f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, planted: bool) -> str:
+  """OUT/table.md. planted: the decorative share counts planted tags (reasoning), not the
+  reference's classes, so an undetermined reference does not void it."""
+  lines = [
+    f"# Credit sources on {env}",
+    "",
+    f"`{command}`: {seeds} seeds each; means with 95% t-intervals over seeds, at the last",
+    "update, measured on fresh episodes by the reference labeler. Env steps per seed; wall",
+    "time for all seeds together (they train vmapped), setup (models of the initial policy)",
+    "included.",
+    "",
+    f"Initial policy: success {start['success']:.3f}, length {start['length']:.2f}, "
+    f"decorative share {start['decorative']:.3f}.",
+    "",
+    "| source | success | length | decorative share | policy env steps | credit env steps "
+    "| wall s | policy steps/s | credit-model gap | Spearman vs reference |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  voided, notes = [], []
+  for name, r in rows.items():
+    undetermined = r["undetermined"][0] if r["undetermined"] else 0.0
+    decorative = _ci(r["decorative"])
+    if not planted and undetermined > UNDETERMINED_WARNING:
+      decorative = f"n/a (undetermined {undetermined:.2f})"
+      voided.append(name)
+    drift = _ci(r["drift"], "+.3f") if r["drift"] else ""
+    rho = ""
+    if r["drift"]:
+      rho = _ci(r["spearman"]) if r["spearman"] else "n/a (reference constant)"
+    lines.append(
+      f"| {name} | {_ci(r['success'])} | {_ci(r['length'], '.2f')} | {decorative} "
+      f"| {r['policy_env_steps']:.3g} | {r['credit_env_steps']:.3g} | {r['wall_seconds']:.0f} "
+      f"| {r['policy_steps_per_second']:.3g} | {drift} | {rho} |"
+    )
+    notes += [f"- {name}: {m}" for m in r["warnings"].values()]
+  if voided:
+    lines += [
+      "",
+      f"Decorative share n/a ({', '.join(voided)}): more than {UNDETERMINED_WARNING:.0%} of "
+      "the reference's steps are undetermined (their interval holds both 0 and the tolerance), "
+      "so its class shares measure nothing. A return range (--config.return_range=LO:HI) "
+      "bounds tied steps; more eval.rollouts narrow the rest.",
+    ]
+  if notes:
+    lines += ["", "Warnings:", *notes]
+  return "\n".join(lines) + "\n"
+
+
+def plot(path: str, results: dict, decorative_tags) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  panels = (
+    ("success", lambda s: s["success"]),
+    ("mean trace length", lambda s: s["length"]),
+    ("decorative share", lambda s: decorative_share(s, decorative_tags)),
+  )
+  for ax, (title, get) in zip(axes, panels, strict=True):
+    for name, r in results.items():
+      curve = r["curve"]
+      x = [np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in curve]
+      cis = np.array([mean_ci([get(s) for s in p["seeds"]]) for p in curve])
+      ax.plot(x, cis[:, 0], label=name)
+      ax.fill_between(x, cis[:, 1], cis[:, 2], alpha=0.2)
+    ax.set_xscale("symlog", linthresh=1e4)
+    ax.set_xlabel("env steps per seed (policy + credit)")
+    ax.set_title(title)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def default_out(config) -> str:
+  """runs/rl/ENV_NAME (':' as '_'): where an experiment goes without --workdir."""
+  from hindsight.rl.task import make_task
+
+  return os.path.join("runs", "rl", make_task(config).env.name.replace(":", "_"))
+
+
+def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str:
+  """Trains every source of `sources` on config `spec` (+ overrides) into OUT/SOURCE and
+  writes the files of the module docstring; returns table.md's text."""
+  from hindsight.config_io import load_config
+  from hindsight.errors import HindsightError
+  from hindsight.files import atomic_write_text, write_json
+  from hindsight.rl.sources import source_class
+  from hindsight.rl.task import make_task
+  from hindsight.rl.trainer import train_and_evaluate
+
+  if not sources:
+    raise HindsightError("sources: name at least one credit source")
+  for name in sources:
+    source_class(name)  # a one-line error naming the registered ones
+  base = load_config(spec, overrides)
+  results = {}
+  for name in sources:
+    config = load_config(spec, [*overrides, f"source={name}"])
+    results[name] = train_and_evaluate(config, os.path.join(out, name))
+  env = make_task(base).env
+  tags = decorative_tags_of(env)
+  rows = summarize(results, tags)
+  first = next(iter(results.values()))["curve"][0]["seeds"]
+  start = {
+    "success": float(np.mean([s["success"] for s in first])),
+    "length": float(np.mean([s["length"] for s in first])),
+    "decorative": float(np.mean([decorative_share(s, tags) for s in first])),
+  }
+  write_json(os.path.join(out, "results.json"),
+             {"env": base.env, "sources": results, "summary": rows})  # fmt: skip
+  table = markdown(base.env, rows, start, int(base.num_seeds), command, planted=bool(tags))
+  atomic_write_text(os.path.join(out, "table.md"), table)
+  plot(os.path.join(out, "curves.png"), results, tags)
+  return table
