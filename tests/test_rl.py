@@ -336,7 +336,7 @@ def test_the_table_does_not_present_an_undetermined_reference_as_a_finding():
   table = markdown("gymnax:Catch-bsuite", {"learned": row}, start, 2, "cmd", planted=False)
   line = next(x for x in table.splitlines() if x.startswith("| learned |"))
   assert "n/a (undetermined 0.88)" in line and "0.000 [0.000, 0.000]" not in line
-  assert "n/a (reference constant)" in line  # the Spearman that was undefined
+  assert "n/a (undefined: see spearman_note)" in line  # the Spearman that was undefined
   assert "- learned: 88% of the reference's steps" in table
   # Planted decorative tags (reasoning) do not depend on the reference's classes.
   table = markdown("reasoning", {"learned": row}, start, 2, "cmd", planted=True)

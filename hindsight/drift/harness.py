@@ -255,7 +255,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   report.update(
     build_report(cfg, predictor, main, shift_sets, base.num_rollouts, k_ref, score_seconds)
   )
-  gradient_env = gradient_env_for(cfg, main_env, tabular=isinstance(env, TabularEnv))
+  gradient_env = gradient_env_for(cfg, main_env, tabular=ctx.tabular)
   if gradient_env:
     # The learned signals join the table when they were trained on its environment.
     extra = None

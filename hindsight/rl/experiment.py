@@ -72,8 +72,8 @@ def summarize(results: dict, decorative_tags) -> dict:
       ),
       "drift": mean_ci([s["drift"]["mean_gap"] for s in seeds]) if drift else None,
       "spearman": mean_ci([s["drift"]["spearman"] for s in seeds]) if drift else None,
-      # kind -> the message of the first seed that raised it (rl.measure)
-      "warnings": {k: m for s in reversed(seeds) for k, m in s.get("warnings", {}).items()},
+      # kind -> message at the last update, as the run's results.json says them
+      "warnings": r.get("warnings", {}),
     }
   return rows
 
@@ -113,7 +113,8 @@ def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, plante
     drift = _ci(r["drift"], "+.3f") if r["drift"] else ""
     rho = ""
     if r["drift"]:
-      rho = _ci(r["spearman"]) if r["spearman"] else "n/a (reference constant)"
+      # undefined in every seed: results.json's spearman_note says why
+      rho = _ci(r["spearman"]) if r["spearman"] else "n/a (undefined: see spearman_note)"
     lines.append(
       f"| {name} | {_ci(r['success'])} | {_ci(r['length'], '.2f')} | {decorative} "
       f"| {r['policy_env_steps']:.3g} | {r['credit_env_steps']:.3g} | {r['wall_seconds']:.0f} "

@@ -68,11 +68,11 @@ def parse_return_range(text: str) -> tuple[float, float] | None:
   return bounds
 
 
-def _make(config: ConfigDict, horizon: int | None):
+def _make(config: ConfigDict, family, horizon: int | None):
   spec, bounds = config.env, parse_return_range(config.return_range)
   if bounds is None:
     return make(spec, horizon=horizon)
-  if "return_range" not in family_of(spec).options:
+  if "return_range" not in family.options:
     raise HindsightError(
       f"return_range: {spec} declares its own return bounds (only gymnax, Gymnasium and "
       "dm_env environments take one)"
@@ -81,10 +81,10 @@ def _make(config: ConfigDict, horizon: int | None):
 
 
 def make_task(config: ConfigDict) -> Task:
-  given = int(config.horizon) or None
-  env, scripted = _make(config, given)
+  family, given = family_of(config.env), int(config.horizon) or None
+  env, scripted = _make(config, family, given)
   prior = bool(config.policy.prior)
-  if prior and scripted.name == "uniform" and "policy" in family_of(config.env).options:
+  if prior and scripted.name == "uniform" and "policy" in family.options:
     note(f"policy.prior: {config.env} has no scripted policy, so the learner starts uniform "
          "(policy.prior=False says so and silences this)")  # fmt: skip
     prior = False
@@ -97,7 +97,7 @@ def make_task(config: ConfigDict) -> Task:
                         seed=int(config.seed))  # fmt: skip
 
   policy, declared = learner(env), None
-  if given is None and family_of(config.env).fit_horizon:
+  if given is None and family.fit_horizon:
     # Fitted once per process for a config's environment and theta_0 (an experiment
     # and load_policy make the task again).
     what = (config.env, config.return_range, tuple(config.policy.hidden), prior, int(config.seed))
@@ -109,10 +109,9 @@ def make_task(config: ConfigDict) -> Task:
            f"initial policy (the environment declares {env.horizon}; evaluation points say "
            "how many episodes it cuts; --config.horizon sets another)")  # fmt: skip
       declared = env
-      env, scripted = _make(config, longest)
+      env, scripted = _make(config, family, longest)
       policy = learner(env)
-  external = "return_range" in family_of(config.env).options
-  bounded = not external or bool(config.return_range)
+  bounded = "return_range" not in family.options or bool(config.return_range)
   return Task(env, env.default_params(), policy, declared, bounded)
 
 
