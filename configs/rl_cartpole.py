@@ -4,7 +4,7 @@ environment nobody here wrote, where PPO with GAE has published learning curves
 
   hindsight rl --config rl_cartpole --sources outcome,gae,mc_credit --workdir runs/rl/cartpole
 
-5 seeds x 50 updates x 16 episodes. The :smoke variant is for tests.
+10 seeds x 50 updates x 16 episodes. The :smoke variant is for tests.
 """
 
 from hindsight.rl.config import base_config, with_variant
@@ -12,6 +12,7 @@ from hindsight.rl.config import base_config, with_variant
 
 def get_config(arg: str = ""):
   c = base_config()
+  c.num_seeds = 10
   c.env = "gymnax:CartPole-v1"
   c.horizon = 200
   c.policy.prior = False

@@ -1,6 +1,6 @@
 """RL trainer throughput per credit source, warm, side by side in one run.
 
-  python eval/bench_rl.py [--config configs/rl_reasoning.py] [--sources outcome,learned,mc_credit]
+  python eval/bench_rl.py [--config configs/rl_reasoning.py] [--sources outcome,credit_cv,...]
       [--updates 10] [--config.FIELD=VALUE ...] [--rejax-python PYTHON]
 
 For each source: the compiled update chunk (`hindsight.rl.ppo`) on the config's batch shape
@@ -31,7 +31,7 @@ import time
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", default="configs/rl_reasoning.py")
-  p.add_argument("--sources", default="outcome,gae,learned,mc_credit")
+  p.add_argument("--sources", default="outcome,gae,learned,credit_cv,shaped,mc_credit")
   p.add_argument("--updates", type=int, default=10, help="updates per timed chunk")
   p.add_argument("--rejax-python", default="", help="a Python with rejax: its PPO beside")
   args, rest = p.parse_known_args(argv)

@@ -331,6 +331,8 @@ def test_the_table_does_not_present_an_undetermined_reference_as_a_finding():
     "undetermined": (0.88, 0.87, 0.89), "policy_env_steps": 1e3, "credit_env_steps": 0.0,
     "wall_seconds": 1.0, "policy_steps_per_second": 1e3, "drift": (0.1, 0.0, 0.2),
     "spearman": None, "warnings": {"undetermined": "88% of the reference's steps ..."},
+    "collapsed": 1, "amortised_credit_env_steps": 0.0,
+    "lead": [{"warned": 10, "fell": 30, "lead": 20}, {"warned": 10, "fell": None, "lead": None}],
   }  # fmt: skip
   start = {"success": 0.2, "length": 9.0, "decorative": 0.0}
   table = markdown("gymnax:Catch-bsuite", {"learned": row}, start, 2, "cmd", planted=False)
@@ -338,6 +340,8 @@ def test_the_table_does_not_present_an_undetermined_reference_as_a_finding():
   assert "n/a (undetermined 0.88)" in line and "0.000 [0.000, 0.000]" not in line
   assert "n/a (undefined: see spearman_note)" in line  # the Spearman that was undefined
   assert "- learned: 88% of the reference's steps" in table
+  assert "| 1/2 |" in line  # one of the two seeds collapsed
+  assert "- learned: 10/30, 10/None" in table  # the warning's update, then the fall's
   # Planted decorative tags (reasoning) do not depend on the reference's classes.
   table = markdown("reasoning", {"learned": row}, start, 2, "cmd", planted=True)
   assert "0.000 [0.000, 0.000]" in table

@@ -65,12 +65,31 @@ def base_config() -> ConfigDict:
   # credit.snapshot_scale, > 0), an even share each; 0 or 1 = the initial policy only.
   c.credit.model_snapshots = 0
   c.credit.snapshot_scale = 0.0
+  c.credit.trust_kl = 0.1  # learned_trust: weight of KL(pi_theta || pi_theta_0) in the loss
+
+  # credit_cv, anchored, credit_gated: an ensemble of per-action credit heads over the
+  # policy's features, fitted on labels of the initial policy (charged to the run)
+  c.head = ConfigDict()
+  c.head.episodes = 128  # episodes of the initial policy labeled for the heads
+  c.head.rollouts = 8  # their K
+  c.head.members = 4  # ensemble size (its std is credit_gated's uncertainty)
+  c.head.hidden = (64, 64)
+  c.head.steps = 1000  # Adam steps (minibatches of 256 steps, bootstrap weights per member)
+  c.head.learning_rate = 1e-3
+  c.head.beta = 1.0  # anchored: A = R - b + beta f(s, a)
+  c.head.gate = 0.05  # credit_gated: ensemble std above which a step takes R - b
+  # credit_cv_current: each audit labels this many fresh episodes of the current policy at
+  # this K and refits the heads on them (refresh.steps Adam steps) when the test fires
+  c.head.refresh_episodes = 32
+  c.head.refresh_rollouts = 8
 
   c.refresh = ConfigDict()  # learned_current: audit at every evaluation point
   c.refresh.episodes = 32  # fresh episodes of the current policy labeled per audit
   c.refresh.rollouts = 16  # their K
-  c.refresh.tolerance = 0.02  # per-tag |mean gap| beyond this is drift
-  c.refresh.alpha = 0.05  # false-alarm probability of one audit (split over the tags)
+  # per-tag |mean gap| beyond this is drift (the audits', and every evaluation point's
+  # credit_drift warning against the reference)
+  c.refresh.tolerance = 0.02
+  c.refresh.alpha = 0.05  # false-alarm probability of one test (split over the tags)
   c.refresh.steps = 300  # fine-tuning steps when the alarm fires (from the current model)
 
   c.eval = ConfigDict()
@@ -97,6 +116,13 @@ def smoke(c: ConfigDict) -> ConfigDict:
   c.credit.model_rollouts = 4
   c.credit.model_steps = 20
   c.credit.model_width = 16
+  c.head.episodes = 16
+  c.head.rollouts = 4
+  c.head.members = 2
+  c.head.hidden = (16,)
+  c.head.steps = 20
+  c.head.refresh_episodes = 8
+  c.head.refresh_rollouts = 4
   c.refresh.episodes = 8
   c.refresh.rollouts = 4
   c.refresh.steps = 5
@@ -140,5 +166,13 @@ def check_config(c: ConfigDict) -> None:
     raise HindsightError("label.num_rollouts, eval.rollouts and refresh.rollouts must be >= 2")
   if int(c.credit.model_snapshots) > 1 and not float(c.credit.snapshot_scale) > 0:
     raise HindsightError("credit.model_snapshots > 1 needs credit.snapshot_scale > 0")
+  if int(c.head.members) < 1 or int(c.head.episodes) < 1 or int(c.head.steps) < 1:
+    raise HindsightError("head.members, head.episodes and head.steps must be >= 1")
+  if min(c.head.rollouts, c.head.refresh_rollouts) < 2:
+    raise HindsightError("head.rollouts and head.refresh_rollouts must be >= 2")
+  if int(c.head.refresh_episodes) < 1:
+    raise HindsightError(f"head.refresh_episodes must be >= 1, got {c.head.refresh_episodes}")
+  if float(c.credit.trust_kl) < 0:
+    raise HindsightError(f"credit.trust_kl must be >= 0, got {c.credit.trust_kl}")
   if not 0.0 < p.gamma <= 1.0:
     raise HindsightError(f"ppo.gamma must be in (0, 1], got {p.gamma}")

@@ -8,6 +8,8 @@ Trains each source (`rl.trainer`, seeds vmapped) into OUT/SOURCE, then writes
   OUT/table.md       per source: the seeds' means with 95% t-intervals
   OUT/curves.png     success, trace length and decorative share against env steps
                      (policy + credit), mean and 95% band over seeds
+  OUT/budget.png     success against total env steps per run (policy + credit, labels and
+                     audits included), every source on one axis
 Each run resumes where it stopped (a rerun of a finished experiment only re-reads it).
 """
 
@@ -50,12 +52,68 @@ def decorative_tags_of(env) -> list[str]:
   return [t for t in ("restate", "verify", "search_unused") if t in env.tag_names]
 
 
+# A collapse: final success more than this below the start's. The warning's lead is
+# measured to the first evaluation point below the start by as much, not to a dip that the
+# evaluation's own binomial noise (about 0.04 at 128 episodes) explains.
+COLLAPSE_DROP = 0.1
+
+
+def warning_lead(
+  result: dict, kind: str = "credit_drift", fall: float = COLLAPSE_DROP
+) -> list[dict]:
+  """Per seed of one run: the first update whose evaluation point raised `kind` and the
+  first whose success is more than `fall` below the start's (None: never), and the lead
+  (fell - warned, in updates; None unless both happened)."""
+  curve = result["curve"]
+  out = []
+  for i, first in enumerate(curve[0]["seeds"]):
+    warned = next((p["update"] for p in curve if kind in p["seeds"][i].get("warnings", {})), None)
+    fell = next(
+      (p["update"] for p in curve if p["seeds"][i]["success"] < first["success"] - fall), None
+    )
+    lead = fell - warned if warned is not None and fell is not None else None
+    out.append({"warned": warned, "fell": fell, "lead": lead})
+  return out
+
+
+def collapsed(result: dict, drop: float = COLLAPSE_DROP) -> int:
+  """Seeds whose final success is more than `drop` below their start."""
+  first, last = result["curve"][0]["seeds"], result["seeds"]
+  return int(sum(b["success"] < a["success"] - drop for a, b in zip(first, last, strict=True)))
+
+
+def success_at_budget(result: dict, budget: float) -> float:
+  """Mean success over seeds at the last evaluation point whose total env steps per run
+  (policy + credit) are within `budget`; the start's when none is."""
+  best = result["curve"][0]
+  for p in result["curve"]:
+    if np.mean(np.add(p["policy_steps"], p["credit_steps"])) <= budget:
+      best = p
+  return float(np.mean([s["success"] for s in best["seeds"]]))
+
+
+def budget_margins(result: dict, other: dict, from_share: float = 0.25) -> list[float]:
+  """success(result) - success(other) at each of `result`'s evaluation points whose total
+  env steps are at least `from_share` of its final total (its curve against the other's
+  on the budget plot, from that share of the run on)."""
+  totals = [np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in result["curve"]]
+  return [
+    success_at_budget(result, b) - success_at_budget(other, b)
+    for b in totals
+    if b >= from_share * totals[-1]
+  ]
+
+
 def summarize(results: dict, decorative_tags) -> dict:
-  """Per source: the seeds' means with 95% t-intervals and what the run spent."""
+  """Per source: the seeds' means with 95% t-intervals and what the run spent. The
+  source's model (labels of the initial policy) is in every seed's credit env steps; the
+  seeds share it, so `amortised_credit_env_steps` charges it once between them."""
   rows = {}
   for name, r in results.items():
     seeds = r["seeds"]
     drift = "drift" in seeds[0]
+    setup = float(np.mean(r["curve"][0]["credit_steps"]))
+    credit = float(np.mean([s["credit_env_steps"] for s in seeds]))
     rows[name] = {
       "success": mean_ci([s["success"] for s in seeds]),
       "length": mean_ci([s["length"] for s in seeds]),
@@ -63,7 +121,10 @@ def summarize(results: dict, decorative_tags) -> dict:
       "klass_decorative": mean_ci([s["klass_share"]["decorative"] for s in seeds]),
       "undetermined": mean_ci([s["klass_share"]["undetermined"] for s in seeds]),
       "policy_env_steps": float(np.mean([s["policy_env_steps"] for s in seeds])),
-      "credit_env_steps": float(np.mean([s["credit_env_steps"] for s in seeds])),
+      "credit_env_steps": credit,
+      "setup_env_steps": setup,
+      "amortised_credit_env_steps": credit - setup + setup / len(seeds),
+      "collapsed": collapsed(r),
       "wall_seconds": float(r["wall_seconds"] + r["setup_seconds"]),
       # the policy's env steps per second of training (every seed; setup and the
       # evaluation points' reference labels left out, compiles included)
@@ -74,6 +135,7 @@ def summarize(results: dict, decorative_tags) -> dict:
       "spearman": mean_ci([s["drift"]["spearman"] for s in seeds]) if drift else None,
       # kind -> message at the last update, as the run's results.json says them
       "warnings": r.get("warnings", {}),
+      "lead": warning_lead(r) if drift else None,
     }
   return rows
 
@@ -85,9 +147,18 @@ def _ci(v, fmt=".3f") -> str:
   return f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
 
-def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, planted: bool) -> str:
+def markdown(
+  env: str,
+  rows: dict,
+  start: dict,
+  seeds: int,
+  command: str,
+  planted: bool,
+  results: dict | None = None,
+) -> str:
   """OUT/table.md. planted: the decorative share counts planted tags (reasoning), not the
-  reference's classes, so an undetermined reference does not void it."""
+  reference's classes, so an undetermined reference does not void it. results (the runs'
+  results.json): adds the budget comparison of every source with a model."""
   lines = [
     f"# Credit sources on {env}",
     "",
@@ -99,9 +170,10 @@ def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, plante
     f"Initial policy: success {start['success']:.3f}, length {start['length']:.2f}, "
     f"decorative share {start['decorative']:.3f}.",
     "",
-    "| source | success | length | decorative share | policy env steps | credit env steps "
-    "| wall s | policy steps/s | credit-model gap | Spearman vs reference |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| source | success | length | decorative share | collapsed | policy env steps "
+    "| credit env steps | amortised | wall s | policy steps/s | credit-model gap "
+    "| Spearman vs reference |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   voided, notes = [], []
   for name, r in rows.items():
@@ -117,10 +189,33 @@ def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, plante
       rho = _ci(r["spearman"]) if r["spearman"] else "n/a (undefined: see spearman_note)"
     lines.append(
       f"| {name} | {_ci(r['success'])} | {_ci(r['length'], '.2f')} | {decorative} "
-      f"| {r['policy_env_steps']:.3g} | {r['credit_env_steps']:.3g} | {r['wall_seconds']:.0f} "
+      f"| {r['collapsed']}/{seeds} | {r['policy_env_steps']:.3g} | {r['credit_env_steps']:.3g} "
+      f"| {r['amortised_credit_env_steps']:.3g} | {r['wall_seconds']:.0f} "
       f"| {r['policy_steps_per_second']:.3g} | {drift} | {rho} |"
     )
     notes += [f"- {name}: {m}" for m in r["warnings"].values()]
+  leads = {n: r["lead"] for n, r in rows.items() if r["lead"]}
+  if leads:
+    lines += ["", "First update of the credit_drift warning / first update whose success is "
+              f"more than {COLLAPSE_DROP:g} below its start, per seed:", ""]  # fmt: skip
+    for n, per_seed in leads.items():
+      cells = ", ".join(f"{d['warned']}/{d['fell']}" for d in per_seed)
+      lines.append(f"- {n}: {cells}")
+  rivals = [n for n in ("outcome", "mc_credit") if n in rows]
+  modelled = [n for n, r in rows.items() if r["lead"] is not None]
+  if results and rivals and modelled:
+    lines += ["", "On the budget plot, from 25% of each run on (success minus the rival's "
+              "at the same total env steps, at each evaluation point; min over points):",
+              ""]  # fmt: skip
+    for n in modelled:
+      cells = []
+      for rival in rivals:
+        m = budget_margins(results[n], results[rival])
+        cells.append(f"vs {rival} {min(m):+.3f} ({sum(x >= 0 for x in m)}/{len(m)} at or above)")
+      lines.append(f"- {n}: " + ", ".join(cells))
+  lines += ["", "collapsed: seeds whose final success is more than 0.1 below their start. "
+            "amortised: credit env steps per run when the seeds share one model (its labels "
+            "charged once between them)."]  # fmt: skip
   if voided:
     lines += [
       "",
@@ -132,6 +227,43 @@ def markdown(env: str, rows: dict, start: dict, seeds: int, command: str, plante
   if notes:
     lines += ["", "Warnings:", *notes]
   return "\n".join(lines) + "\n"
+
+
+def _styles(names) -> dict:
+  """name -> matplotlib line style: a colour each (tab20), solid for the sources without a
+  learned model, dashed for those with one, so thirteen curves stay apart."""
+  import matplotlib
+
+  colours = matplotlib.colormaps["tab20"].colors
+  return {n: {"color": colours[(2 * i) % 20 + (2 * i) // 20]} for i, n in enumerate(names)}
+
+
+def _total_steps(curve, amortised_over: int = 1) -> np.ndarray:
+  """Mean env steps per run at each evaluation point: policy + credit, with the setup (the
+  model's labels of the initial policy, in every point's credit steps) divided between
+  `amortised_over` runs that share it."""
+  setup = np.mean(curve[0]["credit_steps"])
+  total = np.array([np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in curve])
+  return total - setup + setup / amortised_over
+
+
+def _curves(ax, results: dict, get, amortised_over: int = 1) -> None:
+  """Each source's mean and 95% band of `get(seed point)` against env steps per run on a
+  log axis, sources with a model dashed; the initial policy's value (every source's point
+  at update 0) is the dotted line, since a source that spends nothing before its first
+  update has it at 0 env steps."""
+  styles = _styles(list(results))
+  for name, r in results.items():
+    curve = r["curve"]
+    x = _total_steps(curve, amortised_over)
+    cis = np.array([mean_ci([get(s) for s in p["seeds"]]) for p in curve])
+    on = x > 0
+    dashed = "--" if r.get("learned") else "-"
+    ax.plot(x[on], cis[on, 0], dashed, marker=".", ms=4, label=name, **styles[name])
+    ax.fill_between(x[on], cis[on, 1], cis[on, 2], alpha=0.12, **styles[name])
+  start = np.mean([get(s) for s in next(iter(results.values()))["curve"][0]["seeds"]])
+  ax.axhline(start, color="0.5", ls=":", lw=1, label="initial policy")
+  ax.set_xscale("log")
 
 
 def plot(path: str, results: dict, decorative_tags) -> None:
@@ -147,16 +279,36 @@ def plot(path: str, results: dict, decorative_tags) -> None:
     ("decorative share", lambda s: decorative_share(s, decorative_tags)),
   )
   for ax, (title, get) in zip(axes, panels, strict=True):
-    for name, r in results.items():
-      curve = r["curve"]
-      x = [np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in curve]
-      cis = np.array([mean_ci([get(s) for s in p["seeds"]]) for p in curve])
-      ax.plot(x, cis[:, 0], label=name)
-      ax.fill_between(x, cis[:, 1], cis[:, 2], alpha=0.2)
-    ax.set_xscale("symlog", linthresh=1e4)
+    _curves(ax, results, get)
     ax.set_xlabel("env steps per seed (policy + credit)")
     ax.set_title(title)
-  axes[0].legend(fontsize=8)
+  axes[0].legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_budget(path: str, results: dict) -> None:
+  """Success against total env steps per run (policy + credit, labels and audits
+  included), every source on one axis: as each run pays (left), and with each source's
+  model of the initial policy shared by the experiment's seeds, charged once between them
+  (right)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  seeds = len(next(iter(results.values()))["seeds"])
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+  for ax, share in zip(axes, (1, seeds), strict=True):
+    _curves(ax, results, lambda s: s["success"], share)
+    ax.set_xlabel(
+      "total env steps per run (policy + credit, labels and audits included)"
+      if share == 1
+      else f"the same, the model of the initial policy shared by {share} runs"
+    )
+  axes[0].set_ylabel("success (reference, fresh episodes)")
+  axes[0].legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -199,7 +351,10 @@ def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str
   }
   write_json(os.path.join(out, "results.json"),
              {"env": base.env, "sources": results, "summary": rows})  # fmt: skip
-  table = markdown(base.env, rows, start, int(base.num_seeds), command, planted=bool(tags))
+  table = markdown(
+    base.env, rows, start, int(base.num_seeds), command, planted=bool(tags), results=results
+  )
   atomic_write_text(os.path.join(out, "table.md"), table)
   plot(os.path.join(out, "curves.png"), results, tags)
+  plot_budget(os.path.join(out, "budget.png"), results)
   return table

@@ -5,12 +5,15 @@ signal being trained on.
 Per seed: success rate, mean trace length, mean return, the share of the valid steps in
 each reference class (KLASS_NAMES: decorative, load_bearing, harmful, undetermined, by the
 labels' own rule at the labeler's tolerance and confidence) and in each environment tag
-(on `reasoning` the tags are the planted roles), and, for learned sources, the credit
-model's drift from the reference: mean gap (prediction - reference credit), MAE and
-Spearman over the valid steps. A metric that is undefined is null with the reason beside
-it (`spearman_note`: the reference credit is constant, ...), and `warnings` lists what
-voids the point's class shares (most reference steps undetermined) or its episodes (a
-fitted horizon that cuts them).
+(on `reasoning` the tags are the planted roles), and, for sources with a model
+(`CreditSource.credit_prediction`), its drift from the reference: mean gap (prediction -
+reference credit), MAE and Spearman over the valid steps, the per-tag test of those gaps
+(`rl.refresh.sliced_gap_test`: does the model describe this policy's credit?) and the
+per-tag test of their change since update 0 (`rl.refresh.sliced_shift_test`), whose firing
+is the `credit_drift` warning: the policy has left the model's support. A metric that is
+undefined is null with the reason beside it (`spearman_note`: the reference credit is
+constant, ...), and `warnings` lists what voids the point's class shares (most reference
+steps undetermined) or its episodes (a fitted horizon that cuts them), and `credit_drift`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
+from hindsight.rl.refresh import slice_stats, sliced_gap_test, sliced_shift_test
 from hindsight.rl.task import Task
 
 # Above this share of undetermined reference steps the class shares say nothing.
@@ -73,9 +77,22 @@ class LabeledSampler:
     return float(np.mean(lengths > self.task.env.horizon))
 
 
-def evaluate_point(sampler: LabeledSampler, params, keys, score=None, model_state=None):
+def evaluate_point(
+  sampler: LabeledSampler,
+  params,
+  keys,
+  score=None,
+  model_state=None,
+  drift_test=(0.02, 0.05),
+  unbiased: bool = False,
+  before: dict | None = None,
+):
   """The measurements of the module docstring for one seed (plain floats); score: the
-  credit model's jitted `credit_fn` (learned sources) and model_state its parameters."""
+  source's jitted `credit_prediction` (sources with a model), model_state its state,
+  drift_test (tolerance, alpha) the per-tag tests (`rl.refresh`), and before the per-tag
+  gap statistics of the run's first point (`drift.tags` of update 0), against which
+  `credit_drift` tests this point's; unbiased: the source's gradient does not follow the
+  model's errors (`CreditSource.unbiased`), which the warning then says."""
   traj, labels, batch = jax.device_get(sampler(params, keys))
   mask = np.asarray(traj.mask)
   n_valid = max(int(mask.sum()), 1)
@@ -90,10 +107,35 @@ def evaluate_point(sampler: LabeledSampler, params, keys, score=None, model_stat
   if env.tag_names:
     tags = np.asarray(labels["tags"])[mask]
     out["tag_share"] = {t: float(np.sum(tags == i) / n_valid) for i, t in enumerate(env.tag_names)}
-  if score is not None:
-    out["drift"] = drift(np.asarray(score(model_state, batch)["mean"])[mask],
-                         np.asarray(labels["credit"])[mask])  # fmt: skip
   warnings = {}  # kind -> message
+  if score is not None:
+    pred = np.asarray(score(model_state, traj, batch))[mask]
+    ref = np.asarray(labels["credit"])[mask]
+    out["drift"] = drift(pred, ref)
+    names = env.tag_names or ("all",)
+    slices = np.asarray(labels["tags"])[mask] if env.tag_names else np.zeros(ref.shape, int)
+    ok = np.isfinite(ref)
+    gaps, slices = (pred - ref)[ok], slices[ok]
+    # how far the model is from this policy's credit, per tag (its own error included) ...
+    audit = sliced_gap_test(gaps, slices, names, *drift_test)
+    audit.pop("excess")
+    out["drift"]["audit"] = audit
+    out["drift"]["tags"] = slice_stats(gaps, slices, names)
+    if before is not None:
+      # ... and whether that distance has moved since the first point: the policy has left
+      # the states and actions the model described as it did then
+      shift = sliced_shift_test(out["drift"]["tags"], before, *drift_test)
+      shift.pop("excess")
+      out["drift"]["shift"] = shift
+      if shift["fired"]:
+        warnings["credit_drift"] = (
+          f"the credit model's gap on '{shift['slice']}' steps moved from "
+          f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the reference "
+          f"(tolerance {drift_test[0]:g}, alpha {drift_test[1]:g}): the policy has left the "
+          "model's support, "
+          + ("which costs this unbiased source variance, not direction" if unbiased
+             else "and a policy trained on it can be hacked")
+        )  # fmt: skip
   undetermined = out["klass_share"]["undetermined"]
   if undetermined > UNDETERMINED_WARNING:
     fix = ("set return_range=LO:HI: without bounds a tied step has no finite stderr"

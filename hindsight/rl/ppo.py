@@ -3,10 +3,13 @@
 Per seed, one update is
   1. roll E episodes of pi_theta (`labeling.rollout.sample_episode`, padded to H);
   2. the credit source's per-step signal A_t (`rl.sources`; `gae` here, over the critic);
-  3. advantages standardised over the batch's valid steps (`ppo.normalize`);
+  3. advantages standardised over the batch's valid steps (`ppo.normalize`): A_t -> (A_t - m)
+     / sigma, and a source's action values f(s, .) (`CreditSource.analytic`) -> f / sigma;
   4. `ppo.epochs` passes of `ppo.minibatches` minibatches (episodes shuffled) of
        L = clipped surrogate (rlax.clipped_surrogate_pg_loss, on the valid steps)
            - entropy_coef x entropy (rlax.entropy_loss) [+ value_coef x critic MSE]
+           [- mean_t sum_a pi_theta(a | s_t) f(s_t, a) / sigma]   (Q-Prop's analytic term)
+           [+ credit.trust_kl x mean_t KL(pi_theta || pi_theta_0)(s_t)] (trust-region sources)
      with Adam and global-norm clipping (optax);
   5. metrics of the batch: success rate, mean length, mean return, the share of each tag
      among the valid steps, and the env steps spent (policy rollouts, credit: int32 per
@@ -41,6 +44,7 @@ class TrainState:
 
   params: PyTree  # theta (nnx.State)
   critic: PyTree  # the critic's parameters (used by `gae` only)
+  anchor: PyTree  # theta_0, the policy a trust-region source stays near (else None)
   opt_state: PyTree
   key: jax.Array  # the next update's key
   update: jax.Array  # int32 [] updates done
@@ -81,6 +85,8 @@ class Programs:
       return TrainState(
         params=params,
         critic=critic,
+        # a copy: the chunk donates the state, and one buffer cannot be donated twice
+        anchor=jax.tree.map(jnp.copy, params) if self.source.trust_region else None,
         opt_state=self.tx.init((params, critic)),
         key=jax.random.fold_in(key, 1),
         update=jnp.int32(0),
@@ -126,6 +132,16 @@ class Programs:
     w = mask.reshape(-1).astype(jnp.float32)
     entropy_term = rlax.entropy_loss(logits.reshape(-1, logits.shape[-1]), w) * n / valid
     loss = pg + cfg.entropy * entropy_term
+    if self.source.analytic:
+      # Q-Prop: the action values enter through their expectation under pi_theta, whose
+      # gradient is sum_a grad pi(a | s) f(s, a); the sampled term corrects their bias.
+      expected = jnp.sum(jax.nn.softmax(logits) * batch["action_values"], -1)
+      loss -= jnp.sum(expected * mask) / valid
+    if self.source.trust_region:
+      anchor = self._per_step(task.policy.logits, batch["anchor"], batch["states"])
+      logp_all, logq_all = jax.nn.log_softmax(logits), jax.nn.log_softmax(anchor)
+      kl = jnp.sum(jnp.exp(logp_all) * (logp_all - logq_all), -1)
+      loss += float(self.config.credit.trust_kl) * jnp.sum(kl * mask) / valid
     if self.source.critic:
       feats = self._features(batch["states"])
       v = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
@@ -149,11 +165,13 @@ class Programs:
       adv, credit_steps = self.source.signal(aux, ts.params, traj, k_credit)
       targets = jnp.zeros_like(adv)
     mask = traj.mask
+    scale = jnp.ones(())
     if cfg.normalize:
       valid = jnp.maximum(mask.sum(), 1)
       mean = jnp.sum(adv * mask) / valid
       std = jnp.sqrt(jnp.sum(jnp.square(adv - mean) * mask) / valid)
-      adv = jnp.where(mask, (adv - mean) / (std + 1e-8), 0.0)
+      scale = 1.0 / (std + 1e-8)
+      adv = jnp.where(mask, (adv - mean) * scale, 0.0)
     logits = self._per_step(task.policy.logits, ts.params, states)
     old_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), traj.actions[..., None], -1)
     data = {
@@ -164,11 +182,15 @@ class Programs:
       "targets": targets,
       "old_logp": old_logp[..., 0],
     }
+    if self.source.analytic:
+      f = self.source.action_values(aux, ts.params, traj)  # [E, H, A]
+      data["action_values"] = jnp.where(mask[..., None], f * scale, 0.0)
     M = int(cfg.minibatches)
 
     def minibatch(carry, rows):
       params_critic, opt_state = carry
       batch = jax.tree.map(lambda x: x[rows], data)
+      batch["anchor"] = ts.anchor
       loss, grads = jax.value_and_grad(self._loss)(params_critic, batch)
       updates, opt_state = self.tx.update(grads, opt_state, params_critic)
       return (optax.apply_updates(params_critic, updates), opt_state), loss

@@ -1,20 +1,23 @@
-"""Keeping a credit model current while the policy it describes learns (`learned_current`).
+"""Keeping a source's model current while the policy it describes learns
+(`learned_current`, `credit_cv_current`).
 
-At every evaluation point each seed audits its own model: `refresh.episodes` fresh
-episodes of the current policy are labeled with K = `refresh.rollouts` (charged to the
-run), and the model's gaps g = prediction - label are tested per tag, because a signed
-mean over all steps lets opposite drifts cancel (the answer over-credited, decorative steps
-under-credited). For each of the m tags with >= 2 steps, a two-sided z-test at alpha / m
-(Bonferroni, so one audit's false-alarm probability is at most alpha):
+At every evaluation point each seed audits its own model: fresh episodes of the current
+policy are labeled (`CreditSource.audit_size`: refresh.episodes at K = refresh.rollouts
+unless the source says otherwise; charged to the run), and the model's gaps g =
+prediction - label are tested per tag, because a signed mean over all steps lets opposite
+drifts cancel (the answer over-credited, decorative steps under-credited). For each of the
+m tags with >= 2 steps, a two-sided z-test at alpha / m (Bonferroni, so one audit's
+false-alarm probability is at most alpha):
 
   fire  iff  |mean_tag g| > tolerance + z_{1 - alpha / 2m} sd_tag(g) / sqrt(n_tag)
 
 sd includes the labels' own noise, so a noisier label widens the test instead of firing
 it. This is a fixed-sample test per audit, not an anytime-valid sequence across audits:
 over a run of A audits the false alarms add up to at most A alpha, and each one costs only
-a fine-tune. When it fires, the model is fine-tuned from its current parameters on the
-audited labels (`model.fit.fit_credit_model(init=...)`) and its new state replaces the old
-one in the running update (an argument of the compiled chunk: nothing recompiles).
+a refit. When it fires, the model is fitted again from its current parameters on the
+audited labels (`CreditSource.refit`; the credit model through
+`model.fit.fit_credit_model(init=...)`), and its new state replaces the old one in the
+running update (an argument of the compiled chunk: nothing recompiles).
 """
 
 from __future__ import annotations
@@ -23,35 +26,71 @@ import jax
 import numpy as np
 from scipy import stats
 
-from hindsight.model.fit import fit_credit_model
 from hindsight.rl.sources import credit_arm_steps
+
+
+def slice_stats(gaps: np.ndarray, slices: np.ndarray, names) -> dict:
+  """name -> [mean, sd (ddof 1), n] of the gaps of each slice with >= 2 of them."""
+  out = {}
+  for s in np.unique(slices):
+    g = gaps[slices == s]
+    if g.size >= 2:
+      out[names[int(s)]] = [float(g.mean()), float(g.std(ddof=1)), int(g.size)]
+  return out
+
+
+def _worst(effects: dict, tolerance: float, alpha: float) -> dict:
+  """{fired, slice, excess} of the slice whose |effect| most exceeds tolerance + z se, over
+  effects {name: (effect, se)}, z at alpha / 2m for the m slices (Bonferroni)."""
+  z = stats.norm.ppf(1 - alpha / (2 * max(len(effects), 1)))
+  worst = {"fired": False, "slice": "", "excess": -np.inf}
+  for name, (effect, se) in effects.items():
+    excess = abs(effect) - (tolerance + z * se)
+    if excess > worst["excess"]:
+      worst = {"fired": bool(excess > 0), "slice": name, "excess": float(excess)}
+  return worst
 
 
 def sliced_gap_test(
   gaps: np.ndarray, slices: np.ndarray, names, tolerance: float, alpha: float
 ) -> dict:
-  """The per-slice test of the module docstring: {fired, slice (the worst), gap, bound}."""
-  present = [s for s in np.unique(slices) if np.sum(slices == s) >= 2]
-  z = stats.norm.ppf(1 - alpha / (2 * max(len(present), 1)))
-  worst = {"fired": False, "slice": "", "gap": 0.0, "excess": -np.inf}
-  for s in present:
-    g = gaps[slices == s]
-    bound = tolerance + z * g.std(ddof=1) / np.sqrt(g.size)
-    excess = abs(g.mean()) - bound
-    if excess > worst["excess"]:
-      worst = {"fired": bool(excess > 0), "slice": names[int(s)], "gap": float(g.mean()),
-               "excess": float(excess)}  # fmt: skip
+  """The per-slice test of the module docstring: {fired, slice (the worst), gap, excess}."""
+  per = slice_stats(gaps, slices, names)
+  worst = _worst({k: (m, sd / np.sqrt(n)) for k, (m, sd, n) in per.items()}, tolerance, alpha)
+  worst["gap"] = per[worst["slice"]][0] if worst["slice"] else 0.0
   return worst
 
 
-def audit_and_refresh(sampler, params, keys, score, model_state, predictor, config, seed: int):
-  """(new model state, record) for one seed: the audit's labels, test and, when it fires, a
-  fine-tune. record: {fired, slice, gap, env_steps (charged), fine_tuned}."""
+def sliced_shift_test(now: dict, before: dict, tolerance: float, alpha: float) -> dict:
+  """Has the gap moved? Per slice present in both `slice_stats`, a two-sample z-test of
+  the change in mean gap, Bonferroni over the m slices at alpha:
+
+    fire  iff  |mean_now - mean_before| > tolerance + z_{1 - alpha / 2m}
+                                                     sqrt(sd_now^2 / n_now + sd_before^2 / n_before)
+
+  A model that never fit some slice has the same gap before and after, so only a change
+  fires: the policy has moved where the model describes it otherwise. {fired, slice (the
+  worst), gap (now), before (its gap then), excess}."""
+  shared = [k for k in now if k in before]
+  effects = {}
+  for k in shared:
+    (m1, s1, n1), (m0, s0, n0) = now[k], before[k]
+    effects[k] = (m1 - m0, float(np.sqrt(s1**2 / n1 + s0**2 / n0)))
+  worst = _worst(effects, tolerance, alpha)
+  k = worst["slice"]
+  worst["gap"], worst["before"] = (now[k][0], before[k][0]) if k else (0.0, 0.0)
+  return worst
+
+
+def audit_and_refresh(sampler, params, keys, score, model_state, source, config, seed: int):
+  """(new model state, record) for one seed: the audit's labels, test and, when it fires,
+  the source's refit (`CreditSource.refit`). record: {fired, slice, gap, env_steps
+  (charged), fine_tuned}."""
   traj, labels, batch = jax.device_get(sampler(params, keys))
   mask = np.asarray(traj.mask)
   credit = np.asarray(labels["credit"])
   ok = mask & np.isfinite(credit)
-  pred = np.asarray(score(model_state, batch)["mean"])
+  pred = np.asarray(score(model_state, traj, batch))
   arms = np.asarray(labels["arm_steps"])
   names = sampler.task.env.tag_names
   slices = np.asarray(labels["tags"]) if names else np.zeros(mask.shape, int)
@@ -65,14 +104,6 @@ def audit_and_refresh(sampler, params, keys, score, model_state, predictor, conf
   record["env_steps"] = int(mask.sum() + credit_arm_steps(arms))
   record.pop("excess")
   if record["fired"]:
-    fitted = fit_credit_model(
-      batch,
-      predictor.spec,
-      predictor.model_config,
-      int(config.refresh.steps),
-      seed=seed,
-      init=model_state,
-    )
-    model_state = fitted.state
+    model_state = source.refit(model_state, traj, labels, batch, seed)
   record["fine_tuned"] = record["fired"]
   return model_state, record

@@ -167,18 +167,21 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
 
   reference = LabeledSampler(task, label_config(config, config.eval.rollouts))
   auditor = None
-  score = None
-  if source.predictor is not None:
-    score = jax.jit(source.predictor.credit_fn())
+  predict = source.credit_prediction()
+  score = None if predict is None else jax.jit(predict)
+  drift_test = (float(config.refresh.tolerance), float(config.refresh.alpha))
+  audit_episodes, audit_rollouts = source.audit_size()
   if source.refreshes:
-    auditor = LabeledSampler(task, label_config(config, config.refresh.rollouts))
+    auditor = LabeledSampler(task, label_config(config, audit_rollouts))
 
   def measure(update: int) -> dict:
     seeds = []
     for i in range(S):
       k = point_keys(keys[i], EVAL_STREAM, update, int(config.eval.episodes))
       model_state = _row(aux, i) if score is not None else None
-      seeds.append(evaluate_point(reference, _row(ts.params, i), k, score, model_state))
+      first = history["points"][0]["seeds"][i]["drift"]["tags"] if update and score else None
+      seeds.append(evaluate_point(reference, _row(ts.params, i), k, score, model_state,
+                                   drift_test, source.unbiased, first))  # fmt: skip
     return {"update": update, "policy_steps": list(history["policy_steps"]),
             "credit_steps": list(history["credit_steps"]), "seeds": seeds}  # fmt: skip
 
@@ -229,9 +232,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         if auditor is not None:
           audits = []
           for i in range(S):
-            k = point_keys(keys[i], AUDIT_STREAM, done, int(config.refresh.episodes))
+            k = point_keys(keys[i], AUDIT_STREAM, done, audit_episodes)
             new_state, record = audit_and_refresh(
-              auditor, _row(ts.params, i), k, score, _row(aux, i), source.predictor, config,
+              auditor, _row(ts.params, i), k, score, _row(aux, i), source, config,
               seed=int(config.seed) * 1000 + done * S + i,
             )  # fmt: skip
             if record["fine_tuned"]:
@@ -254,7 +257,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   finally:
     board.close()
     manager.close()
-  results = summarize(config, history, source.predictor is not None, task.env.horizon)
+  results = summarize(config, history, score is not None, task.env.horizon)
   write_json(os.path.join(workdir, "results.json"), results)
   return results
 

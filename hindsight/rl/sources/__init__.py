@@ -2,10 +2,13 @@
 (`base.CreditSource`, the registry in `base`). One module per family of sources; importing
 this package registers the ones that ship with hindsight, in the order docs/rl.md lists them:
 
-  outcome, gae                 outcome.py      no labels
-  mc_progress, mc_credit       monte_carlo.py  the labeler under the current policy
-  prm                          prm.py          a learned P(success | history)
-  learned, learned_current     learned.py      the credit model
+  outcome, gae                 outcome.py        no labels
+  mc_progress, mc_credit       monte_carlo.py    the labeler under the current policy
+  prm, shaped                  prm.py            a learned P(success | history)
+  learned, learned_current,    learned.py        the credit model
+  learned_trust
+  credit_cv, credit_cv_current,  action_values.py  per-action credit heads around the
+  anchored, credit_gated                         outcome
 """
 
 import importlib
@@ -20,7 +23,7 @@ from hindsight.rl.sources.base import (
 )
 
 # The modules of the shipped sources, imported (so registered) in this order.
-BUILTIN_MODULES = ("outcome", "monte_carlo", "prm", "learned")
+BUILTIN_MODULES = ("outcome", "monte_carlo", "prm", "learned", "action_values")
 for _module in BUILTIN_MODULES:
   importlib.import_module(f"{__name__}.{_module}")
 

@@ -50,8 +50,14 @@ class CreditSource:
   name: what `config.source` calls it.
   summary: one line for --help and errors (the definition lives in docs/rl.md).
   critic: the update trains a critic and takes GAE over it instead of calling `signal`.
-  refreshes: the trainer audits the credit model at every evaluation point and fine-tunes
-    it when it drifts (`rl.refresh`).
+  refreshes: the trainer audits the source's model at every evaluation point on fresh
+    labels of the current policy (`audit_size`) and refits it (`refit`) when it drifts
+    (`rl.refresh`).
+  analytic: the source also gives action values f(s, .) (`action_values`), which the update
+    adds through their expectation under the policy (Q-Prop's analytic term, `rl.ppo`).
+  trust_region: the update adds credit.trust_kl x KL(pi_theta || pi_theta_0).
+  unbiased: the policy gradient stays unbiased whatever the source's model gets wrong
+    (docs/rl.md derives it), so a drifting model costs variance, not direction.
   Set by `prepare`:
   aux: the pytree `signal` reads (shared by every seed; None when there is none).
   setup_steps: environment steps spent preparing it (labels or outcomes of the initial
@@ -63,6 +69,9 @@ class CreditSource:
   summary: ClassVar[str] = ""
   critic: ClassVar[bool] = False
   refreshes: ClassVar[bool] = False
+  analytic: ClassVar[bool] = False
+  trust_region: ClassVar[bool] = False
+  unbiased: ClassVar[bool] = False
 
   def __init__(self, task: Task, config: ConfigDict):
     self.task, self.config = task, config
@@ -78,6 +87,28 @@ class CreditSource:
     """(A [E, H], env steps spent int32 []) for the sampled episodes `traj` of the policy
     with `policy_params`, inside the update's jit; A is 0 on padding."""
     raise NotImplementedError(f"source '{self.name}' has no signal")
+
+  def action_values(self, aux, policy_params, traj) -> jax.Array:
+    """f [E, H, A]: a value per action at every step (`analytic` sources), inside the jit."""
+    raise NotImplementedError(f"source '{self.name}' has no action values")
+
+  def audit_size(self) -> tuple[int, int]:
+    """(episodes, K) of each audit of a `refreshes` source: refresh.episodes at
+    refresh.rollouts unless the source says otherwise."""
+    return int(self.config.refresh.episodes), int(self.config.refresh.rollouts)
+
+  def refit(self, model_state, traj, labels, batch, seed: int):
+    """The model state fitted again, from `model_state`, on an audit's fresh episodes of
+    the current policy: `traj`, their `labels` and `batch` (the two as
+    `labeling.trajectories.trajectory_batch`; `refreshes` sources). Runs on the host
+    between update chunks."""
+    raise NotImplementedError(f"source '{self.name}' cannot be refit")
+
+  def credit_prediction(self):
+    """None, or predict(aux, traj, batch) -> [E, H]: the source's own estimate of each
+    taken step's credit, which every evaluation point holds against the reference (the
+    drift metrics and the `credit_drift` warning, `rl.measure`). Traceable."""
+    return None
 
   @staticmethod
   def no_steps() -> jax.Array:

@@ -4,6 +4,8 @@ loaded from `credit.model`), scored inside the update's jit:
   learned           A_t = E[credit_t | trace], the credit model's mixture mean
   learned_current   the same, with the model kept current (`rl.refresh`: audited at every
                     evaluation point, fine-tuned on fresh labels when it drifts)
+  learned_trust     the same, frozen, with the policy held near the one the model was
+                    trained on: the update adds credit.trust_kl x KL(pi_theta || pi_theta_0)
 
 Charged the labels it learned from (episodes plus the keep and replace arms) and, kept
 current, every audit's.
@@ -42,13 +44,16 @@ def snapshot_params(task: Task, key: jax.Array, scale: float):
   return nnx.state(net)
 
 
-def initial_labels(task: Task, config: ConfigDict, rollouts: int, seed_offset: int):
-  """(trajectories, labels, env steps) of credit.model_episodes fresh episodes, labeled
-  with K = rollouts: the training data of the models sources learn. They come from the
-  initial policy, or with credit.model_snapshots = S from S policies (theta_0 and S - 1
-  `snapshot_params`), an even share each, each labeled under its own policy."""
+def initial_labels(
+  task: Task, config: ConfigDict, rollouts: int, seed_offset: int, episodes: int | None = None
+):
+  """(trajectories, labels, env steps) of credit.model_episodes (or `episodes`) fresh
+  episodes, labeled with K = rollouts: the training data of the models sources learn. They
+  come from the initial policy, or with credit.model_snapshots = S from S policies (theta_0
+  and S - 1 `snapshot_params`), an even share each, each labeled under its own policy."""
   labeler = Labeler(task.env, task.policy, label_config(config, rollouts))
-  n, S = int(config.credit.model_episodes), int(config.credit.model_snapshots)
+  n = int(config.credit.model_episodes if episodes is None else episodes)
+  S = int(config.credit.model_snapshots)
   keys = jax.vmap(episode_key, (None, 0))(config.seed + seed_offset, jnp.arange(n))
 
   def sample_and_label(params, k):
@@ -124,9 +129,28 @@ class Learned(CreditSource):
     out = self.predictor.credit_fn()(aux, trajectory_batch(self.task.env, traj))
     return jnp.where(traj.mask, out["mean"], 0.0), self.no_steps()
 
+  def credit_prediction(self):
+    fn = self.predictor.credit_fn()
+    return lambda aux, traj, batch: fn(aux, batch)["mean"]
+
 
 @register_source
 class LearnedCurrent(Learned):
   name = "learned_current"
   summary = "... audited along training, fine-tuned on fresh labels when it drifts"
   refreshes = True
+
+  def refit(self, model_state, traj, labels, batch, seed: int):
+    del traj, labels
+    predictor, steps = self.predictor, int(self.config.refresh.steps)
+    fitted = fit_credit_model(
+      batch, predictor.spec, predictor.model_config, steps, seed=seed, init=model_state
+    )
+    return fitted.state
+
+
+@register_source
+class LearnedTrust(Learned):
+  name = "learned_trust"
+  summary = "... with a KL penalty (credit.trust_kl) to the policy the model was trained on"
+  trust_region = True

@@ -3,6 +3,10 @@
 prm   A_t = p_t - p_{t-1}, p_t = PRM(h_<=t) = P(success | history), a causal history model
       trained by cross-entropy on the outcomes of the initial policy's episodes
       (`drift.baselines`); charged those episodes' steps
+shaped A_t = R - p_{t-1}: the same PRM as a potential (Ng et al. 1999). With
+      F_t = p_t - p_{t-1} added to every reward, the return from t becomes R - p_{t-1} (the
+      potential of the terminal history is 0), and p_{t-1} reads nothing of a_t: a
+      baseline, so the policy gradient stays unbiased however wrong the PRM is
 """
 
 from __future__ import annotations
@@ -48,7 +52,32 @@ class Prm(CreditSource):
     self.base = float(batch["success"].mean())
     self.setup_steps = int(batch["mask"].sum())
 
+  def progress(self, aux, traj) -> jax.Array:
+    """p_t = P(success | h_<=t) [E, H] of the sampled episodes."""
+    return jax.nn.sigmoid(nnx.merge(self.graphdef, aux)(trajectory_batch(self.task.env, traj)))
+
   def signal(self, aux, policy_params, traj, key):
     del policy_params, key
     logits = nnx.merge(self.graphdef, aux)(trajectory_batch(self.task.env, traj))
     return prm_increments(logits, traj.mask, self.base), self.no_steps()
+
+  def credit_prediction(self):
+    def predict(aux, traj, batch):
+      logits = nnx.merge(self.graphdef, aux)(batch)
+      return prm_increments(logits, traj.mask, self.base)
+
+    return predict
+
+
+@register_source
+class Shaped(Prm):
+  name = "shaped"
+  summary = "R - PRM(h<t): the PRM as a shaping potential, i.e. a baseline (unbiased)"
+  unbiased = True
+
+  def signal(self, aux, policy_params, traj, key):
+    del policy_params, key
+    p = self.progress(aux, traj)
+    before = jnp.concatenate([jnp.full((p.shape[0], 1), self.base, p.dtype), p[:, :-1]], 1)
+    R = traj.rewards.sum(-1)[:, None]
+    return jnp.where(traj.mask, R - before, 0.0), self.no_steps()
