@@ -248,6 +248,7 @@ def test_the_experiment_smoke_runs_end_to_end(tmp_path, capsys):
     assert results["summary"][name]["success"][0] == pytest.approx(mean)
   assert results["sources"]["mc_credit"]["seeds"][0]["credit_env_steps"] > 0
   assert os.path.getsize(os.path.join(out, "curves.png")) > 10_000
+  assert os.path.getsize(os.path.join(out, "budget.png")) > 10_000
   with open(os.path.join(out, "table.md")) as f:
     assert "| mc_credit |" in f.read()
   # The loaded policy is the trained one of seed 1: its rollouts on the run's last evaluation

@@ -229,3 +229,30 @@ def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
   for delta, fires in ((edge - 1e-6, False), (edge + 1e-6, True)):
     now = {"a": [delta, 0.3, 60], "b": [0.0, 0.1, 80]}
     assert sliced_shift_test(now, then, 0.02, 0.05)["fired"] is fires, delta
+
+
+def test_the_experiment_reads_leads_collapses_and_budgets_off_the_curves():
+  """warning_lead, collapsed and budget_margins on two hand-written runs: a learned source
+  whose model costs 100 env steps before its first update, warned at update 10 with one
+  seed falling at 20; and outcome RL, which spends nothing on credit."""
+  from hindsight.rl.experiment import budget_margins, collapsed, warning_lead
+
+  def point(update, steps, credit, successes, warned=()):
+    seeds = [{"success": x, "warnings": {"credit_drift": "..."} if i in warned else {}}
+             for i, x in enumerate(successes)]  # fmt: skip
+    return {"update": update, "policy_steps": [steps] * 2, "credit_steps": [credit] * 2,
+            "seeds": seeds}  # fmt: skip
+
+  learned = {"curve": [point(0, 0, 100, (0.5, 0.5)), point(10, 50, 100, (0.6, 0.45), (1,)),
+                       point(20, 100, 100, (0.7, 0.3), (0, 1))]}  # fmt: skip
+  learned["seeds"] = learned["curve"][-1]["seeds"]
+  outcome = {"curve": [point(0, 0, 0, (0.5, 0.5)), point(10, 50, 0, (0.8, 0.8)),
+                       point(20, 100, 0, (0.9, 0.9))]}  # fmt: skip
+  assert warning_lead(learned) == [
+    {"warned": 20, "fell": None, "lead": None},
+    {"warned": 10, "fell": 20, "lead": 10},  # 0.45 is within 0.1 of 0.5; 0.3 is not
+  ]
+  assert collapsed(learned) == 1
+  # at 100, 150 and 200 env steps outcome RL is at its last point (0.9); the learned run is
+  # at 0.5, 0.525 and 0.5
+  np.testing.assert_allclose(budget_margins(learned, outcome), [-0.4, -0.375, -0.4])

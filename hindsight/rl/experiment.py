@@ -82,12 +82,22 @@ def collapsed(result: dict, drop: float = COLLAPSE_DROP) -> int:
   return int(sum(b["success"] < a["success"] - drop for a, b in zip(first, last, strict=True)))
 
 
+def _total_steps(curve, amortised_over: int = 1) -> np.ndarray:
+  """Mean env steps per run at each evaluation point: policy + credit, with the setup (the
+  model's labels of the initial policy, in every point's credit steps) divided between
+  `amortised_over` runs that share it."""
+  setup = np.mean(curve[0]["credit_steps"])
+  total = np.array([np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in curve])
+  return total - setup + setup / amortised_over
+
+
 def success_at_budget(result: dict, budget: float) -> float:
   """Mean success over seeds at the last evaluation point whose total env steps per run
   (policy + credit) are within `budget`; the start's when none is."""
-  best = result["curve"][0]
-  for p in result["curve"]:
-    if np.mean(np.add(p["policy_steps"], p["credit_steps"])) <= budget:
+  curve = result["curve"]
+  best = curve[0]
+  for p, total in zip(curve, _total_steps(curve), strict=True):
+    if total <= budget:
       best = p
   return float(np.mean([s["success"] for s in best["seeds"]]))
 
@@ -96,7 +106,7 @@ def budget_margins(result: dict, other: dict, from_share: float = 0.25) -> list[
   """success(result) - success(other) at each of `result`'s evaluation points whose total
   env steps are at least `from_share` of its final total (its curve against the other's
   on the budget plot, from that share of the run on)."""
-  totals = [np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in result["curve"]]
+  totals = _total_steps(result["curve"])
   return [
     success_at_budget(result, b) - success_at_budget(other, b)
     for b in totals
@@ -213,9 +223,9 @@ def markdown(
         m = budget_margins(results[n], results[rival])
         cells.append(f"vs {rival} {min(m):+.3f} ({sum(x >= 0 for x in m)}/{len(m)} at or above)")
       lines.append(f"- {n}: " + ", ".join(cells))
-  lines += ["", "collapsed: seeds whose final success is more than 0.1 below their start. "
-            "amortised: credit env steps per run when the seeds share one model (its labels "
-            "charged once between them)."]  # fmt: skip
+  lines += ["", f"collapsed: seeds whose final success is more than {COLLAPSE_DROP:g} below "
+            "their start. amortised: credit env steps per run when the seeds share one model "
+            "(its labels charged once between them)."]  # fmt: skip
   if voided:
     lines += [
       "",
@@ -230,21 +240,12 @@ def markdown(
 
 
 def _styles(names) -> dict:
-  """name -> matplotlib line style: a colour each (tab20), solid for the sources without a
-  learned model, dashed for those with one, so thirteen curves stay apart."""
+  """name -> {"color": ...}: a colour of tab20 each, the dark shades first, so up to twenty
+  curves stay apart."""
   import matplotlib
 
   colours = matplotlib.colormaps["tab20"].colors
   return {n: {"color": colours[(2 * i) % 20 + (2 * i) // 20]} for i, n in enumerate(names)}
-
-
-def _total_steps(curve, amortised_over: int = 1) -> np.ndarray:
-  """Mean env steps per run at each evaluation point: policy + credit, with the setup (the
-  model's labels of the initial policy, in every point's credit steps) divided between
-  `amortised_over` runs that share it."""
-  setup = np.mean(curve[0]["credit_steps"])
-  total = np.array([np.mean(np.add(p["policy_steps"], p["credit_steps"])) for p in curve])
-  return total - setup + setup / amortised_over
 
 
 def _curves(ax, results: dict, get, amortised_over: int = 1) -> None:
