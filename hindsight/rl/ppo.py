@@ -101,14 +101,10 @@ class Programs:
     f = jax.vmap(jax.vmap(fn, (None, 0, None)), (None, 0, None))
     return f(params, states, self.task.env_params)
 
-  def _features(self, states):
-    f = jax.vmap(jax.vmap(self.task.policy.features, (0, None)), (0, None))
-    return f(states, self.task.env_params)
-
   def _gae(self, critic, traj):
     """(advantages, value targets) [E, H] by rlax GAE over V(s_0..s_H), V = 0 once done."""
     cfg = self.config.ppo
-    feats = self._features(traj.states)  # [E, H + 1, D]
+    feats = self.task.step_features(traj.states)  # [E, H + 1, D]
     values = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
     values = jnp.where(traj.states.done, 0.0, values)
     discounts = cfg.gamma * (1.0 - traj.states.done[:, 1:].astype(jnp.float32))
@@ -143,7 +139,7 @@ class Programs:
       kl = jnp.sum(jnp.exp(logp_all) * (logp_all - logq_all), -1)
       loss += float(self.config.credit.trust_kl) * jnp.sum(kl * mask) / valid
     if self.source.critic:
-      feats = self._features(batch["states"])
+      feats = self.task.step_features(batch["states"])
       v = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
       loss += cfg.value_coef * jnp.sum(jnp.square(v - batch["targets"]) * mask) / valid
     return loss

@@ -51,6 +51,12 @@ class Task:
   # them a tied step has no finite stderr.
   bounded: bool = True
 
+  def step_features(self, states) -> jax.Array:
+    """x(s_t) [E, T, D]: the policy's features of states with leaves [E, T, ...] (what the
+    policy, the critic and the credit heads read)."""
+    f = jax.vmap(jax.vmap(self.policy.features, (0, None)), (0, None))
+    return f(states, self.env_params)
+
 
 def parse_return_range(text: str) -> tuple[float, float] | None:
   """config.return_range "LO:HI" -> (lo, hi); "" -> None (the environment's own bounds)."""

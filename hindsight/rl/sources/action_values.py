@@ -34,16 +34,9 @@ from ml_collections import ConfigDict
 from hindsight.policies.neural import MLP
 from hindsight.rl.sources.base import CreditSource, register_source
 from hindsight.rl.sources.learned import initial_labels
-from hindsight.rl.task import Task
 
 # the heads' labels (initial_labels' seed offset); + 1: the fit's minibatches, + 2: bootstrap
 _HEAD_STREAM = 15485863
-
-
-def step_features(task: Task, states) -> jax.Array:
-  """x(s_t) [E, T, D]: the policy's features of states with leaves [E, T, ...]."""
-  f = jax.vmap(jax.vmap(task.policy.features, (0, None)), (0, None))
-  return f(states, task.env_params)
 
 
 def init_heads(dim: int, num_actions: int, head: ConfigDict, seed: int):
@@ -109,7 +102,7 @@ class _Heads(CreditSource):
     each member's Poisson(1) bootstrap weights (from `key`, else the run's seed)."""
     H, members = self.task.env.horizon, int(self.config.head.members)
     states = jax.tree.map(lambda s: s[:, :H], traj.states)
-    x = np.asarray(step_features(self.task, states)).reshape(traj.mask.size, -1)
+    x = np.asarray(self.task.step_features(states)).reshape(traj.mask.size, -1)
     credit = np.asarray(labels["credit"]).reshape(-1)
     ok = np.asarray(traj.mask).reshape(-1) & np.isfinite(credit)
     order = np.argsort(~ok, kind="stable")  # valid rows first
@@ -134,7 +127,7 @@ class _Heads(CreditSource):
   def heads(self, aux, traj) -> jax.Array:
     """f_m(x(s_t)) [M, E, H, A] of every member at the sampled episodes' steps."""
     H = self.task.env.horizon
-    x = step_features(self.task, jax.tree.map(lambda s: s[:, :H], traj.states))
+    x = self.task.step_features(jax.tree.map(lambda s: s[:, :H], traj.states))
     apply = lambda p: nnx.merge(self.graphdef, p)(x)  # noqa: E731
     return jax.vmap(apply)(aux)
 
