@@ -67,8 +67,8 @@ def base_config() -> ConfigDict:
   c.credit.snapshot_scale = 0.0
   c.credit.trust_kl = 0.1  # learned_trust: weight of KL(pi_theta || pi_theta_0) in the loss
 
-  # credit_cv, anchored, credit_gated: an ensemble of per-action credit heads over the
-  # policy's features, fitted on labels of the initial policy (charged to the run)
+  # credit_cv, credit_cv_current, anchored, credit_gated: an ensemble of per-action credit
+  # heads over the policy's features, fitted on labels of the initial policy (charged)
   c.head = ConfigDict()
   c.head.episodes = 128  # episodes of the initial policy labeled for the heads
   c.head.rollouts = 8  # their K
@@ -86,8 +86,8 @@ def base_config() -> ConfigDict:
   c.refresh = ConfigDict()  # learned_current: audit at every evaluation point
   c.refresh.episodes = 32  # fresh episodes of the current policy labeled per audit
   c.refresh.rollouts = 16  # their K
-  # per-tag |mean gap| beyond this is drift (the audits', and every evaluation point's
-  # credit_drift warning against the reference)
+  # per-tag |mean gap| beyond this is drift: in the audits, and in every evaluation point's
+  # tests against the reference (its change since update 0 raises credit_drift)
   c.refresh.tolerance = 0.02
   c.refresh.alpha = 0.05  # false-alarm probability of one test (split over the tags)
   c.refresh.steps = 300  # fine-tuning steps when the alarm fires (from the current model)
