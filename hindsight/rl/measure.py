@@ -30,7 +30,7 @@ from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
-from hindsight.rl.refresh import slice_stats, sliced_gap_test, sliced_shift_test
+from hindsight.rl.refresh import slice_stats, sliced_gap_test, sliced_shift_test, tag_slices
 from hindsight.rl.task import Task
 
 # Above this share of undetermined reference steps the class shares say nothing.
@@ -112,10 +112,9 @@ def evaluate_point(
     pred = np.asarray(score(model_state, traj, batch))[mask]
     ref = np.asarray(labels["credit"])[mask]
     out["drift"] = drift(pred, ref)
-    names = env.tag_names or ("all",)
-    slices = np.asarray(labels["tags"])[mask] if env.tag_names else np.zeros(ref.shape, int)
+    slices, names = tag_slices(env, labels)
     ok = np.isfinite(ref)
-    gaps, slices = (pred - ref)[ok], slices[ok]
+    gaps, slices = (pred - ref)[ok], slices[mask][ok]
     # how far the model is from this policy's credit, per tag (its own error included) ...
     audit = sliced_gap_test(gaps, slices, names, *drift_test)
     audit.pop("excess")

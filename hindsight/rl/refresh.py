@@ -29,6 +29,14 @@ from scipy import stats
 from hindsight.rl.sources import credit_arm_steps
 
 
+def tag_slices(env, labels) -> tuple[np.ndarray, tuple[str, ...]]:
+  """(slice index per step [E, H], slice names): the environment's tags, or one slice
+  "all" when it has none."""
+  if env.tag_names:
+    return np.asarray(labels["tags"]), tuple(env.tag_names)
+  return np.zeros(np.shape(labels["credit"]), int), ("all",)
+
+
 def slice_stats(gaps: np.ndarray, slices: np.ndarray, names) -> dict:
   """name -> [mean, sd (ddof 1), n] of the gaps of each slice with >= 2 of them."""
   out = {}
@@ -92,12 +100,11 @@ def audit_and_refresh(sampler, params, keys, score, model_state, source, config,
   ok = mask & np.isfinite(credit)
   pred = np.asarray(score(model_state, traj, batch))
   arms = np.asarray(labels["arm_steps"])
-  names = sampler.task.env.tag_names
-  slices = np.asarray(labels["tags"]) if names else np.zeros(mask.shape, int)
+  slices, names = tag_slices(sampler.task.env, labels)
   record = sliced_gap_test(
     (pred - credit)[ok],
     slices[ok],
-    names or ("all",),
+    names,
     float(config.refresh.tolerance),
     float(config.refresh.alpha),
   )

@@ -179,7 +179,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     for i in range(S):
       k = point_keys(keys[i], EVAL_STREAM, update, int(config.eval.episodes))
       model_state = _row(aux, i) if score is not None else None
-      first = history["points"][0]["seeds"][i]["drift"]["tags"] if update and score else None
+      first = (
+        history["points"][0]["seeds"][i]["drift"]["tags"] if update and score is not None else None
+      )
       seeds.append(evaluate_point(reference, _row(ts.params, i), k, score, model_state,
                                    drift_test, source.unbiased, first))  # fmt: skip
     return {"update": update, "policy_steps": list(history["policy_steps"]),

@@ -52,21 +52,20 @@ class Prm(CreditSource):
     self.base = float(batch["success"].mean())
     self.setup_steps = int(batch["mask"].sum())
 
-  def progress(self, aux, traj) -> jax.Array:
-    """p_t = P(success | h_<=t) [E, H] of the sampled episodes."""
-    return jax.nn.sigmoid(nnx.merge(self.graphdef, aux)(trajectory_batch(self.task.env, traj)))
+  def logits(self, aux, traj, batch=None) -> jax.Array:
+    """logit P(success | h_<=t) [E, H] of the sampled episodes (`batch`: their
+    `trajectory_batch`, when the caller has it)."""
+    batch = trajectory_batch(self.task.env, traj) if batch is None else batch
+    return nnx.merge(self.graphdef, aux)(batch)
 
   def signal(self, aux, policy_params, traj, key):
     del policy_params, key
-    logits = nnx.merge(self.graphdef, aux)(trajectory_batch(self.task.env, traj))
-    return prm_increments(logits, traj.mask, self.base), self.no_steps()
+    return prm_increments(self.logits(aux, traj), traj.mask, self.base), self.no_steps()
 
   def credit_prediction(self):
-    def predict(aux, traj, batch):
-      logits = nnx.merge(self.graphdef, aux)(batch)
-      return prm_increments(logits, traj.mask, self.base)
-
-    return predict
+    return lambda aux, traj, batch: prm_increments(
+      self.logits(aux, traj, batch), traj.mask, self.base
+    )
 
 
 @register_source
@@ -77,7 +76,7 @@ class Shaped(Prm):
 
   def signal(self, aux, policy_params, traj, key):
     del policy_params, key
-    p = self.progress(aux, traj)
+    p = jax.nn.sigmoid(self.logits(aux, traj))  # p_t = P(success | h_<=t)
     before = jnp.concatenate([jnp.full((p.shape[0], 1), self.base, p.dtype), p[:, :-1]], 1)
     R = traj.rewards.sum(-1)[:, None]
     return jnp.where(traj.mask, R - before, 0.0), self.no_steps()
