@@ -303,7 +303,12 @@ def _load_data(config: ConfigDict, workdir: str) -> _Data:
   reader = EpisodeReader(labels)
   fractions = (config.data.validation_fraction, config.data.test_fraction)
   splits = split_episodes(len(labels), fractions, int(config.seed))
-  lengths, spec = reader.scan(splits["train"], labels.metadata.get("horizon"))
+  # Text traces: the tokenizer the model reads with (`data.tokenizer`, configs/text.py).
+  tokenizer = {
+    "kind": config.data.get("tokenizer", "bpe"),
+    "vocab_size": int(config.data.get("vocab_size", 512)),
+  }
+  lengths, spec = reader.scan(splits["train"], labels.metadata.get("horizon"), tokenizer)
   init = None
   if config.init_from:
     init = _init_model(config, spec)

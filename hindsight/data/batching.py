@@ -19,7 +19,7 @@ import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
 from hindsight.data.episode import Episode, check_length
-from hindsight.data.spec import DataSpec, observation_statistics, value_scale
+from hindsight.data.spec import DataSpec, observation_statistics, token_bucket, value_scale
 from hindsight.errors import HindsightError
 
 SPLITS = ("train", "validation", "test")
@@ -61,12 +61,17 @@ class EpisodeReader:
       self._cache[i] = Episode.from_example(self.labels[int(i)])
     return self._cache[i]
 
-  def scan(self, train: np.ndarray, horizon: int | None) -> tuple[np.ndarray, DataSpec]:
-    """One pass over every episode: lengths [N] and the DataSpec of the training split."""
+  def scan(
+    self, train: np.ndarray, horizon: int | None, tokenizer: dict | None = None
+  ) -> tuple[np.ndarray, DataSpec]:
+    """One pass over every episode: lengths [N] and the DataSpec of the training split.
+    A dataset of text traces (`step_text`) gives a text spec, its tokenizer made by
+    `text_spec_fields` from the training split's steps with the options `tokenizer`
+    ({"kind": "bpe" | "bytes", "vocab_size": int}; default a 512-id BPE)."""
     lengths = np.zeros(len(self), np.int64)
     in_train = np.zeros(len(self), bool)
     in_train[train] = True
-    obs, credits, actions_max = [], [], 0
+    obs, credits, actions_max, texts = [], [], 0, []
     for i in range(len(self)):
       ex = self.labels[i]
       lengths[i] = len(ex["actions"])
@@ -74,6 +79,7 @@ class EpisodeReader:
         obs.append(np.asarray(ex["observations"]))
         credits.append(np.asarray(ex["credit"], np.float64))
         actions_max = max(actions_max, int(np.max(ex["actions"], initial=0)))
+        texts.extend(ex.get("step_text", ()))
     meta = self.labels.metadata
     first = obs[0]
     if np.issubdtype(first.dtype, np.integer) and first.ndim == 1:
@@ -89,6 +95,10 @@ class EpisodeReader:
         "are neither int ids nor float vectors"
       )
     scale = value_scale(np.concatenate(credits))
+    text = {}
+    if texts:
+      text = text_spec_fields([t.decode() if isinstance(t, bytes) else t for t in texts], tokenizer)
+      kind, actions_max = "text", 0
     spec = DataSpec(
       num_agents=len(meta.get("agent_names") or ()),
       success_threshold=float(meta.get("success_threshold", 0.0)),
@@ -103,8 +113,23 @@ class EpisodeReader:
       value_scale=scale,
       decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
       confidence=float(meta.get("confidence", 0.95)),
+      **text,
     )
     return lengths, spec
+
+
+def text_spec_fields(texts: list[str], options: dict | None = None) -> dict:
+  """The text fields of a DataSpec for training steps `texts`: the tokenizer (a BPE of
+  options["vocab_size"] ids trained on them, or bytes), the token bucket of the longest step
+  (`step_tokens`, the training batches' shape) and twice that as the longest step a model
+  reads (`max_step_tokens`)."""
+  from hindsight.text.tokenizer import make_tokenizer
+
+  options = {"kind": "bpe", "vocab_size": 512, **(options or {})}
+  tok = make_tokenizer(options["kind"], texts, int(options["vocab_size"]))
+  longest = max(ids.size for ids in tok.encode_batch(texts))
+  step = token_bucket(longest)
+  return {"tokenizer": tok.to_json(), "step_tokens": step, "max_step_tokens": 2 * step}
 
 
 def bucket_lengths(lengths: np.ndarray, num_buckets: int, multiple: int = 8) -> tuple[int, ...]:
@@ -185,7 +210,9 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
   return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec)
 
 
-def episodes_batch(episodes, pad: int, spec: DataSpec, allow_longer: bool = False) -> dict:
+def episodes_batch(
+  episodes, pad: int, spec: DataSpec, allow_longer: bool = False, token_pad: int | None = None
+) -> dict:
   """Padded arrays of in-memory episodes (None = an empty row), every field [B, T] unless
   noted; episodes longer than `pad` are cut at `pad`, and episodes longer than the model's
   `spec.max_length` are refused unless `allow_longer` (`episode.check_length`).
@@ -198,10 +225,12 @@ def episodes_batch(episodes, pad: int, spec: DataSpec, allow_longer: bool = Fals
   partial dataset left unlabeled: episode["labeled"] false).
   observations: float [B, T, D] or int [B, T]; success: float [B].
   Multi-agent specs add agent [B, T] (who acted), agent_shapley and its stderr [B, n], and
-  agent_mask [B] (a real episode with agent labels).
+  agent_mask [B] (a real episode with agent labels). Text specs add tokens int32 [B, T, L]:
+  each step's token ids (`text.episodes.step_tokens`), 0-padded to L = token_pad (default
+  `spec.step_tokens`, the training shape; longer steps are cut at L).
   """
   B = len(episodes)
-  vector = spec.obs_kind == "vector"
+  vector = spec.obs_kind in ("vector", "text")  # text: the position feature t / T [T, 1]
   obs_shape = (B, pad, spec.obs_dim) if vector else (B, pad)
   batch = {
     "observations": np.zeros(obs_shape, np.float32 if vector else np.int32),
@@ -222,6 +251,14 @@ def episodes_batch(episodes, pad: int, spec: DataSpec, allow_longer: bool = Fals
     batch["agent_shapley"] = np.zeros((B, n_agents), np.float32)
     batch["agent_shapley_stderr"] = np.zeros((B, n_agents), np.float32)
     batch["agent_mask"] = np.zeros(B, bool)
+  if spec.text:
+    from hindsight.text.episodes import step_tokens
+
+    L = int(token_pad or spec.step_tokens)
+    batch["tokens"] = np.zeros((B, pad, L), np.int32)
+    for row, steps in enumerate(step_tokens(episodes, spec)):
+      for t, ids in enumerate(steps[:pad]):
+        batch["tokens"][row, t, : min(ids.size, L)] = ids[:L]
   for row, ep in enumerate(episodes):
     if ep is None:
       continue

@@ -10,6 +10,7 @@ An `Episode` holds T valid steps (no padding) of what an observer of the trace s
                 (`Environment.success`, computed once where the trajectory was sampled)
   tags          T names of what each step did (analysis only; may be empty)
   agent         int32 [T] who acted (multi-agent environments), or None
+  step_text     T strings, the text of each step (text traces; empty otherwise)
 
 and, when it comes from a label dataset, its labels (None otherwise):
 
@@ -22,7 +23,8 @@ and, when it comes from a label dataset, its labels (None otherwise):
 Where episodes come from:
   `Episode.from_example`      a decoded label-dataset example (`open_labels(DIR)[i]`);
   `Episode.parse`             the export format (JSON lines, HTTP bodies, plain dicts),
-                              checked against a model's `DataSpec` with one-line errors;
+                              checked against a model's `DataSpec` with one-line errors
+                              (a text model's: the trace format, `text.episodes`);
   `labeling.trajectories.episodes_from_trajectories`   sampled `Trajectory`s.
 `Episode.to_json` writes the export format back.
 """
@@ -60,6 +62,7 @@ class Episode:
   labeled: np.ndarray | None = None
   agent_shapley: np.ndarray | None = None
   agent_shapley_stderr: np.ndarray | None = None
+  step_text: tuple[str, ...] = ()
 
   def __len__(self) -> int:
     return int(self.actions.shape[0])
@@ -96,6 +99,7 @@ class Episode:
       labeled=optional("labeled", bool),
       agent_shapley=optional("agent_shapley", np.float32),
       agent_shapley_stderr=optional("agent_shapley_stderr", np.float32),
+      step_text=tuple(_text(x) for x in ex.get("step_text", ())),
     )
 
   @classmethod
@@ -107,6 +111,10 @@ class Episode:
     environment defines success as a return level (`DataSpec.success_from_return`)."""
     if isinstance(episode, Episode):
       episode = episode.to_arrays()
+    if spec.text:
+      from hindsight.text.episodes import parse_text_episode
+
+      return parse_text_episode(episode, spec, where)
     if not isinstance(episode, dict):
       raise HindsightError(f"{where}: expected an object with observations, actions, rewards")
     for name in ("observations", "actions", "rewards"):
@@ -159,9 +167,9 @@ class Episode:
     out = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if f.name == "tags":
+      if f.name in ("tags", "step_text"):
         if value:
-          out["tags"] = list(value)
+          out[f.name] = list(value)
       elif value is not None:
         out[f.name] = value
     return out
@@ -177,6 +185,10 @@ class Episode:
       else:
         out[name] = value
     return out
+
+
+def _text(x) -> str:
+  return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def _parse_success(success, rewards: np.ndarray, spec: DataSpec, where: str) -> bool:

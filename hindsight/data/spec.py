@@ -16,8 +16,9 @@ import numpy as np
 class DataSpec:
   """What the model must know about a label dataset; saved as JSON beside checkpoints.
 
-  obs_kind: "discrete" (one int id per step, embedded) or "vector" (float [D], an MLP).
-  obs_dim: the number of ids (discrete) or D (vector).
+  obs_kind: "discrete" (one int id per step, embedded), "vector" (float [D], an MLP) or
+    "text" (each step's text, tokenized and read by a step encoder).
+  obs_dim: the number of ids (discrete) or D (vector; text: the dataset's position feature).
   obs_mean, obs_std: per-feature statistics of the training split (vector observations).
   value_scale: the standard deviation of the training split's finite credits; credits,
     rewards and returns are divided by it inside the model, so one config fits any scale.
@@ -25,6 +26,12 @@ class DataSpec:
     (`Environment.success_from_return`). Only then may an episode given without `success`
     (JSON lines, HTTP) have it derived from its rewards; otherwise a missing `success` is
     an error naming the field (key_to_door's success is the door, not a return level).
+  tokenizer: text models: the tokenizer's record (`hindsight.text.tokenizer.Tokenizer.to_json`),
+    so a checkpoint alone restores the ids it was trained on; "" otherwise.
+  step_tokens: text models: the tokens per step training batches are padded to (the bucket
+    of the longest training step).
+  max_step_tokens: text models: the longest step the model reads, in tokens; a longer step
+    is refused with a one-line error.
   """
 
   obs_kind: str
@@ -42,6 +49,13 @@ class DataSpec:
   confidence: float = 0.95
   success_threshold: float = 0.0
   success_from_return: bool = True
+  tokenizer: str = ""
+  step_tokens: int = 0
+  max_step_tokens: int = 0
+
+  @property
+  def text(self) -> bool:
+    return self.obs_kind == "text"
 
   def to_json(self) -> str:
     return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -66,3 +80,9 @@ def value_scale(credits: np.ndarray) -> float:
   c = np.asarray(credits, np.float64).reshape(-1)
   c = c[np.isfinite(c)]
   return float(c.std()) if c.size > 1 and c.std() > 0 else 1.0
+
+
+def token_bucket(n: int) -> int:
+  """Tokens a step of n tokens is padded to: the next power of two, at least 16 (few shapes,
+  so few compiles)."""
+  return max(16, 1 << max(int(n) - 1, 0).bit_length())

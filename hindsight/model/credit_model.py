@@ -2,11 +2,13 @@
 
 Per-step token (width W):
   x_t = enc(o_t) + E_a[a_t] + E_pos[t] + Linear([r_t, G_t, R, success, t/n, n/T_max])
-where enc is an embedding (discrete observations) or an MLP over standardised features
-(vector observations), G_t the return-to-go, R the episode return (rewards, G_t and R are
-divided by `value_scale`) and n the episode length. The outcome is in every token: the model
-judges steps in hindsight, and attention is bidirectional over the episode's valid steps
-(padding is masked out as keys).
+where enc is an embedding (discrete observations), an MLP over standardised features
+(vector observations) or the step encoder of a text step (`StepEncoder`: its tokens embedded
+with their positions, a convolution over neighbouring tokens, masked mean- and max-pooled),
+G_t the return-to-go, R the episode return (rewards, G_t and R are divided by `value_scale`)
+and n the episode length. The outcome is in every token: the model judges steps in
+hindsight, and attention is bidirectional over the episode's valid steps (padding is masked
+out as keys).
 
 Heads per step, in label units: credit mean mu_t, credit log-variance log s_t^2, the logit
 of p0_t = P(credit exactly 0) and class logits over KLASS_NAMES. One call scores all steps of a
@@ -85,6 +87,41 @@ class Block(nnx.Module):
     return x + self.dropout(h, deterministic=deterministic, rngs=rngs)
 
 
+class StepEncoder(nnx.Module):
+  """One vector per text step from its tokens: tokens int [..., L] (0 = padding) ->
+  [..., W].
+
+    e_i = E_tok[tok_i] + E_pos[i];  h_i = gelu(Conv_k(e)_i) + e_i
+    enc = Linear([mean_{i valid} h_i, max_{i valid} h_i])
+
+  The convolution (width `kernel`) reads each token with its neighbours, so a step's phrases
+  matter and not only its bag of tokens; the pooled vector does not depend on L (padding is
+  masked), so one model serves every token bucket.
+  """
+
+  def __init__(self, vocab_size: int, max_tokens: int, width: int, *, rngs: nnx.Rngs, kernel=3):
+    self.token_embed = nnx.Embed(vocab_size, width, rngs=rngs)
+    self.position_embed = nnx.Embed(max_tokens, width, rngs=rngs)
+    self.conv = nnx.Conv(width, width, kernel_size=(kernel,), padding="SAME", rngs=rngs)
+    self.out = nnx.Linear(2 * width, width, rngs=rngs)
+    self.max_tokens = max_tokens
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    L = tokens.shape[-1]
+    lead = tokens.shape[:-1]
+    flat = tokens.reshape(-1, L)
+    valid = (flat > 0)[..., None]
+    e = self.token_embed(flat) + self.position_embed(
+      jnp.minimum(jnp.arange(L), self.max_tokens - 1)
+    )
+    h = jax.nn.gelu(self.conv(e * valid)) + e
+    n = jnp.maximum(valid.sum(1), 1)
+    mean = jnp.where(valid, h, 0.0).sum(1) / n
+    top = jnp.where(valid, h, -1e9).max(1)
+    top = jnp.where(valid.any(1), top, 0.0)  # an empty row (padding): zeros, not -1e9
+    return self.out(jnp.concatenate([mean, top], -1)).reshape(*lead, -1)
+
+
 class CreditModel(nnx.Module):
   """Transformer over the steps of a trajectory; see the module docstring."""
 
@@ -93,6 +130,11 @@ class CreditModel(nnx.Module):
     self.spec = spec
     if spec.obs_kind == "discrete":
       self.obs_embed = nnx.Embed(spec.obs_dim, w, rngs=rngs)
+    elif spec.text:
+      from hindsight.text.tokenizer import Tokenizer
+
+      vocab = Tokenizer.from_json(spec.tokenizer).vocab_size
+      self.step_encoder = StepEncoder(vocab, spec.max_step_tokens, w, rngs=rngs)
     else:
       self.obs_mean = Constant(jnp.asarray(spec.obs_mean, jnp.float32))
       self.obs_std = Constant(jnp.asarray(spec.obs_std, jnp.float32))
@@ -112,6 +154,12 @@ class CreditModel(nnx.Module):
       # Who acted at each step, and a head over each agent's own steps (mean-pooled).
       self.agent_embed = nnx.Embed(spec.num_agents, w, rngs=rngs)
       self.agent_head = nnx.Linear(w, 2, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+  def encode_steps(self, batch: dict) -> jax.Array:
+    """[B, T, W]: what each step shows, from its observation or (text) its tokens."""
+    if self.spec.text:
+      return self.step_encoder(batch["tokens"])
+    return self.encode_observations(batch["observations"])
 
   def encode_observations(self, obs: jax.Array) -> jax.Array:
     if self.spec.obs_kind == "discrete":
@@ -147,7 +195,7 @@ class CreditModel(nnx.Module):
       -1,
     )
     x = (
-      self.encode_observations(batch["observations"])
+      self.encode_steps(batch)
       + self.action_embed(batch["actions"])
       + self.position_embed(jnp.minimum(jnp.arange(T), self.spec.max_length - 1))[None]
       + self.scalars(scalars)

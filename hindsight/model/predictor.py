@@ -40,12 +40,13 @@ from flax import nnx
 from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
 from hindsight.data.batching import episodes_batch
 from hindsight.data.episode import Episode, check_length
-from hindsight.data.spec import DataSpec
+from hindsight.data.spec import DataSpec, token_bucket
 from hindsight.errors import HindsightError
 from hindsight.model.calibration import CALIBRATION_FILE, read_sigma_scale
 from hindsight.model.checkpoints import Checkpoints
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.programs import model_graph, state_digest
+from hindsight.text.episodes import step_tokens
 
 MODEL_FILE = "hindsight_model.json"
 MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no MODEL_FILE
@@ -287,7 +288,22 @@ class Predictor:
     eps = self._parse(episodes, allow_longer)
     if pad is None:
       pad = pad_length(max(len(e) for e in eps))
-    return episodes_batch(eps, pad, self.spec, allow_longer=allow_longer)
+    return episodes_batch(
+      eps, pad, self.spec, allow_longer=allow_longer, token_pad=self._token_pad(eps)
+    )
+
+  def _token_pad(self, eps: Sequence[Episode]) -> int | None:
+    """Text models: the token bucket of the longest step of `eps` (None otherwise)."""
+    if not self.spec.text:
+      return None
+    longest = max((ids.size for steps in step_tokens(eps, self.spec) for ids in steps), default=1)
+    return token_bucket(longest)
+
+  def _token_pads(self) -> list[int | None]:
+    """Every token bucket a text model scores with (up to its max_step_tokens), or [None]."""
+    if not self.spec.text:
+      return [None]
+    return sorted({token_bucket(n) for n in range(1, self.spec.max_step_tokens + 1)})
 
   def _parse(self, episodes: Sequence[dict], allow_longer: bool) -> list[Episode]:
     eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
@@ -304,10 +320,10 @@ class Predictor:
     compiled = 0
     for pad in pads:
       for rows in (r for r in ROW_BUCKETS if r <= rows_per_call(pad)):
-        jax.block_until_ready(
-          self._score(self.state, episodes_batch([None] * rows, pad, self.spec))
-        )
-        compiled += 1
+        for tokens in self._token_pads():
+          empty = episodes_batch([None] * rows, pad, self.spec, token_pad=tokens)
+          jax.block_until_ready(self._score(self.state, empty))
+          compiled += 1
     return compiled
 
   def compiled_programs(self) -> int:
@@ -337,10 +353,12 @@ class Predictor:
     if not eps:
       return []
     lengths = np.array([len(e) for e in eps])
+    # The shape of an episode's batch: its length bucket and (text) its token bucket.
+    shapes = [(pad_length(n), self._token_pad([e])) for n, e in zip(lengths, eps, strict=True)]
     results: list[dict | None] = [None] * len(eps)
     pending = []
-    for pad in sorted({pad_length(n) for n in lengths}):
-      ids = np.flatnonzero([pad_length(n) == pad for n in lengths])
+    for pad, tokens in sorted(set(shapes), key=lambda s: (s[0], s[1] or 0)):
+      ids = np.flatnonzero([s == (pad, tokens) for s in shapes])
       step = rows_per_call(pad, batch_size)
       for start in range(0, ids.size, step):
         chunk = ids[start : start + step]
@@ -350,6 +368,7 @@ class Predictor:
           pad,
           self.spec,
           allow_longer=allow_longer,
+          token_pad=tokens,
         )
         pending.append((chunk, self._score(self.state, batch)))
     for chunk, out in pending:

@@ -324,8 +324,42 @@ def sample_traces(seed: int, count: int):
   return out
 
 
+@functools.lru_cache(maxsize=512)
+def _value_tables(competence: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(pi [X, A], V [H + 1, X], Q [H, X, A]) of the policy at `competence`, by backward
+  induction (exact_credit's recursion; they depend on nothing else)."""
+  pi = policy_table(competence)
+  V = np.zeros((HORIZON + 1, NUM_CONFIGS))
+  Q = np.zeros((HORIZON, NUM_CONFIGS, NUM_ACTIONS))
+  for t in range(HORIZON - 1, -1, -1):
+    Q[t] = REWARD[None] + np.where(TERMINAL[None], 0.0, V[t + 1][NEXT_CONFIG])
+    V[t] = (pi * Q[t]).sum(1)
+  return pi, V, Q
+
+
+def observer_credit(
+  problem: Problem, actions: list[int], replacement: str = "policy", grid: int = 128
+) -> np.ndarray:
+  """E[credit_t | the text] [T]: the exact credit a Bayes observer of the trace predicts,
+  who does not know the competence c the problem number fixes. Over a grid of c (midpoints
+  of `grid` cells of [0, 1), the prior), weights w(c) ~ prod_t pi_c(a_t | x_t) (the trace's
+  own actions, its answer's correctness included), and credit_t = sum_c w(c) credit_t(c)."""
+  cs = (np.arange(grid) + 0.5) / grid
+  cfgs, cfg = [], 0
+  for a in actions:
+    cfgs.append(cfg)
+    cfg = int(NEXT_CONFIG[cfg, a])
+  log_w = np.array([
+    np.sum(np.log(np.maximum(_value_tables(float(c))[0][cfgs, actions], 1e-300))) for c in cs
+  ])  # fmt: skip
+  w = np.exp(log_w - log_w.max())
+  w /= w.sum()
+  credits = np.stack([exact_credit(problem, actions, replacement, float(c))["credit"] for c in cs])
+  return np.nansum(w[:, None] * credits, 0)
+
+
 def exact_credit(
-  problem: Problem, actions: list[int], replacement: str = "policy"
+  problem: Problem, actions: list[int], replacement: str = "policy", competence: float | None = None
 ) -> dict[str, np.ndarray]:
   """Exact labels of one trace of the world by dynamic programming, [T] each.
 
@@ -339,15 +373,12 @@ def exact_credit(
   policy_other: pi restricted to classes other than a_t's; null: the restatement;
   policy_no_repeat: E[G | the next action and every later one avoid a_t's class], the
   event the text labeler's rejection conditions on, from W = E[G 1{avoid}] and
-  P = P(avoid) by the same recursion.
+  P = P(avoid) by the same recursion. `competence` replaces the problem's own (what a
+  reader who does not know it would assume, `observer_credit`).
   """
-  pi = policy_table(problem.competence)
+  c = problem.competence if competence is None else competence
+  pi, V, Q = _value_tables(float(c))
   T = len(actions)
-  V = np.zeros((HORIZON + 1, NUM_CONFIGS))
-  Q = np.zeros((HORIZON, NUM_CONFIGS, NUM_ACTIONS))
-  for t in range(HORIZON - 1, -1, -1):
-    Q[t] = REWARD[None] + np.where(TERMINAL[None], 0.0, V[t + 1][NEXT_CONFIG])
-    V[t] = (pi * Q[t]).sum(1)
   cfgs, cfg = [], 0
   for a in actions:
     cfgs.append(cfg)

@@ -1,0 +1,21 @@
+"""Credit model on text traces: the steps' text read by a step encoder (data.tokenizer).
+
+  hindsight train --config text --labels DIR --workdir runs/text/model
+  (`make demo-text` labels the text world's traces, or the small language model's, first.)
+
+The labels come from `hindsight label --env text:FILE.jsonl` (docs/text.md). The model is the
+functional `reasoning` config's trajectory transformer with each step's observation replaced by
+its text: a 512-id byte-level BPE trained on the training split's steps, embedded, convolved and
+pooled per step (`model.credit_model.StepEncoder`). The :smoke variant is for tests.
+"""
+
+from hindsight import default_config as common
+
+
+def get_config(arg: str = ""):
+  c = common.base_config()
+  c.data.tokenizer = "bpe"  # "bpe": byte-level BPE trained on the training steps; "bytes"
+  c.data.vocab_size = 512  # BPE ids (PAD, EOS, the 256 bytes, then merges)
+  c.data.num_buckets = 2  # traces are 2-20 steps
+  c.train.steps = 3000
+  return common.with_variant(c, arg)

@@ -1,0 +1,140 @@
+"""Text traces as the credit model reads them: `Episode`s with `step_text`, and their tokens.
+
+A text model's `Episode.parse` takes a trace in the JSONL format of docs/text.md (`steps` as
+objects with `text` or as strings, or `text` cut into sentences, or a dataset episode's
+`step_text`) with its outcome: `outcome` in [0, 1], `success`, the `rewards` of an exported
+episode, or a `reference` that the built-in `\\boxed{}` verifier checks the completion against.
+The T steps become an Episode of T steps: rewards 0 but the last (the outcome), actions 0
+(text has no action ids), observations t / T (the position feature of text datasets) and
+tags "step" or "tool_call".
+
+Every step must hold visible text, be valid UTF-8 and fit the model's `max_step_tokens`;
+otherwise a one-line HindsightError names the trace and the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hindsight.data.episode import LABEL_FIELDS, Episode, _parse_klass
+from hindsight.data.spec import DataSpec
+from hindsight.errors import HindsightError
+from hindsight.text.estimate import SUCCESS_THRESHOLD
+from hindsight.text.tokenizer import Tokenizer
+
+
+def _steps_of(episode: dict, where: str) -> tuple[list[str], list[str]]:
+  """(the steps' texts, their tags) of a trace in any of the accepted layouts."""
+  if episode.get("step_text") is not None:
+    texts, roles = list(episode["step_text"]), [None] * len(episode["step_text"])
+  elif episode.get("steps") is not None:
+    steps = episode["steps"]
+    if not isinstance(steps, list | tuple):
+      raise HindsightError(f"{where}: 'steps' must be a list")
+    texts, roles = [], []
+    for i, s in enumerate(steps):
+      if isinstance(s, str):
+        texts.append(s)
+        roles.append(None)
+      elif isinstance(s, dict) and "text" in s:
+        texts.append(s["text"])
+        roles.append("tool_call" if s.get("tool_call") else None)
+      else:
+        raise HindsightError(f"{where}: step {i} must be a string or an object with 'text'")
+  elif isinstance(episode.get("text"), str):
+    from hindsight.text.trace import chunk_text
+
+    texts = chunk_text(episode["text"])
+    roles = [None] * len(texts)
+  else:
+    raise HindsightError(f"{where}: missing field 'steps' (a text trace: steps, text or step_text)")
+  if not texts:
+    raise HindsightError(f"{where}: no steps")
+  for i, t in enumerate(texts):
+    if not isinstance(t, str):
+      raise HindsightError(f"{where}: step {i} is not a string")
+    if not t.strip():
+      raise HindsightError(f"{where}: step {i} is empty")
+  tags = episode.get("tags")
+  if tags is not None and len(tags) == len(texts):
+    roles = [str(x) for x in tags]
+  return texts, [r or "step" for r in roles]
+
+
+def _outcome(episode: dict, texts: list[str], where: str) -> float:
+  """The trace's outcome in [0, 1] (module docstring: where it may come from)."""
+  if episode.get("outcome") is not None:
+    value = episode["outcome"]
+  elif episode.get("success") is not None:
+    value = episode["success"]
+  elif episode.get("rewards") is not None:
+    try:
+      value = float(np.sum(np.asarray(episode["rewards"], np.float64)))
+    except (TypeError, ValueError):
+      raise HindsightError(f"{where}: 'rewards' must be numbers") from None
+  elif episode.get("reference") is not None:
+    from hindsight.text.verify import last_boxed, same_answer
+
+    return float(same_answer(last_boxed("".join(texts)), str(episode["reference"])))
+  else:
+    raise HindsightError(f"{where}: missing field 'outcome' (or success, or a reference)")
+  if isinstance(value, bool | np.bool_):
+    return float(value)
+  if not isinstance(value, int | float | np.number) or not 0.0 <= float(value) <= 1.0:
+    raise HindsightError(f"{where}: 'outcome' must be a number in [0, 1]")
+  return float(value)
+
+
+def check_step_tokens(tokens: list[np.ndarray], spec: DataSpec, where: str) -> None:
+  """A one-line error for a step longer than the model reads (`spec.max_step_tokens`)."""
+  for i, ids in enumerate(tokens):
+    if ids.size > spec.max_step_tokens:
+      raise HindsightError(
+        f"{where}: step {i} is {ids.size} tokens, longer than the {spec.max_step_tokens} the "
+        "model reads"
+      )
+
+
+def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode:
+  """A trace (module docstring) checked against a text model's `spec` -> Episode."""
+  if hasattr(episode, "__struct_fields__"):  # a TextTrace
+    import msgspec
+
+    episode = msgspec.to_builtins(episode)
+  if not isinstance(episode, dict):
+    raise HindsightError(f"{where}: expected an object with the trace's steps")
+  texts, tags = _steps_of(episode, where)
+  check_step_tokens(Tokenizer.from_json(spec.tokenizer).encode_batch(texts), spec, where)
+  T = len(texts)
+  outcome = _outcome(episode, texts, where)
+  rewards = np.zeros(T, np.float32)
+  rewards[-1] = outcome
+  out = {
+    "observations": (np.arange(T, dtype=np.float32) / T)[:, None],
+    "actions": np.zeros(T, np.int32),
+    "rewards": rewards,
+    "success": outcome > SUCCESS_THRESHOLD,
+    "tags": tuple(tags),
+    "step_text": tuple(texts),
+  }
+  for name in LABEL_FIELDS:
+    if episode.get(name) is not None:
+      try:
+        out[name] = np.asarray(episode[name], np.float32).reshape(T)
+      except (TypeError, ValueError):
+        raise HindsightError(f"{where}: '{name}' must be {T} numbers") from None
+  if episode.get("klass") is not None:
+    out["klass"] = _parse_klass(episode["klass"], T, where)
+  return Episode(**out)
+
+
+def step_tokens(episodes, spec: DataSpec) -> list[list[np.ndarray]]:
+  """The token ids of every step of every episode (None rows: []), one batched encode."""
+  texts = [t for ep in episodes if ep is not None for t in ep.step_text]
+  ids = Tokenizer.from_json(spec.tokenizer).encode_batch(texts) if texts else []
+  out, at = [], 0
+  for ep in episodes:
+    n = 0 if ep is None else len(ep.step_text)
+    out.append(ids[at : at + n])
+    at += n
+  return out
