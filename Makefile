@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench lint format clean
+.PHONY: demo demo-text test test-fast bench lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m train.main --config configs/reasoning.py --workdir runs/demo
 	$(BIN)/python -m hindsight.cli eval --run runs/demo --episodes 512
+
+# The text path offline (docs/text.md): train a small language model on the text world, serve it
+# at /v1/completions, label its traces through that endpoint, train the credit model on the
+# text, and the drift report against a resampled reference (runs/text/model/drift/report.md).
+demo-text: $(STAMP)
+	$(BIN)/python -m train.text_demo --workdir runs/text
 
 test: $(STAMP)
 	$(BIN)/ruff check .

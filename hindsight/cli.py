@@ -25,6 +25,8 @@
                     resampled through an OpenAI-compatible endpoint: docs/text.md)
   hindsight import  thought-anchors DIR --out OUT   (their resamples as a label dataset)
   hindsight text-world serve|prompts|exact   (a local model whose credit is exact)
+  hindsight lm train --workdir W | serve --workdir W   (a small language model of our own,
+                    trained on the text world, at /v1/completions)
 
 --run names a training run's directory (--checkpoint, its older name, works the same).
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
@@ -33,6 +35,7 @@ Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import os
@@ -40,6 +43,7 @@ import sys
 
 from hindsight.cli_options import build, in_flag_terms, option
 from hindsight.devices import use_all_cpu_cores
+from hindsight.lm.config import LMTrainConfig
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -288,6 +292,14 @@ def _parser() -> argparse.ArgumentParser:
          "directory of cached episodes and references (default: OUT/cache); share one "
          "between models evaluated on the same episodes")  # fmt: skip
   ev.add_argument("--no-progress", action="store_true", help="no progress bars")
+  ev.add_argument(
+    "--endpoint",
+    default="",
+    help="text runs: the completions endpoint the reference resamples through",
+  )
+  ev.add_argument("--reference", default="auto", choices=("auto", "exact", "resample"),
+                  help="text runs: the text world's exact credit, or a resample (auto: exact "
+                  "on the text world)")  # fmt: skip
 
   sc = sub.add_parser("score", help="batch-score a JSONL file or a label dataset")
   sc.add_argument(
@@ -367,7 +379,57 @@ def _parser() -> argparse.ArgumentParser:
   twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
   twe.add_argument("dir", help="a `hindsight label --env text:...` output against the world")
   twe.add_argument("--out", required=True, help="output JSON (per-trace exact labels, z-scores)")
+  lm = sub.add_parser("lm", help="a small language model: train it, serve it (/v1/completions)")
+  lm_sub = lm.add_subparsers(dest="lm_command", required=True, parser_class=_Parser)
+  lmt = lm_sub.add_parser("train", help="train it on the text world's traces (rerun resumes)")
+  lmt.add_argument("--workdir", required=True, help="checkpoints (rerun to resume)")
+  for f in dataclasses.fields(LMTrainConfig):
+    if f.name != "progress":
+      lmt.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                       help=LM_TRAIN_HELP[f.name])  # fmt: skip
+  lmt.add_argument("--no-progress", action="store_true", help="no progress bar")
+  lms = lm_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-small-lm)")
+  lms.add_argument("--workdir", required=True, help="the `hindsight lm train` workdir")
+  lms.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+  lms.add_argument("--port", type=int, default=8101, help="port")
   return p
+
+
+LM_TRAIN_HELP = {
+  "traces": "text-world traces to train on (5%% held out)",
+  "seed": "seed of the traces, the initialisation and the batch order",
+  "steps": "optimizer steps",
+  "batch_size": "traces per step",
+  "learning_rate": "peak AdamW learning rate",
+  "warmup_steps": "linear warmup steps",
+  "eval_every": "steps between the held-out loss and a checkpoint",
+  "vocab_size": "BPE vocabulary",
+  "width": "model width",
+  "depth": "layers",
+  "num_heads": "attention heads",
+  "max_len": "context in tokens (prompt and continuation)",
+}
+
+
+def _lm(args) -> int:
+  from hindsight.errors import HindsightError
+
+  if args.lm_command == "serve":
+    from hindsight.lm.server import serve_lm
+
+    serve_lm(args.workdir, args.host, args.port)
+    return 0
+  from hindsight.lm.train import train_lm
+
+  values = {f.name: getattr(args, f.name) for f in dataclasses.fields(LMTrainConfig)
+            if f.name != "progress"}  # fmt: skip
+  for name in ("traces", "steps", "batch_size", "eval_every", "width", "depth", "max_len"):
+    if values[name] < 1:
+      raise HindsightError(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")
+  result = train_lm(LMTrainConfig(**values, progress=not args.no_progress), args.workdir)
+  print(f"language model: {result['workdir']} (step {result['step']}, held-out loss "
+        f"{result['val_loss']:.4f})")  # fmt: skip
+  return 0
 
 
 def _shares(text: str) -> tuple[float, float, float]:
@@ -485,6 +547,10 @@ def _serve(args) -> int:
 def _eval(args) -> int:
   from hindsight.drift import run_drift
   from hindsight.drift.config import DriftConfig
+  from hindsight.text.evaluate import is_text_run
+
+  if is_text_run(args.checkpoint):
+    return _eval_text(args)
 
   shifts = None if not args.shift else tuple(s for s in args.shift if s != "none")
   gradient_env = "" if args.gradient_env == "none" else args.gradient_env
@@ -492,6 +558,34 @@ def _eval(args) -> int:
               progress=not args.no_progress)  # fmt: skip
   report = run_drift(cfg)
   print(headline_text(report))
+  print(f"report: {os.path.join(report['out'], 'report.md')}")
+  return 0
+
+
+def _eval_text(args) -> int:
+  """`hindsight eval` on a run trained on text traces (hindsight.text.evaluate)."""
+  from hindsight.text.evaluate import evaluate_text_run
+
+  report = evaluate_text_run(
+    args.checkpoint,
+    out=args.out or "",
+    episodes=args.episodes or 0,
+    reference=args.reference,
+    rollouts=args.reference_rollouts or 256,
+    endpoint=args.endpoint,
+    bootstrap=args.bootstrap or 400,
+    seed=args.seed or 0,
+    step=args.step or "best",
+    progress=not args.no_progress,
+  )
+  lines = [f"text credit on {report['traces']} traces ({report['steps']} steps), against the "
+           f"{report['reference']['kind']} reference:"]  # fmt: skip
+  for name, m in report["metrics"].items():
+    e = m["spearman"]
+    lines.append(f"  {name:<28} Spearman {e['value']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]")
+  for name, k in report["k_star"].items():
+    lines.append(f"  K* {name:<25} {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
+  print("\n".join(lines))
   print(f"report: {os.path.join(report['out'], 'report.md')}")
   return 0
 
@@ -680,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     "audit": _audit,
     "import": _import,
     "text-world": _text_world,
+    "lm": _lm,
   }
   try:
     return report_errors("hindsight", commands[args.command], args, words=in_flag_terms)

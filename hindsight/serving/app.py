@@ -216,7 +216,10 @@ def _trajectories(body, server: Server) -> list[dict]:
   out = []
   for i, t in enumerate(trajs):
     where = f"trajectories[{i}]"
-    steps = t.get("actions") if isinstance(t, dict) else None
+    # A trajectory's steps: its actions, or (a text trace) its steps' texts.
+    steps = None
+    if isinstance(t, dict):
+      steps = next((t[k] for k in ("actions", "steps", "step_text") if t.get(k) is not None), None)
     if isinstance(steps, list) and len(steps) > server.max_steps:
       raise _Failure(413, f"{where}: {len(steps)} steps; the limit is {server.max_steps}")
     try:

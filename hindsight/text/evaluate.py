@@ -81,9 +81,15 @@ def resampled_reference(
   from hindsight.data import open_labels
   from hindsight.labeling.config import LabelConfig, TextOptions
   from hindsight.labeling.job import LabelJob, run_label_job
-  from hindsight.text.trace import TextStep, TextTrace, write_traces
+  from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 
   job = json.loads(metadata["job"])
+  source = job["env"].removeprefix("text:")
+  if not os.path.isfile(source):
+    raise HindsightError(
+      f"{source}: the labels' trace file is gone (the verifier's references are in it)"
+    )
+  references = {t.id: t.reference for t in read_traces(source)}
   options = {k: v for k, v in job["text"].items()}
   options["stop"] = tuple(options.get("stop", ()))
   os.makedirs(out, exist_ok=True)
@@ -93,7 +99,7 @@ def resampled_reference(
       prompt=_text(e["prompt"]),
       steps=[TextStep(text=_text(s)) for s in e["step_text"]],
       id=_text(e["trace_id"]),
-      outcome=float(e["return"]),
+      reference=references.get(_text(e["trace_id"])),
     )
     for e in examples
   ]

@@ -171,13 +171,22 @@ def serve_world(host: str = "127.0.0.1", port: int = 8100) -> None:
 @contextlib.contextmanager
 def running_world(host: str = "127.0.0.1", port: int = 0):
   """The text world served from a thread: yields its base URL (http://HOST:PORT/v1)."""
-  server = _server(host, port)
+  with running_app(create_app(), host, port) as url:
+    yield url
+
+
+@contextlib.contextmanager
+def running_app(app, host: str = "127.0.0.1", port: int = 0):
+  """An ASGI app served by uvicorn from a thread: yields its base URL (http://HOST:PORT/v1)."""
+  import uvicorn
+
+  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
   thread = threading.Thread(target=server.run, daemon=True)
   thread.start()
   deadline = time.monotonic() + 30
   while not server.started:
     if not thread.is_alive() or time.monotonic() > deadline:
-      raise HindsightError(f"the text world did not start on {host}:{port}")
+      raise HindsightError(f"the server did not start on {host}:{port}")
     time.sleep(0.01)
   bound = server.servers[0].sockets[0].getsockname()[1]
   try:

@@ -1,0 +1,141 @@
+"""Batched sampling from the small language model: one jitted prefill, then a
+`lax.while_loop` of one-token steps over a KV cache, every row with its own settings.
+
+Row r continues prompt r (ids [P], right-padded, length n_r) with its own temperature T_r,
+nucleus p_r, token budget m_r and key k_r: token i of row r is drawn with
+fold_in(k_r, i) from softmax(logits / T_r) restricted to the smallest set of tokens whose
+probability reaches p_r (T_r = 0: the argmax). A row stops at EOS or after m_r tokens; the
+loop stops when every row has. A row's tokens depend only on its own prompt, settings and
+key, so a choice is the same whichever requests it was batched with (up to the float
+rounding of batched matmuls).
+
+Compiled programs are keyed by (rows, prompt bucket): `ROW_BUCKETS` x `prompt_buckets`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from hindsight.text.tokenizer import EOS
+
+ROW_BUCKETS = (1, 4, 16, 64)
+
+
+def prompt_buckets(max_len: int) -> tuple[int, ...]:
+  """Prompt lengths a batch is padded to: powers of two from 32, and max_len."""
+  out, p = [], 32
+  while p < max_len:
+    out.append(p)
+    p *= 2
+  return (*out, max_len)
+
+
+def nucleus_sample(key, logits, temperature, top_p):
+  """One token from logits [V] at `temperature` (0: argmax) and nucleus `top_p`."""
+  scaled = logits / jnp.maximum(temperature, 1e-6)
+  order = jnp.argsort(-scaled)
+  probs = jax.nn.softmax(scaled[order])
+  keep_sorted = jnp.cumsum(probs) - probs < top_p  # the first token is always kept
+  keep = jnp.zeros_like(keep_sorted).at[order].set(keep_sorted)
+  # Drawn in the vocabulary's own order: at top_p = 1 the same token as `plain_sample`.
+  choice = jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf))
+  return jnp.where(temperature <= 0, jnp.argmax(logits), choice).astype(jnp.int32)
+
+
+def plain_sample(key, logits, temperature, top_p):
+  """`nucleus_sample` at top_p = 1 (the same token for the same key) without its sort, most
+  of a step's cost on a CPU."""
+  del top_p
+  choice = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))
+  return jnp.where(temperature <= 0, jnp.argmax(logits), choice).astype(jnp.int32)
+
+
+def sample_rows(keys, logits, temperature, top_p):
+  """One token per row [R]: the sort only when some row asks for a nucleus."""
+  return jax.lax.cond(
+    jnp.all(top_p >= 1.0),
+    jax.vmap(plain_sample),
+    jax.vmap(nucleus_sample),
+    keys,
+    logits,
+    temperature,
+    top_p,
+  )
+
+
+def ascii_bias(tokenizer) -> np.ndarray:
+  """float32 [V]: 0 for tokens whose text is ASCII (and EOS), -inf for the rest. The small
+  language model writes ASCII (its training text is); without this a poorly trained one can
+  emit half of a UTF-8 character, whose U+FFFD re-encodes to three tokens and can push the
+  next prefix past the context."""
+  bias = np.full(tokenizer.vocab_size, -np.inf, np.float32)
+  for i in range(tokenizer.vocab_size):
+    text = tokenizer.decode([i])
+    if i == EOS or (text and text.isascii()):
+      bias[i] = 0.0
+  return bias
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, keys, bias=None):
+  """prompts int [R, P] (right-padded), lengths [R] (>= 1), budgets [R] (tokens at most;
+  lengths + budgets <= max_len), temperature, top_p float [R], keys [R] (typed keys), bias
+  float [V] added to every step's logits (`ascii_bias`; None: none).
+  Returns (tokens int [R, S] (the first count_r are the continuation), count int [R],
+  ended_by_eos bool [R])."""
+  model = nnx.merge(graphdef, state)
+  R = prompts.shape[0]
+  S = model.cfg.max_len
+  bias = jnp.zeros(model.cfg.vocab_size) if bias is None else bias
+  logits, cache = model(prompts, cache=model.empty_cache(R))
+  last = logits[jnp.arange(R), lengths - 1] + bias  # [R, V]: the next token's logits
+
+  def cond(carry):
+    i, _, _, done, *_ = carry
+    return (i < S) & ~jnp.all(done)
+
+  def body(carry):
+    i, last, cache, done, out, count, eos = carry
+    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
+    token = sample_rows(step_keys, last, temperature, top_p)
+    live = ~done
+    out = out.at[:, i].set(jnp.where(live, token, 0))
+    count = count + live
+    hit = live & (token == EOS)
+    eos = eos | hit
+    done = done | hit | (count >= budgets)
+    pos = jnp.minimum(lengths + i, S - 1)[:, None]
+    logits, cache = model(token[:, None], pos, cache)
+    return i + 1, logits[:, 0] + bias, cache, done, out, count, eos
+
+  init = (
+    jnp.int32(0),
+    last,
+    cache,
+    budgets <= 0,
+    jnp.zeros((R, S), jnp.int32),
+    jnp.zeros(R, jnp.int32),
+    jnp.zeros(R, bool),
+  )
+  _, _, _, _, out, count, eos = jax.lax.while_loop(cond, body, init)
+  return out, count, eos
+
+
+def pad_rows(prompts: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """(ids int32 [R, P], lengths [R]): prompts right-padded to their bucket P and R rows
+  to the row bucket (extra rows repeat the first prompt and are discarded)."""
+  n = len(prompts)
+  R = next((r for r in ROW_BUCKETS if r >= n), n)
+  P = next(p for p in prompt_buckets(max_len) if p >= max(len(x) for x in prompts))
+  ids = np.zeros((R, P), np.int32)
+  lengths = np.zeros(R, np.int32)
+  for r in range(R):
+    x = prompts[r if r < n else 0]
+    ids[r, : len(x)] = x
+    lengths[r] = len(x)
+  return ids, lengths
