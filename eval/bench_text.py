@@ -8,9 +8,13 @@ Starts `hindsight text-world serve` in a subprocess and prints:
   4. labels per completion: `hindsight label --env text:...` on --traces prompts at K = 16
      and 64 (policy), with the completions each labeled step cost, the mean credit stderr,
      and the error against the world's exact credit; beside it thought-anchors' 100
-     resamples per chunk.
+     resamples per chunk;
+  5. plain resampling against the stratified estimator on the same pools;
+  6. the small language model's endpoint (`hindsight lm serve`, served from a thread; --lm
+     WORKDIR, default runs/text/lm when it exists): completions/s at concurrency 1, 16 and
+     64 with n = 16 per request, continuing prefixes of 12-step world traces.
 
-  python eval/bench_text.py [--traces 16] [--completions 512]
+  python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text/lm]
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--traces", type=int, default=16, help="prompts labeled in part 4")
   p.add_argument("--completions", type=int, default=512, help="completions per concurrency")
   p.add_argument("--port", type=int, default=8131)
+  p.add_argument("--lm", default="runs/text/lm", help="a `hindsight lm train` workdir")
   args = p.parse_args(argv)
   url = f"http://127.0.0.1:{args.port}/v1"
   work = tempfile.mkdtemp(prefix="bench_text_")
@@ -127,7 +132,35 @@ def main(argv: list[str] | None = None) -> int:
   finally:
     server.terminate()
     server.wait(timeout=10)
+  _small_lm(args.lm, args.completions, work)
   return 0
+
+
+def _small_lm(workdir: str, completions: int, work: str) -> None:
+  """6. The small language model's endpoint (module docstring)."""
+  print("\n6. the small language model's endpoint (n = 16 per request, 12-step traces)")
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    print(f"  skipped: no model in {workdir} (hindsight lm train --workdir {workdir})")
+    return
+  from hindsight.lm.server import running_lm
+
+  traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
+  prefixes = [t.prefix(j) for t in traces for j in range(12)]
+  with running_lm(workdir, warmup=True) as (url, model):
+    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}")
+    for c in (1, 16, 64):
+      client = CompletionClient(url, model, Sampling(max_tokens=320),
+                                CompletionCache(os.path.join(work, f"lm{c}.sqlite")),
+                                concurrency=c)  # fmt: skip
+      draws = [Draw(prefixes[i % len(prefixes)], 7000 * c + i, 0, 16)
+               for i in range(max(1, completions // 16))]  # fmt: skip
+      tic = time.perf_counter()
+      got = client.sample(draws)
+      rate = sum(len(x) for x in got) / (time.perf_counter() - tic)
+      tokens = client.stats.tokens / max(1, sum(len(x) for x in got))
+      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}")
+  print("  (the text world's scripted server above writes no tokens: it is the ceiling of the "
+        "client, not a model)")  # fmt: skip
 
 
 def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:

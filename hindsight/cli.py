@@ -339,7 +339,8 @@ def _parser() -> argparse.ArgumentParser:
   option(where, AuditConfig, "trajectories",
          "a label dataset dir, or JSONL with seed and episode per line "
          "(docs/audit.md)")  # fmt: skip
-  option(au, AuditConfig, "budget", "env steps the rollouts may spend", required=True, type=int)
+  option(au, AuditConfig, "budget", "env steps the rollouts may spend (text: completions)",
+         required=True, type=int)  # fmt: skip
   option(au, AuditConfig, "tolerance",
          "|mean gap| allowed, in credit units (0: a tenth of the model's credit "
          "scale)")  # fmt: skip
@@ -353,6 +354,7 @@ def _parser() -> argparse.ArgumentParser:
   option(au, AuditConfig, "stop_at_alarm", "stop spending once it fires")
   option(au, AuditConfig, "seed", "root of the pool, draws and rollouts")
   option(au, AuditConfig, "out", "report directory", required=True)
+  option(au, AuditConfig, "endpoint", "text models: the completions endpoint to resample through")
   au.add_argument("--no-progress", action="store_true", help="no progress bar")
 
   imp = sub.add_parser("import", help="resamples in another tool's layout -> a label dataset")
@@ -459,16 +461,17 @@ def verdict_text(report: dict) -> str:
   cs = g["confidence_sequence"]
   head = (
     f"DRIFT ALARM ({v['reason']}) after {v['fired_after_draws']} audited steps, "
-    f"{v['fired_after_env_steps']:.3g} env steps"
+    f"{v['fired_after_env_steps']:.3g} {report.get('budget_unit', 'env steps')}"
     if v["alarm"]
     else f"no alarm after {report['draws']} audited steps"
   )
   gap = f"mean gap {g['mean']:+.4f}" + (
     f", confidence sequence [{cs[0]:+.4f}, {cs[1]:+.4f}]" if cs else ""
   )
+  unit = report.get("budget_unit", "env steps")
   return (
     f"audit of {report['env']}: {head} ({report['spent_env_steps']:.3g} of "
-    f"{report['budget']:.3g} env steps spent)\n  {gap}; coverage {report['coverage']['mean']:.3f}"
+    f"{report['budget']:.3g} {unit} spent)\n  {gap}; coverage {report['coverage']['mean']:.3f}"
   )
 
 

@@ -287,3 +287,52 @@ def test_text_demo_smoke_runs_the_whole_path(tiny_lm, tmp_path):
   report = json.loads((work / "model" / "drift" / "report.json").read_text())
   assert report["reference"]["kind"] == "resample" and report["reference"]["completions"] > 0
   assert np.isfinite(report["metrics"]["credit model"]["mae"]["value"])
+
+
+class _Offset:
+  """A predictor whose credit is the wrapped one's plus a constant (a drifted model)."""
+
+  def __init__(self, predictor, offset: float):
+    self.predictor, self.offset, self.spec = predictor, offset, predictor.spec
+
+  def score(self, episodes, **kw):
+    out = self.predictor.score(episodes, **kw)
+    for s in out:
+      for k in ("credit", "mean", "mu"):
+        s[k] = s[k] + self.offset
+    return out
+
+  def describe(self):
+    return self.predictor.describe()
+
+
+def test_the_text_audit_resamples_through_the_endpoint_in_completions(text_run, tmp_path):
+  from hindsight.audit.config import AuditConfig
+  from hindsight.audit.runner import audit_pool, tolerance_of
+  from hindsight.model.predictor import Predictor
+  from hindsight.text.audit import prepare_text_audit
+
+  traces = [t for t in world.sample_traces(21, 40) if len(t.steps) <= 14][:16]
+  path = tmp_path / "traces.jsonl"
+  write_traces(str(path), traces)
+  predictor = Predictor.load(text_run["workdir"])
+  meta = open_labels(text_run["labels"]).metadata
+  with running_world() as url:
+    out = tmp_path / "audit"
+    got = run_cli("audit", "--run", text_run["workdir"], "--trajectories", path,
+                  "--endpoint", url, "--budget", 600, "--rollouts", 8, "--out", out,
+                  "--no-progress")  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["budget_unit"] == "completions" and report["labels"] is None
+    assert 0 < report["spent_env_steps"] <= 600 and report["draws"] > 0
+    # A model whose credit is off by +0.3 everywhere is caught by the same audit.
+    cfg = AuditConfig(checkpoint=text_run["workdir"], budget=1500, out=str(tmp_path / "b"),
+                      trajectories=str(path), endpoint=url, rollouts=8, progress=False)  # fmt: skip
+    label_cfg, spec, labeler, pool = prepare_text_audit(cfg, predictor, meta, cfg.out)
+    drifted = _Offset(predictor, 0.3)
+    res = audit_pool(cfg, drifted, labeler, pool, tolerance_of(cfg, predictor))
+    assert res.trace.first is not None
+  with pytest.raises(HindsightError, match="--endpoint"):
+    prepare_text_audit(AuditConfig(checkpoint=text_run["workdir"], budget=10, out=str(tmp_path),
+                                   trajectories=str(path)), predictor, meta, str(tmp_path))  # fmt: skip

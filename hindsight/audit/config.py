@@ -17,7 +17,7 @@ class AuditConfig:
   """What `hindsight audit` checks and how hard (the CLI flags map onto these)."""
 
   checkpoint: str  # a training run's workdir
-  budget: int  # env steps the rollouts may spend
+  budget: int  # env steps the rollouts may spend (text models: completions)
   out: str
   env: str | None = None  # audit fresh episodes of this spec ...
   trajectories: str | None = None  # ... or these (a label dataset dir or a JSON-lines file)
@@ -33,6 +33,7 @@ class AuditConfig:
   block: int = 64  # draws labeled per program call (speed only; results do not depend on it)
   seed: int = 0
   bootstrap: int = 400  # resamples of the slice CIs
+  endpoint: str = ""  # text models: the completions endpoint the audited steps resample through
   progress: bool = True
 
   def check(self) -> None:

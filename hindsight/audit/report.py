@@ -134,13 +134,14 @@ def build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance) -> dict:
 def markdown(report: dict) -> str:
   v, a, g, c = report["verdict"], report["alarm"], report["gap"], report["coverage"]
   m = report["model"]
+  unit = report.get("budget_unit", "env steps")  # text audits: completions
   lines = [
     f"# Audit: {report['env']}",
     "",
     f"Model: `{report['checkpoint']}` step {m['step']} (digest {m['digest']}); "
     f"`{report['replacement']}` credit, K = {report['rollouts']} rollouts per arm.",
     f"Pool: {report['pool']['episodes']} episodes, {report['pool']['steps']} steps "
-    f"({report['pool']['kind']}). Budget {report['budget']:.3g} env steps, spent "
+    f"({report['pool']['kind']}). Budget {report['budget']:.3g} {unit}, spent "
     f"{report['spent_env_steps']:.3g} on {report['draws']} draws "
     f"({report['distinct_steps']} distinct steps).",
     "",
@@ -152,7 +153,7 @@ def markdown(report: dict) -> str:
   if v["alarm"]:
     lines.append(
       f"**DRIFT ALARM** ({v['reason']}) after {v['fired_after_draws']} audited steps, "
-      f"{v['fired_after_env_steps']:.3g} env steps of rollouts."
+      f"{v['fired_after_env_steps']:.3g} {unit} of rollouts."
     )
   else:
     lines.append(f"**No alarm** after {report['draws']} audited steps.")

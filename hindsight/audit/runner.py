@@ -73,6 +73,10 @@ def prepare_audit(cfg: AuditConfig):
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
   run = training_run(cfg.checkpoint)
   meta = open_labels(run["labels"]).metadata
+  if predictor.spec.text:  # resampled through a completions endpoint (`text.audit`)
+    from hindsight.text.audit import prepare_text_audit
+
+    return predictor, *prepare_text_audit(cfg, predictor, meta, cfg.out)
   label_cfg = LabelConfig.from_metadata(meta, num_rollouts=cfg.rollouts)
   dataset, file_episodes = None, None
   if cfg.trajectories is not None:
@@ -134,7 +138,13 @@ def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> D
   """Draws labeled in order until the next one could overrun the budget (or the alarm
   fires, with stop_at_alarm; `alarm` is then re-evaluated after each block)."""
   K, H = labeler.config.num_rollouts, labeler.env.horizon
-  cost_bound = 2 * K * (H - steps["t"])  # env steps a draw may cost at most
+  # What a draw may cost at most: env steps (2 K (H - t)), or the labeler's own bound (text:
+  # completions).
+  unit = getattr(labeler, "cost_unit", "env steps")
+  if hasattr(labeler, "cost_bound"):
+    cost_bound = labeler.cost_bound(steps)
+  else:
+    cost_bound = 2 * K * (H - steps["t"])
   k_draw, k_label = keys
   label_fn = labeler.label_steps
   B = cfg.block
@@ -153,11 +163,12 @@ def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> D
   first = draw(0)
   if cost_bound[first] > cfg.budget:
     raise HindsightError(
-      f"--budget {cfg.budget} env steps cannot pay for one audited step: the first one drawn "
-      f"may cost {int(cost_bound[first])} (2 x {K} rollouts x {H - steps['t'][first]} steps "
-      "left); raise --budget or lower --rollouts"
+      f"--budget {cfg.budget} {unit} cannot pay for one audited step: the first one drawn "
+      f"may cost {int(cost_bound[first])} {unit} ({K} rollouts per arm); raise --budget or "
+      "lower --rollouts"
     )
-  bar = CompileAwareBar(total=cfg.budget, desc="audit", unit="env step", disable=not cfg.progress)
+  bar = CompileAwareBar(total=cfg.budget, desc="audit", unit=unit.rstrip("s"),
+                        disable=not cfg.progress)  # fmt: skip
   with bar:
     while True:
       # A whole block when even its worst case fits the budget, else draws one at a time: so
@@ -309,9 +320,12 @@ def run_audit(cfg: AuditConfig) -> dict:
 
   report = report_lib.build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance)
   labels_dir = os.path.join(out, "labels")
-  report["labels"] = dataset_lib.write_audit_labels(
-    labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg.seed
-  )
+  report["budget_unit"] = getattr(labeler, "cost_unit", "env steps")
+  report["labels"] = None  # text audits write no label dataset (text.audit)
+  if not predictor.spec.text:
+    report["labels"] = dataset_lib.write_audit_labels(
+      labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg.seed
+    )
   atomic_savez(
     os.path.join(out, "draws.npz"),
     {

@@ -65,21 +65,24 @@ class LanguageModel(nnx.Module):
     shape = (c.depth, rows, c.num_heads, c.max_len, c.head_dim)
     return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
 
-  def __call__(self, tokens, positions=None, cache=None):
+  def __call__(self, tokens, positions=None, cache=None, window: int | None = None):
     """tokens int [B, L] -> (logits [B, L, V], the updated cache or None).
 
     Without a cache: causal attention over the input (positions default to 0 .. L-1).
     With one (`empty_cache`): a prompt (L > 1) is written at positions 0 .. L-1, a single
     token (L = 1) at each row's own position; queries attend to the cached keys at
     positions <= their own. The cache is updated in place by one scatter per layer (inside
-    the sampling loop XLA reuses its buffer: no copy of the cache per token)."""
+    the sampling loop XLA reuses its buffer: no copy of the cache per token). `window`
+    (static): queries read only the first `window` slots, which must hold every position they
+    attend to; a decode step reads its whole cache, so this is most of its memory traffic."""
     B, L = tokens.shape
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(L), (B, L))
     x = self.token_embed(tokens) + self.position_embed(positions)
     if cache is not None:
       ck, cv = cache
-      key_pos = jnp.broadcast_to(jnp.arange(ck.shape[3]), (B, ck.shape[3]))
+      window = window or ck.shape[3]
+      key_pos = jnp.broadcast_to(jnp.arange(window), (B, window))
     for i, layer in enumerate(self.layers):
       q, k, v = layer.project(x)
       if cache is None:
@@ -92,7 +95,7 @@ class LanguageModel(nnx.Module):
         else:
           ck = jax.lax.dynamic_update_slice(ck, k[None], (i, 0, 0, 0, 0))
           cv = jax.lax.dynamic_update_slice(cv, v[None], (i, 0, 0, 0, 0))
-        keys, values, kp = ck[i], cv[i], key_pos
+        keys, values, kp = ck[i, :, :, :window], cv[i, :, :, :window], key_pos
       mask = kp[:, None, None, :] <= positions[:, None, :, None]  # [B, 1, L, S]
       x = layer.finish(x, q, keys, values, mask)
     logits = self.head(self.norm(x))

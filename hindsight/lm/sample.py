@@ -95,11 +95,13 @@ def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, key
   logits, cache = model(prompts, cache=model.empty_cache(R))
   last = logits[jnp.arange(R), lengths - 1] + bias  # [R, V]: the next token's logits
 
-  def cond(carry):
+  def cond(carry, window):
     i, _, _, done, *_ = carry
-    return (i < S) & ~jnp.all(done)
+    # The next position of every live row fits the phase's window (a row's budget keeps it
+    # below S, so the last phase, window S, runs until every row is done).
+    return ~jnp.all(done) & (jnp.max(jnp.where(done, 0, lengths)) + i < window)
 
-  def body(carry):
+  def body(carry, window):
     i, last, cache, done, out, count, eos = carry
     step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
     token = sample_rows(step_keys, last, temperature, top_p)
@@ -110,7 +112,7 @@ def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, key
     eos = eos | hit
     done = done | hit | (count >= budgets)
     pos = jnp.minimum(lengths + i, S - 1)[:, None]
-    logits, cache = model(token[:, None], pos, cache)
+    logits, cache = model(token[:, None], pos, cache, window=window)
     return i + 1, logits[:, 0] + bias, cache, done, out, count, eos
 
   init = (
@@ -122,7 +124,14 @@ def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, key
     jnp.zeros(R, jnp.int32),
     jnp.zeros(R, bool),
   )
-  _, _, _, _, out, count, eos = jax.lax.while_loop(cond, body, init)
+  # Phases of growing windows (the prompt buckets above P, then S): a step attends over the
+  # cache slots its phase can reach, not all S of them.
+  carry = init
+  for window in [w for w in prompt_buckets(S) if w > prompts.shape[1]] or [S]:
+    carry = jax.lax.while_loop(
+      functools.partial(cond, window=window), functools.partial(body, window=window), carry
+    )
+  _, _, _, _, out, count, eos = carry
   return out, count, eos
 
 

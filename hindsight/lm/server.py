@@ -26,6 +26,7 @@ import time
 import jax
 import msgspec
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
 from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_rows, prompt_buckets
@@ -56,6 +57,11 @@ class Engine:
     self.max_len = int(record["lm_config"]["max_len"])
     self.bias = ascii_bias(self.tokenizer)  # the model writes ASCII, as it was trained to
     self.calls = 0
+    # Rows are split over every local device (one per core under `hindsight`'s CLI): each
+    # row's loop is independent, so a program runs on all cores with no communication.
+    devices = jax.local_devices()
+    self.mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
+    self.state = jax.device_put(self.state, jax.sharding.NamedSharding(self.mesh, P()))
 
   def warmup(self) -> int:
     """Compiles every (row bucket, prompt bucket) program; returns how many."""
@@ -85,7 +91,11 @@ class Engine:
         temperature = np.array([r.temperature for r in pick], np.float32)
         top_p = np.array([r.top_p for r in pick], np.float32)
         keys = jax.numpy.stack([r.key for r in pick])
-        args = (ids, lengths, budgets, temperature, top_p, keys, self.bias)
+        args = (ids, lengths, budgets, temperature, top_p, keys)
+        if R % self.mesh.size == 0:
+          rows_sharding = jax.sharding.NamedSharding(self.mesh, P("rows"))
+          args = jax.device_put(args, rows_sharding)
+        args = (*args, self.bias)
         pending.append((chunk, generate(self.graphdef, self.state, *args)))
         self.calls += 1
     for chunk, (tokens, count, eos) in pending:
