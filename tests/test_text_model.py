@@ -329,7 +329,7 @@ def test_the_text_audit_resamples_through_the_endpoint_in_completions(text_run, 
     # A model whose credit is off by +0.3 everywhere is caught by the same audit.
     cfg = AuditConfig(checkpoint=text_run["workdir"], budget=1500, out=str(tmp_path / "b"),
                       trajectories=str(path), endpoint=url, rollouts=8, progress=False)  # fmt: skip
-    label_cfg, spec, labeler, pool = prepare_text_audit(cfg, predictor, meta, cfg.out)
+    _, _, labeler, pool = prepare_text_audit(cfg, predictor, meta, cfg.out)
     drifted = _Offset(predictor, 0.3)
     res = audit_pool(cfg, drifted, labeler, pool, tolerance_of(cfg, predictor))
     assert res.trace.first is not None
