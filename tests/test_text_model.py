@@ -334,5 +334,6 @@ def test_the_text_audit_resamples_through_the_endpoint_in_completions(text_run, 
     res = audit_pool(cfg, drifted, labeler, pool, tolerance_of(cfg, predictor))
     assert res.trace.first is not None
   with pytest.raises(HindsightError, match="--endpoint"):
-    prepare_text_audit(AuditConfig(checkpoint=text_run["workdir"], budget=10, out=str(tmp_path),
-                                   trajectories=str(path)), predictor, meta, str(tmp_path))  # fmt: skip
+    bare = AuditConfig(checkpoint=text_run["workdir"], budget=10, out=str(tmp_path),
+                       trajectories=str(path))  # fmt: skip
+    prepare_text_audit(bare, predictor, meta, str(tmp_path))
