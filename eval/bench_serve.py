@@ -2,7 +2,8 @@
 
 Starts the server on a trained run (default runs/demo) in a subprocess, waits until it is
 ready (warmed up), then for each client count sends requests of one trajectory of `--steps`
-steps (random observations and actions of the model's shape) over that many keep-alive
+steps (random observations and actions of the model's shape; for a text model, sentences of
+the text world in the trace format) over that many keep-alive
 connections, for `--seconds` each. Prints p50/p99 latency and steps scored per second; the
 server is stopped at the end (and on any error). Then the same trajectories scored in
 process, in batches of each client count (the server's ceiling).
@@ -35,6 +36,13 @@ from hindsight.serving import Client
 
 
 def _trajectory(spec, steps: int, rng) -> dict:
+  if spec.text:  # a text model: the text world's sentences, in the trace format
+    from hindsight.text import world
+
+    sentences = [s.text for t in world.sample_traces(int(rng.integers(1 << 30)), 8)
+                 for s in t.steps]  # fmt: skip
+    return {"steps": [sentences[int(i)] for i in rng.integers(0, len(sentences), steps)],
+            "outcome": 1.0}  # fmt: skip
   if spec.obs_kind == "vector":
     obs = rng.normal(size=(steps, spec.obs_dim)).round(3).tolist()
   else:

@@ -580,6 +580,7 @@ def _eval_text(args) -> int:
     seed=args.seed or 0,
     step=args.step or "best",
     progress=not args.no_progress,
+    baseline_steps=-1 if args.baseline_steps is None else args.baseline_steps,
   )
   lines = [f"text credit on {report['traces']} traces ({report['steps']} steps), against the "
            f"{report['reference']['kind']} reference:"]  # fmt: skip

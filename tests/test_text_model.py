@@ -185,6 +185,8 @@ def test_the_text_eval_against_the_exact_credit(text_run):
   assert m["Bayes observer of the text"]["spearman"]["value"] > 0.9
   assert m["credit model"]["mae"]["value"] < m["training labels"]["mae"]["value"]
   assert report["k_star"]["credit model"]["value"] > 8
+  # The learned PRM reads the text too (trained on outcomes only): a signal on every step.
+  assert np.isfinite(m["learned PRM (text)"]["spearman"]["value"])
   assert (text_run["workdir"] + "/drift/report.md") and report["top3_recall"]["credit model"] > 0
 
 

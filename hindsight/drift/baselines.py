@@ -43,6 +43,12 @@ class HistoryModel(nnx.Module):
     self.spec, self.shift = spec, shift
     if spec.obs_kind == "discrete":
       self.obs_embed = nnx.Embed(spec.obs_dim, w, rngs=rngs)
+    elif spec.text:  # text traces: each step's text, read as the credit model reads it
+      from hindsight.model.credit_model import StepEncoder
+      from hindsight.text.tokenizer import Tokenizer
+
+      vocab = Tokenizer.from_json(spec.tokenizer).vocab_size
+      self.step_encoder = StepEncoder(vocab, spec.max_step_tokens, w, rngs=rngs)
     else:
       self.obs_mean = nnx.Variable(jnp.asarray(spec.obs_mean, jnp.float32))
       self.obs_std = nnx.Variable(jnp.asarray(spec.obs_std, jnp.float32))
@@ -65,6 +71,8 @@ class HistoryModel(nnx.Module):
     obs = batch["observations"]
     if self.spec.obs_kind == "discrete":
       x = self.obs_embed(obs)
+    elif self.spec.text:
+      x = self.step_encoder(batch["tokens"])
     else:
       x = self.obs_fc((obs - self.obs_mean[...]) / self.obs_std[...])
     t = jnp.arange(T)
@@ -100,6 +108,33 @@ def scaled_steps(train_episodes: int, batch_size: int = BaselineConfig.batch_siz
   split trains the full 1000 steps; a 50-episode one 100 (1000 would be 600 passes)."""
   steps = -(-SCALED_EPOCHS * train_episodes // batch_size)
   return int(min(max(steps, MIN_STEPS), BaselineConfig.steps))
+
+
+@dataclasses.dataclass
+class TrainingSplit:
+  """What a learned baseline trains on: the training split's batches (length-bucketed, in
+  the order of seed `seed`), the bases p_{-1} / g_{-1} and the return scale."""
+
+  batches: object  # step -> a padded batch (episodes_batch layout)
+  bases: dict[str, float]
+  return_scale: float
+
+  @classmethod
+  def of(cls, reader, train_ids: np.ndarray, spec: DataSpec, batch_size: int, seed: int):
+    from hindsight.data.batching import BatchPlan, bucket_lengths, make_batch
+
+    train = [reader[int(i)] for i in train_ids]  # one read of each episode
+    lengths = np.array([len(e) for e in train])
+    returns = np.array([e.episode_return for e in train])
+    success = np.array([e.success for e in train])
+    plan = BatchPlan(train_ids, lengths, batch_size, bucket_lengths(lengths, 2), seed, True)
+
+    def batches(step):
+      pad, ids = plan.at(step)
+      return make_batch(reader, ids, pad, spec)
+
+    bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}
+    return cls(batches, bases, float(max(returns.std(), 1e-6)))
 
 
 def _targets(kind: str, batch: dict, scale: float) -> jax.Array:

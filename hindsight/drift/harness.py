@@ -23,7 +23,7 @@ import time
 import jax
 import numpy as np
 
-from hindsight.data.batching import BatchPlan, EpisodeReader, bucket_lengths, make_batch
+from hindsight.data.batching import EpisodeReader
 from hindsight.data.episode import Episode
 from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
@@ -447,21 +447,10 @@ def _learned_baselines(ctx: _Context, predictor, reader, run) -> list:
   baseline config): a rerun that changes nothing trains nothing."""
   cfg, spec = ctx.cfg, predictor.spec
   train_ids = np.asarray(run["train"], np.int64)
-  train = [reader[int(i)] for i in train_ids]  # one read of each episode
-  lengths = np.array([len(e) for e in train])
-  returns = np.array([e.episode_return for e in train])
-  success = np.array([e.success for e in train])
-  return_scale = float(max(returns.std(), 1e-6))
   steps = cfg.baseline_steps if cfg.baseline_steps > 0 else bl.scaled_steps(train_ids.size)
   bcfg = bl.BaselineConfig(steps=steps, seed=cfg.seed)
-  pads = bucket_lengths(lengths, 2)
-  plan = BatchPlan(train_ids, lengths, bcfg.batch_size, pads, cfg.seed, shuffle=True)
-
-  def batches(step):
-    pad, ids = plan.at(step)
-    return make_batch(reader, ids, pad, spec)
-
-  bases = {"prm": float(success.mean()), "rudder": float(returns.mean()), "td_advantage": 0.0}
+  split = bl.TrainingSplit.of(reader, train_ids, spec, bcfg.batch_size, cfg.seed)
+  batches, bases, return_scale = split.batches, split.bases, split.return_scale
   models = []
   for kind in bl.LEARNED:
 

@@ -1,5 +1,6 @@
 """`hindsight eval` on a text run: the credit model against the reference credit of its held-out
-traces, beside the training labels, the MC progress scores and (text world) a Bayes observer.
+traces, beside the training labels, the MC progress scores, a learned PRM and (text world) a
+Bayes observer.
 
 Reference (`reference`):
   exact     the text world's dynamic programme (`world.exact_credit`), stderr 0;
@@ -11,10 +12,11 @@ Reference (`reference`):
 
 Signals, per step: `credit model` (the Predictor's point prediction), `training labels` (the
 K_L-completion labels it learned from), `progress (MC)` (the labels' progress: P(success |
-x_{t+1}) - P(success | x_t), the process-reward view) and, with the exact reference, `Bayes
-observer of the text` (`world.observer_credit`: the best any reader of the trace can do, as
-the world's competence is hidden from it). Each gets the drift metrics with bootstrap CIs over
-traces (`metrics.drift.metric_table`) and
+x_{t+1}) - P(success | x_t), the process-reward view), `learned PRM (text)` (a process
+reward model reading the text, trained on outcomes only: `learned_prm`) and, with the exact
+reference, `Bayes observer of the text` (`world.observer_credit`: the best any reader of the
+trace can do, as the world's competence is hidden from it). Each gets the drift metrics with
+bootstrap CIs over traces (`metrics.drift.metric_table`) and
 
   K*           equivalent completions per step: K_L (mean e_L^2 - mean se_c^2) /
                (mean e_M^2 - mean se_c^2) (`metrics.drift.equivalent_rollouts`), with a
@@ -125,6 +127,27 @@ def resampled_reference(
   return credit, stderr, int(ref.metadata.get("completions", 0))
 
 
+def learned_prm(labels, run: dict, predictor, episodes, steps: int, seed: int, progress: bool):
+  """The process reward model of the drift harness (`drift.baselines`, `prm`: P(success |
+  the steps so far) by a causal transformer reading the steps' text, trained on the training
+  split's outcomes only) and its credit p_t - p_{t-1} on `episodes` ([T] each). steps: its
+  optimizer steps (-1: scaled to the split, `baselines.scaled_steps`)."""
+  from hindsight.data.batching import EpisodeReader
+  from hindsight.drift import baselines as bl
+
+  train_ids = np.asarray(run["train"], np.int64)
+  bcfg = bl.BaselineConfig(steps=steps if steps > 0 else bl.scaled_steps(train_ids.size),
+                           seed=seed)  # fmt: skip
+  split = bl.TrainingSplit.of(EpisodeReader(labels), train_ids, predictor.spec,
+                              bcfg.batch_size, seed)  # fmt: skip
+  graphdef, state = bl.train_history_model(
+    "prm", split.batches, predictor.spec, predictor.model_config, bcfg, split.return_scale,
+    progress,
+  )  # fmt: skip
+  prm = bl.LearnedBaseline("prm", graphdef, state, split.bases["prm"], split.return_scale)
+  return prm.credit(lambda eps: predictor.batch(eps, allow_longer=True), episodes)
+
+
 def top_k_recall(pred: list[np.ndarray], ref: list[np.ndarray], k: int = TOP_K) -> float:
   """Mean over traces of > k steps of |top-k(|pred|) & top-k(|ref|)| / k."""
   hits = []
@@ -150,6 +173,7 @@ def evaluate_text_run(
   seed: int = 0,
   step: str = "best",
   progress: bool = True,
+  baseline_steps: int = -1,
 ) -> dict:
   """The report (module docstring) of the run in `workdir` on its test split (the first
   `episodes` of it; 0 = all), written to OUT/report.json and OUT/report.md."""
@@ -191,6 +215,11 @@ def evaluate_text_run(
     "training labels": [np.asarray(e["credit"], np.float64) for e in examples],
     "progress (MC)": [np.asarray(e["progress"], np.float64) for e in examples],
   }
+  if baseline_steps != 0:
+    signals["learned PRM (text)"] = learned_prm(
+      labels, run, predictor, [Episode.from_example(e) for e in examples], baseline_steps,
+      seed, progress,
+    )  # fmt: skip
   if observer is not None:
     signals["Bayes observer of the text"] = observer
   # Steps where every signal and the reference are defined.
