@@ -377,6 +377,8 @@ def _parser() -> argparse.ArgumentParser:
   twp = tw_sub.add_parser("prompts", help="write N problems as prompt-only traces (JSONL)")
   twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
   twp.add_argument("--seed", type=int, default=0, help="seed of the problems")
+  twp.add_argument("--max-count", type=int, default=0,
+                   help="box counts 1 .. N (the small LM's); 0: the world's 3 .. 59")  # fmt: skip
   twp.add_argument("--out", required=True, help="output JSONL file")
   twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
   twe.add_argument("dir", help="a `hindsight label --env text:...` output against the world")
@@ -399,6 +401,7 @@ def _parser() -> argparse.ArgumentParser:
 
 LM_TRAIN_HELP = {
   "traces": "text-world traces to train on (5%% held out)",
+  "max_count": "box counts of its problems are 1 .. this",
   "seed": "seed of the traces, the initialisation and the batch order",
   "steps": "optimizer steps",
   "batch_size": "traces per step",
@@ -425,7 +428,8 @@ def _lm(args) -> int:
 
   values = {f.name: getattr(args, f.name) for f in dataclasses.fields(LMTrainConfig)
             if f.name != "progress"}  # fmt: skip
-  for name in ("traces", "steps", "batch_size", "eval_every", "width", "depth", "max_len"):
+  for name in ("traces", "steps", "batch_size", "eval_every", "width", "depth", "max_len",
+               "max_count"):  # fmt: skip
     if values[name] < 1:
       raise HindsightError(f"--{name.replace('_', '-')} must be >= 1, got {values[name]}")
   result = train_lm(LMTrainConfig(**values, progress=not args.no_progress), args.workdir)
@@ -663,7 +667,10 @@ def _text_world(args) -> int:
 
     if args.episodes < 1:
       raise HindsightError(f"--episodes must be >= 1, got {args.episodes}")
-    write_traces(args.out, world.prompt_traces(args.seed, args.episodes))
+    if args.max_count < 0:
+      raise HindsightError(f"--max-count must be >= 0, got {args.max_count}")
+    counts = (1, args.max_count + 1) if args.max_count else world.COUNTS
+    write_traces(args.out, world.prompt_traces(args.seed, args.episodes, counts))
     print(f"prompts: {args.out}")
     return 0
   from hindsight.files import write_json

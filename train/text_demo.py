@@ -89,7 +89,10 @@ def run(args) -> int:
     server = contextlib.nullcontext((args.endpoint, args.model))
   with server as (url, model):
     prompts = os.path.join(W, "prompts.jsonl")
-    write_traces(prompts, world.prompt_traces(args.seed, args.traces))
+    # The small LM's problems have the box counts it was trained on; a server of your own
+    # gets the world's.
+    counts = world.COUNTS if args.endpoint else lm_cfg.counts
+    write_traces(prompts, world.prompt_traces(args.seed, args.traces, counts))
     with stage("sample and label traces through the endpoint"):
       job = LabelJob(
         f"text:{prompts}", args.traces, LabelConfig(num_rollouts=args.rollouts),

@@ -23,6 +23,9 @@ class LMConfig:
 @dataclasses.dataclass(frozen=True)
 class LMTrainConfig:
   traces: int = 4000  # text-world traces sampled for training (5% held out)
+  # Box counts of its problems are 1 .. max_count: small enough that a small model learns
+  # their sums (with the world's 3 .. 59 its drafts and answers are nearly always wrong).
+  max_count: int = 5
   seed: int = 0  # the traces, the tokenizer's input, the initialisation, the batch order
   steps: int = 2000  # optimizer steps
   batch_size: int = 16  # traces per step
@@ -35,6 +38,11 @@ class LMTrainConfig:
   num_heads: int = 4
   max_len: int = 384  # prompt and continuation, in tokens
   progress: bool = True
+
+  @property
+  def counts(self) -> tuple[int, int]:
+    """The [lo, hi) of its problems' box counts (`text.world.problems`)."""
+    return (1, self.max_count + 1)
 
   def lm_config(self, vocab_size: int) -> LMConfig:
     return LMConfig(vocab_size, self.width, self.depth, self.num_heads, 4, self.max_len)

@@ -1,6 +1,7 @@
 """`hindsight lm train`: the small language model, trained on the text world's traces.
 
-Data: `traces` traces sampled by the text world itself (`world.sample_traces(seed, n)`), each
+Data: `traces` traces sampled by the text world itself (`world.sample_traces(seed, n)`, box
+counts 1 .. max_count), each
 the prompt, then the completion and EOS, as ids of a byte-level BPE trained on them
 (`text.tokenizer.train_bpe`); 5% of the traces are held out. The loss is the next-token
 cross-entropy on the completion and its EOS only (the prompt's problem number and counts are
@@ -40,7 +41,7 @@ def training_sequences(config: LMTrainConfig):
   as [N, S] with the last column 0, held-out row mask bool [N])."""
   from hindsight.text import world
 
-  traces = world.sample_traces(config.seed, config.traces)
+  traces = world.sample_traces(config.seed, config.traces, config.counts)
   prompts = [t.prompt for t in traces]
   completions = [t.completion() for t in traces]
   tok = train_bpe(prompts + completions, config.vocab_size)
@@ -77,8 +78,9 @@ def epoch_batches(rows: np.ndarray, bucket: np.ndarray, batch_size: int, seed: i
   return [out[i] for i in shuffle]
 
 
-def lm_files(cfg: LMConfig, tok: Tokenizer) -> dict[str, str]:
+def lm_files(cfg: LMConfig, tok: Tokenizer, counts: tuple[int, int]) -> dict[str, str]:
   record = {"format": 1, "model": MODEL_NAME, "lm_config": dataclasses.asdict(cfg)}
+  record["counts"] = list(counts)  # the box counts of the problems it was trained on
   record["tokenizer"] = tok.to_json()
   return {LM_FILE: json.dumps(record, indent=1, sort_keys=True)}
 
@@ -130,7 +132,7 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   lengths = (ids > 0).sum(1)
   bucket = np.minimum(-(-lengths // LENGTH_BUCKET) * LENGTH_BUCKET, config.max_len)
   held_ids, held_mask = jnp.asarray(ids[held]), jnp.asarray(mask[held])
-  files = lm_files(cfg, tok)
+  files = lm_files(cfg, tok, config.counts)
   val = float("nan")
   progress = CompileAwareBar(total=config.steps, initial=start, desc="lm train", unit="step",
                              disable=not config.progress)  # fmt: skip

@@ -286,34 +286,39 @@ def continue_prefix(
   return out
 
 
-def problems(seed: int, count: int) -> list[Problem]:
-  """`count` problems (numbers and box counts) drawn from `seed` with a jax.random key."""
+COUNTS = (3, 60)  # box counts are drawn from [3, 60)
+
+
+def problems(seed: int, count: int, counts: tuple[int, int] = COUNTS) -> list[Problem]:
+  """`count` problems (numbers and box counts in [lo, hi) = `counts`) drawn from `seed` with a
+  jax.random key."""
   import jax
 
   key = jax.random.key(seed)
   numbers = np.asarray(jax.random.choice(key, 10**6, (count,), replace=False))
-  counts = np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (count, 3), 3, 60))
+  lo, hi = counts
+  counts = np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (count, 3), lo, hi))
   return [Problem(int(n), tuple(int(x) for x in c)) for n, c in zip(numbers, counts, strict=True)]
 
 
-def prompt_traces(seed: int, count: int):
+def prompt_traces(seed: int, count: int, counts: tuple[int, int] = COUNTS):
   """Prompt-only traces (the labeler samples each trace from the endpoint first)."""
   from hindsight.text.trace import TextTrace
 
   return [
     TextTrace(prompt=p.prompt(), id=f"problem_{p.number}", reference=str(p.total))
-    for p in problems(seed, count)
+    for p in problems(seed, count, counts)
   ]
 
 
-def sample_traces(seed: int, count: int):
+def sample_traces(seed: int, count: int, counts: tuple[int, int] = COUNTS):
   """Whole traces sampled by the world itself (no server), as the JSONL format holds them."""
   import jax
 
   from hindsight.text.trace import TextStep, TextTrace
 
   out = []
-  for i, p in enumerate(problems(seed, count)):
+  for i, p in enumerate(problems(seed, count, counts)):
     rng = np.random.default_rng(np.asarray(jax.random.key_data(jax.random.key(seed + i))))
     state = parse_prefix(p.prompt(), [])
     sentences = continue_prefix(state, rng)
