@@ -8,14 +8,18 @@ Reference (`reference`):
             with a seed of their own (the labels' seed + REFERENCE_SEED_OFFSET), cached in
             OUT/reference (a rerun asks for nothing it has); its cost in completions is
             reported. Its stderrs enter K* as the reference's noise.
-  auto      exact when every prompt is a text-world problem, else resample.
+  auto      exact when the traces are the text world's own (its model wrote them and every
+            prompt is its problem), else resample.
 
 Signals, per step: `credit model` (the Predictor's point prediction), `training labels` (the
 K_L-completion labels it learned from), `progress (MC)` (the labels' progress: P(success |
 x_{t+1}) - P(success | x_t), the process-reward view), `learned PRM (text)` (a process
 reward model reading the text, trained on outcomes only: `learned_prm`) and, with the exact
 reference, `Bayes observer of the text` (`world.observer_credit`: the best any reader of the
-trace can do, as the world's competence is hidden from it). Each gets the drift metrics with
+trace can do, as the world's competence is hidden from it); with a resampled reference of
+another model's traces of the world's problems (the small LM's), the credit the scripted world
+gives the same sentences (`text world's exact credit` and `text world's Bayes observer`: how
+far that model's credit is from the world's). Each gets the drift metrics with
 bootstrap CIs over traces (`metrics.drift.metric_table`) and
 
   K*           equivalent completions per step: K_L (mean e_L^2 - mean se_c^2) /
@@ -59,6 +63,12 @@ def _is_world(examples) -> bool:
   from hindsight.text import world
 
   return all(world.parse_problem(_text(e["prompt"])) is not None for e in examples)
+
+
+def _world_model() -> str:
+  from hindsight.text import world
+
+  return world.MODEL_NAME
 
 
 def exact_reference(examples, replacement: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -191,8 +201,9 @@ def evaluate_text_run(
   examples = [labels[int(i)] for i in ids]
   out = out or os.path.join(workdir, "drift")
   replacement = labels.metadata.get("replacement", "policy")
-  if reference == "auto":
-    reference = "exact" if _is_world(examples) else "resample"
+  if reference == "auto":  # exact where the traces are the scripted world's own
+    own = labels.metadata.get("policy") == _world_model()
+    reference = "exact" if own and _is_world(examples) else "resample"
   if reference not in ("exact", "resample"):
     raise HindsightError(f"reference {reference!r}: expected auto, exact or resample")
   observer = None
@@ -222,6 +233,12 @@ def evaluate_text_run(
     )  # fmt: skip
   if observer is not None:
     signals["Bayes observer of the text"] = observer
+  elif _is_world(examples):
+    # Another model's traces of the world's problems: how far its credit is from the credit
+    # the scripted world would give the same sentences.
+    world_exact, world_observer = exact_reference(examples, replacement)
+    signals["text world's exact credit"] = world_exact
+    signals["text world's Bayes observer"] = world_observer
   # Steps where every signal and the reference are defined.
   flat_ref = np.concatenate(ref)
   flat_se = np.concatenate(ref_se)
@@ -260,12 +277,12 @@ def evaluate_text_run(
       "completions": cost,
     },
     "metrics": {n: {m: e.as_dict() for m, e in t.items()} for n, t in table.items()},
-    "k_star": {"credit model": k_star("credit model")},
+    # K* of every signal that is not the labels themselves (theirs is K_L by definition).
+    "k_star": {n: k_star(n) for n in signals if n not in ("training labels", "progress (MC)")},
     "top3_recall": {n: top_k_recall(v, ref) for n, v in signals.items()},
     "checkpoint_step": predictor.step,
   }
   if observer is not None:
-    report["k_star"]["Bayes observer of the text"] = k_star("Bayes observer of the text")
     m, b = report["k_star"]["credit model"]["value"], report["k_star"]["Bayes observer of the text"]
     report["k_star_share_of_observer"] = m / b["value"] if b["value"] > 0 else float("nan")
   os.makedirs(out, exist_ok=True)
