@@ -23,7 +23,10 @@ from hindsight.text.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from hindsight.text.trace import write_traces
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.xdist_group("text_model")
+# Two groups, each on one worker with its module fixture: the credit model on text, and the
+# small language model.
+TEXT_MODEL = pytest.mark.xdist_group("text_model")
+SMALL_LM = pytest.mark.xdist_group("small_lm")
 
 
 # -- tokenizers ------------------------------------------------------------------------------
@@ -64,6 +67,7 @@ def text_run(tmp_path_factory):
   return {"root": root, "labels": labels, "workdir": workdir}
 
 
+@TEXT_MODEL
 def test_the_checkpoint_restores_the_tokenizer_and_scores_the_trace_format(text_run):
   from hindsight.model.predictor import Predictor
 
@@ -89,6 +93,7 @@ def test_the_checkpoint_restores_the_tokenizer_and_scores_the_trace_format(text_
   np.testing.assert_array_equal(a, d)
 
 
+@TEXT_MODEL
 def test_a_steady_stream_of_traces_compiles_nothing_after_warmup(text_run):
   from hindsight.model.predictor import Predictor
 
@@ -107,6 +112,7 @@ def test_a_steady_stream_of_traces_compiles_nothing_after_warmup(text_run):
   assert predictor.compiled_programs() == compiled
 
 
+@TEXT_MODEL
 def test_bad_text_input_is_one_line(text_run):
   from hindsight.model.predictor import Predictor
 
@@ -128,6 +134,7 @@ def test_bad_text_input_is_one_line(text_run):
     assert "\n" not in str(e.value)
 
 
+@TEXT_MODEL
 def test_score_and_serve_take_text_traces(text_run, tmp_path):
   from starlette.testclient import TestClient
 
@@ -165,6 +172,7 @@ def test_score_and_serve_take_text_traces(text_run, tmp_path):
     assert bad.status_code == 400
 
 
+@TEXT_MODEL
 def test_the_text_eval_against_the_exact_credit(text_run):
   from hindsight.model.predictor import training_run
   from hindsight.text.evaluate import evaluate_text_run
@@ -219,6 +227,7 @@ def tiny_lm(tmp_path_factory):
   return workdir
 
 
+@SMALL_LM
 def test_cached_sampling_matches_the_full_forward(tiny_lm):
   import jax.numpy as jnp
   from flax import nnx
@@ -248,6 +257,7 @@ def test_cached_sampling_matches_the_full_forward(tiny_lm):
   np.testing.assert_array_equal(np.asarray(greedy_p), np.asarray(out))
 
 
+@SMALL_LM
 def test_the_endpoint_honours_seeds_n_stop_and_refuses_bad_requests(tiny_lm):
   from hindsight.lm.server import running_lm
 
@@ -273,6 +283,8 @@ def test_the_endpoint_honours_seeds_n_stop_and_refuses_bad_requests(tiny_lm):
     assert httpx.post(url + "/completions", content=b"{").status_code == 400
 
 
+@SMALL_LM
+@pytest.mark.slow
 def test_text_demo_smoke_runs_the_whole_path(tiny_lm, tmp_path):
   """Label the small LM's traces through its endpoint, train, and the resampled reference."""
   import shutil
@@ -308,6 +320,8 @@ class _Offset:
     return self.predictor.describe()
 
 
+@TEXT_MODEL
+@pytest.mark.slow
 def test_the_text_audit_resamples_through_the_endpoint_in_completions(text_run, tmp_path):
   from hindsight.audit.config import AuditConfig
   from hindsight.audit.runner import audit_pool, tolerance_of
