@@ -24,9 +24,9 @@ demo: $(STAMP)
 
 # The text path offline (docs/text.md): train a small language model on the text world, serve it
 # at /v1/completions, label its traces through that endpoint, train the credit model on the
-# text, and the drift report against a resampled reference (runs/text/model/drift/report.md).
+# text, and the drift report against a resampled reference (runs/text-demo/model/drift/report.md).
 demo-text: $(STAMP)
-	$(BIN)/python -m train.text_demo --workdir runs/text
+	$(BIN)/python -m train.text_demo --workdir runs/text-demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .

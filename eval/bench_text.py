@@ -11,10 +11,10 @@ Starts `hindsight text-world serve` in a subprocess and prints:
      resamples per chunk;
   5. plain resampling against the stratified estimator on the same pools;
   6. the small language model's endpoint (`hindsight lm serve`, served from a thread; --lm
-     WORKDIR, default runs/text/lm when it exists): completions/s at concurrency 1, 16 and
+     WORKDIR, default runs/text-demo/lm when it exists): completions/s at concurrency 1, 16 and
      64 with n = 16 per request, continuing prefixes of 12-step world traces.
 
-  python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text/lm]
+  python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--traces", type=int, default=16, help="prompts labeled in part 4")
   p.add_argument("--completions", type=int, default=512, help="completions per concurrency")
   p.add_argument("--port", type=int, default=8131)
-  p.add_argument("--lm", default="runs/text/lm", help="a `hindsight lm train` workdir")
+  p.add_argument("--lm", default="runs/text-demo/lm", help="a `hindsight lm train` workdir")
   args = p.parse_args(argv)
   url = f"http://127.0.0.1:{args.port}/v1"
   work = tempfile.mkdtemp(prefix="bench_text_")

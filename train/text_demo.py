@@ -13,7 +13,7 @@ finished training report). With --endpoint URL --model NAME the traces come from
 instead (a vLLM or SGLang server of your own; stages 1 and 2 are skipped). On a machine with
 a GPU, --lm-width/--lm-depth/--lm-steps make a bigger model.
 
-  python -m train.text_demo --workdir runs/text
+  python -m train.text_demo --workdir runs/text-demo
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--workdir", default="runs/text")
+  p.add_argument("--workdir", default="runs/text-demo")
   p.add_argument("--traces", type=int, default=400, help="traces to label")
   p.add_argument("--rollouts", type=int, default=8, help="K of the labels")
   p.add_argument("--reference-traces", type=int, default=48, help="held-out traces evaluated")
