@@ -6,8 +6,10 @@ completions endpoint (docs/text.md).
   hindsight text-world serve | prompts | exact        (a local model with exact credit)
 
 From Python: `read_traces` / `write_traces` and `chunk_text` (the format), `load_verifier`,
-`CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, and the
-text world (`hindsight.text.world`, `running_world` serves it from a thread).
+`CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, the text
+world (`hindsight.text.world`, `running_world` serves it from a thread), the tokenizer
+(`Tokenizer`, `train_bpe`), a trace as the credit model reads it (`parse_text_episode`) and
+the text eval (`evaluate_text_run`).
 """
 
 from hindsight._lazy import lazy_exports
@@ -28,6 +30,10 @@ _HOMES = {
   "import_thought_anchors": "hindsight.text.thought_anchors",
   "compare_to_exact": "hindsight.text.exact",
   "running_world": "hindsight.text.server",
+  "Tokenizer": "hindsight.text.tokenizer",
+  "train_bpe": "hindsight.text.tokenizer",
+  "parse_text_episode": "hindsight.text.episodes",
+  "evaluate_text_run": "hindsight.text.evaluate",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 __all__ = sorted(_HOMES)
