@@ -157,7 +157,7 @@ class Episode:
         except (TypeError, ValueError):
           raise HindsightError(f"{where}: '{name}' must be {n} numbers") from None
     if episode.get("klass") is not None:
-      out["klass"] = _parse_klass(episode["klass"], n, where)
+      out["klass"] = parse_klass(episode["klass"], n, where)
     if spec.num_agents:
       out["agent"] = _parse_agent(episode.get("agent"), n, spec.num_agents, where)
     return cls(**out)
@@ -210,7 +210,7 @@ def _parse_tags(tags, n: int, where: str) -> tuple[str, ...]:
   return tuple(t.decode() if isinstance(t, bytes) else str(t) for t in tags)
 
 
-def _parse_klass(klass, n: int, where: str) -> np.ndarray:
+def parse_klass(klass, n: int, where: str) -> np.ndarray:
   klass = np.asarray(klass)
   if klass.dtype.kind in "US":  # the export format names classes
     unknown = set(klass.tolist()) - set(KLASS_NAMES)

@@ -75,7 +75,7 @@ class TextAuditLabeler:
       )
     self.inner = TextLabeler(f"text:{traces_path}", count, config, options, seed)
     self.inner.open(cache)
-    self.traces = self.inner._with_steps(self.inner.traces, range(count))
+    self.traces = self.inner.with_steps(self.inner.traces, range(count))
     for t in self.traces:
       if t.outcome is None and t.reference is None:
         raise HindsightError(f"trace {t.id}: no reference for the verifier and no outcome")
@@ -102,7 +102,7 @@ class TextAuditLabeler:
 
   def label_steps(self, traj: TextTraj, ts: np.ndarray, keys) -> dict:
     """Labels of steps ts[j] of traces traj.index[j], each resampled with seeds from keys[j]."""
-    from hindsight.text.estimate import _difference, row_stats
+    from hindsight.text.estimate import difference, row_stats
 
     K, cfg = self.config.num_rollouts, self.config
     seeds = np.asarray(jax.vmap(lambda k: jax.random.randint(k, (2,), 0, 2**31 - 1))(keys))
@@ -114,12 +114,12 @@ class TextAuditLabeler:
       if t < len(trace.steps) - 1:
         requests.append((trace.prefix(int(t) + 1), int(seeds[j, 1]), 0, K))
         where.append((j, "keep", int(i), int(t) + 1))
-    got = self.inner._sample(requests)
+    got = self.inner.sample(requests)
     n = len(ts)
     keep = [None] * n
     replace = [None] * n
     for (j, arm, i, prefix), completions in zip(where, got, strict=True):
-      outcomes = self.inner._outcomes(self.traces[i], prefix, completions)
+      outcomes = self.inner.outcomes_of(self.traces[i], prefix, completions)
       (keep if arm == "keep" else replace)[j] = outcomes
     credit, se, bounded, cost = np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n, np.int64)
     for j in range(n):
@@ -128,7 +128,7 @@ class TextAuditLabeler:
         k_stats = (np.array([self.outcome[i]]), np.zeros(1), np.zeros(1, bool))
       else:
         k_stats = row_stats([keep[j]], cfg.confidence)
-      c, s, b = _difference(k_stats, row_stats([replace[j]], cfg.confidence))
+      c, s, b = difference(k_stats, row_stats([replace[j]], cfg.confidence))
       credit[j], se[j], bounded[j] = c[0], s[0], b[0]
       cost[j] = K * (1 + (keep[j] is not None))
     klass = np.asarray(classify(credit, se, cfg.decorative_tolerance, z_value(cfg.confidence)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hindsight.data.episode import LABEL_FIELDS, Episode, _parse_klass
+from hindsight.data.episode import LABEL_FIELDS, Episode, parse_klass
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 from hindsight.text.estimate import SUCCESS_THRESHOLD
@@ -124,7 +124,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
       except (TypeError, ValueError):
         raise HindsightError(f"{where}: '{name}' must be {T} numbers") from None
   if episode.get("klass") is not None:
-    out["klass"] = _parse_klass(episode["klass"], T, where)
+    out["klass"] = parse_klass(episode["klass"], T, where)
   return Episode(**out)
 
 

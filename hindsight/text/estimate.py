@@ -86,7 +86,7 @@ def _rates(k: int, confidence: float):
   return jnp.asarray(tie_upper_rates(k, confidence))
 
 
-def _difference(a, b):
+def difference(a, b):
   """(mean, stderr, bounded) of the difference of two independent estimates."""
   (ma, sa, ba), (mb, sb, bb) = a, b
   either = ba | bb
@@ -138,8 +138,8 @@ def text_step_fields(
   phi_stats = row_stats(phi, confidence)
   rep_stats = row_stats(replace, confidence)
   undefined = np.array([len(r) < 2 for r in replace])
-  credit, credit_se, credit_bounded = _difference(keep_stats, rep_stats)
-  progress, progress_se, progress_bounded = _difference(keep_stats, phi_stats)
+  credit, credit_se, credit_bounded = difference(keep_stats, rep_stats)
+  progress, progress_se, progress_bounded = difference(keep_stats, phi_stats)
   realized, realized_se, realized_bounded = outcome - rep_stats[0], rep_stats[1], rep_stats[2]
   credit = np.where(undefined, np.nan, credit)
   realized = np.where(undefined, np.nan, realized)

@@ -165,7 +165,7 @@ class TextLabeler:
         out.append(Draw(prompt, seed, b, size))
     return out
 
-  def _sample(self, requests: list[tuple[str, int, int, int]]) -> list[list]:
+  def sample(self, requests: list[tuple[str, int, int, int]]) -> list[list]:
     """Completions of (prompt, seed, lo, hi) requests: [len][hi - lo]."""
     draws, spans = [], []
     for prompt, seed, lo, hi in requests:
@@ -181,18 +181,18 @@ class TextLabeler:
     return out
 
   # -- labeling ---------------------------------------------------------------------------
-  def _with_steps(self, traces: list[TextTrace], episodes: range) -> list[TextTrace]:
+  def with_steps(self, traces: list[TextTrace], episodes: range) -> list[TextTrace]:
     """Each trace with its steps: its own, its text chunked, or sampled from its prompt."""
     out = list(traces)
     todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
       seeds = [int(request_seeds(self.seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
-      got = self._sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
+      got = self.sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
       for i, completions in zip(todo, got, strict=True):
         out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
     return [chunked(t, self.options.chunking, str(e)) for t, e in zip(out, episodes, strict=True)]
 
-  def _outcomes(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
+  def outcomes_of(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
     """Outcomes of continuations of the prefix with t steps (and `inserted` after it)."""
     written = "".join(s.text for s in trace.steps[:t]) + inserted
     return np.array([self.verify(written + c.text, trace) for c in completions], np.float64)
@@ -210,16 +210,16 @@ class TextLabeler:
     K = self.config.num_rollouts
     episodes = range(start, stop)
     sampled = [t.steps is None and t.text is None for t in self.traces[start:stop]]
-    traces = self._with_steps(self.traces[start:stop], episodes)
+    traces = self.with_steps(self.traces[start:stop], episodes)
     seeds = [request_seeds(self.seed, e, ARM_POOL, len(t.steps)) for e, t in
              zip(episodes, traces, strict=True)]  # fmt: skip
     requests = [(t.prefix(j), int(s[j]), 0, K) for t, s in zip(traces, seeds, strict=True)
                 for j in range(len(t.steps))]  # fmt: skip
-    got = iter(self._sample(requests))
+    got = iter(self.sample(requests))
     out = []
     for e, trace, s, was_sampled in zip(episodes, traces, seeds, sampled, strict=True):
       pools = [next(got) for _ in trace.steps]
-      outcomes = [self._outcomes(trace, j, pool) for j, pool in enumerate(pools)]
+      outcomes = [self.outcomes_of(trace, j, pool) for j, pool in enumerate(pools)]
       outcome = self.verify(trace.completion(), trace)
       out.append(Resamples(trace, e, s, pools, outcomes, outcome, was_sampled))
     return out
@@ -233,13 +233,13 @@ class TextLabeler:
       requests = [(r.trace.prefix(j) + null, int(s), 0, K) for r in found
                   for j, s in enumerate(request_seeds(self.seed, r.episode, ARM_NULL,
                                                       len(r.trace.steps)))]  # fmt: skip
-      got = iter(self._sample(requests))
+      got = iter(self.sample(requests))
       extra = [[next(got) for _ in r.trace.steps] for r in found]
-      replace = [[self._outcomes(r.trace, j, c, inserted=null) for j, c in enumerate(x)]
+      replace = [[self.outcomes_of(r.trace, j, c, inserted=null) for j, c in enumerate(x)]
                  for r, x in zip(found, extra, strict=True)]  # fmt: skip
     elif q in ("policy_other", "policy_no_repeat"):
       accepted, extra = self._rejection_sample(found, anywhere=q == "policy_no_repeat")
-      replace = [[self._outcomes(r.trace, j, c) for j, c in enumerate(a)]
+      replace = [[self.outcomes_of(r.trace, j, c) for j, c in enumerate(a)]
                  for r, a in zip(found, accepted, strict=True)]  # fmt: skip
     else:
       replace = [r.outcomes for r in found]
@@ -281,7 +281,7 @@ class TextLabeler:
       for i, t in short:
         lo = len(draws[i][t])
         requests.append((found[i].trace.prefix(t), int(found[i].seeds[t]), lo, min(lo + n, cap)))
-      for (i, t), more in zip(short, self._sample(requests), strict=True):
+      for (i, t), more in zip(short, self.sample(requests), strict=True):
         draws[i][t].extend(more)
 
   def _trace_arrays(self, trace: TextTrace, episode: int, drawn: int) -> dict:
