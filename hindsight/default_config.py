@@ -69,6 +69,10 @@ def base_config() -> ConfigDict:
   c.train.steps = 2000  # optimizer steps
   c.train.log_every = 50  # steps between training metrics (TensorBoard, progress bar)
   c.train.eval_every = 250  # steps between validation + checkpoint
+  # Stop once the validation loss has not improved for this many steps (checked at each
+  # validation; 0: train all train.steps). The learning-rate schedule stays the one of
+  # train.steps; the report says where the run stopped.
+  c.train.patience = 0
   c.train.progress = True  # console progress bars
 
   c.checkpoint = ConfigDict()

@@ -103,6 +103,8 @@ def _validate(config: ConfigDict) -> None:
   for name, value in positive.items():
     if value < 1:
       raise HindsightError(f"config {name}={value} must be >= 1")
+  if int(config.train.get("patience", 0)) < 0:
+    raise HindsightError(f"config train.patience={config.train.patience} must be >= 0 (0: off)")
   if config.model.width % config.model.num_heads:
     raise HindsightError(
       f"config model.width={config.model.width} is not divisible by "
@@ -418,6 +420,16 @@ def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start,
   logs = _Logs(workdir, start)
   total = int(config.train.steps)
   preempted, seconds, last, done = False, 0.0, {}, start
+  patience = int(config.train.get("patience", 0))
+
+  def patience_spent(step: int) -> bool:
+    """No better validation loss in the `patience` steps up to `step` (a function of the
+    saved checkpoints alone: a restarted run stops where the first would have)."""
+    return patience > 0 and bool(ckpt.steps()) and step - ckpt.best_step() >= patience
+
+  stopped_early = start if start < total and patience_spent(start) else None
+  if stopped_early is not None:
+    start = total  # a run that stopped early and was restarted: nothing left to train
   bar = CompileAwareBar(
     total=total,
     initial=start,
@@ -446,12 +458,15 @@ def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start,
         val_losses = validation.run(state)
         logs.write("validation", done, val_losses)
         ckpt.save(done, state, val_losses["loss"], files=step_files)
+        if not stopping and done < total and patience_spent(done):
+          stopped_early = done
+          break
       if stopping:
         preempted = True
         log.warning("SIGTERM: saved the checkpoint of step %d; exiting", done)
         break
   return {"preempted": preempted, "step": done, "state": state, "seconds": seconds,
-          "last": last, "start": start}  # fmt: skip
+          "last": last, "start": start, "stopped_early": stopped_early}  # fmt: skip
 
 
 def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, outcome) -> dict:
@@ -486,6 +501,9 @@ def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, out
     "final_loss": outcome["last"].get("loss"),
     "params_sha256": final_digest,
     "zero_ties": bool(config.loss.get("zero_ties", False)),
+    # The step train.patience stopped the run at (None: it trained every step).
+    "stopped_early_at": outcome["stopped_early"],
+    "patience": int(config.train.get("patience", 0)),
   }
   report["summary"] = summary_text(report)
   if jax.process_index() == 0:

@@ -249,6 +249,27 @@ def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train")
+def test_patience_stops_where_the_validation_loss_stopped_improving(tmp_path, synthetic_labels):
+  """At learning rate 0 the validation loss never improves on its first value (step 10):
+  patience 20 stops the run at step 30 of 40, the report says so, and a restart after the
+  checkpoints (the finished mark removed) stops there again with the same parameters."""
+  workdir = tmp_path / "patience"
+  rc, out, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.0", "train.patience=20")
+  assert rc == 0, err
+  report = _report(workdir)
+  assert report["train"]["stopped_early_at"] == 30 and report["evaluated_checkpoint"] == 10
+  assert "stopped early at step 30 of 40" in out
+  assert _saved_steps(workdir)[-1] == 30
+  os.remove(os.path.join(workdir, "report.inputs"))
+  rc, _, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.0", "train.patience=20")
+  assert rc == 0, err
+  again = _report(workdir)
+  assert again["train"]["stopped_early_at"] == 30
+  assert again["train"]["params_sha256"] == report["train"]["params_sha256"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train")
 def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labels):
   """A learning rate that overshoots late makes the last validation loss not the lowest:
   the report must score the step with the lowest one (it scored the latest, silently)."""

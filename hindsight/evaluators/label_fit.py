@@ -120,6 +120,12 @@ def summary_text(r: dict) -> str:
       f"  agent-level Shapley values ({a['pairs']} episode x agent pairs): Spearman "
       f"{a['spearman']:.3f}  Pearson {a['pearson']:.3f}  MAE {a['mae']:.4g}"
     )
+  stopped = r.get("train", {}).get("stopped_early_at")
+  if stopped is not None:
+    lines.append(
+      f"  stopped early at step {stopped} of {r['train']['steps']}: no better validation loss "
+      f"in {r['train']['patience']} steps (scored: step {r['evaluated_checkpoint']})"
+    )
   lines.append("  per tag (labeled -> predicted mean credit):")
   for tag, row in r["per_tag"].items():
     lines.append(
