@@ -620,6 +620,9 @@ def headline_text(report: dict) -> str:
       lines.append(f"  equivalent rollouts: K undefined ({e['undefined']})")
     else:
       lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
+  total = report.get("seconds", {}).get("total")
+  if total is not None:
+    lines.append(f"  wall time of the drift report: {total:.1f} s (a rerun reads its cache)")
   return "\n".join(lines)
 
 

@@ -243,16 +243,22 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   finished = _finished_report(workdir, inputs)
   if finished is not None:
     return finished  # a finished run of this config on these labels: nothing to compute
-  data = _load_data(config, workdir)
+  # Wall seconds of each stage of this launch (the report's `stages`, the summary's last line).
+  stages, tic = {}, time.perf_counter()
+  data = _load_data(config, workdir)  # labels first where the config makes them
+  stages["labels"] = time.perf_counter() - tic
   layout = _layout(config, data)
   programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
   _write_splits(config, workdir, data)
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
   start, state = _restore_or_init(config, ckpt, programs, data.init, layout.train_seed)
   try:
+    tic = time.perf_counter()
     outcome = _train(config, workdir, data, layout, programs, ckpt, start, state)
+    stages["train"] = time.perf_counter() - tic
     if outcome["preempted"]:
       return {"preempted": True, "step": outcome["step"]}
+    outcome["stages"] = stages
     report = _evaluate(config, workdir, data, layout, programs, ckpt, outcome)
     if jax.process_index() == 0:
       mark_finished(workdir, inputs)  # last, after the report
@@ -473,6 +479,7 @@ def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, out
   """The evaluated checkpoint (best or last): its sigma scale fitted on the validation
   split (written into its step directory), then the test split scored against its labels:
   WORKDIR/report.json and plots (`label_fit`)."""
+  tic_evaluate = time.perf_counter()
   spec, mesh, rows, plans = data.spec, layout.mesh, layout.rows, layout.plans
   final_digest = state_digest(outcome["state"])
   eval_step = ckpt.best_step() if config.checkpoint.evaluate == "best" else ckpt.steps()[-1]
@@ -505,6 +512,8 @@ def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, out
     "stopped_early_at": outcome["stopped_early"],
     "patience": int(config.train.get("patience", 0)),
   }
+  report["stages"] = {k: round(v, 1) for k, v in outcome.get("stages", {}).items()}
+  report["stages"]["evaluate"] = round(time.perf_counter() - tic_evaluate, 1)
   report["summary"] = summary_text(report)
   if jax.process_index() == 0:
     evaluators.write_label_fit(workdir, report, steps)

@@ -131,6 +131,10 @@ def summary_text(r: dict) -> str:
     lines.append(
       f"    {tag:<18} {row['steps']:>6} steps  {row['label']:+.3f} -> {row['predicted']:+.3f}"
     )
+  if r.get("stages"):
+    lines.append(
+      "  wall time of this launch: " + ", ".join(f"{k} {v:.1f} s" for k, v in r["stages"].items())
+    )
   return "\n".join(lines)
 
 
