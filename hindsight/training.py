@@ -239,14 +239,14 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   d = config.distributed
   initialize(d.coordinator, d.num_processes, d.process_id)
   check_workdir(config, workdir, RESTART_FREE)
-  inputs = _inputs_key(config, workdir)
+  # Wall seconds of each stage of this launch (the report's `stages`, the summary's last line).
+  stages, tic = {}, time.perf_counter()
+  inputs = _inputs_key(config, workdir)  # labels first where the config makes them
   finished = _finished_report(workdir, inputs)
   if finished is not None:
     return finished  # a finished run of this config on these labels: nothing to compute
-  # Wall seconds of each stage of this launch (the report's `stages`, the summary's last line).
-  stages, tic = {}, time.perf_counter()
-  data = _load_data(config, workdir)  # labels first where the config makes them
-  stages["labels"] = time.perf_counter() - tic
+  data = _load_data(config, workdir)
+  stages["labels"] = time.perf_counter() - tic  # labeling (if any) and reading the labels
   layout = _layout(config, data)
   programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
   _write_splits(config, workdir, data)
