@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 import threading
-import time
 
 import jax
 import msgspec
@@ -30,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
 from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_rows, prompt_buckets
-from hindsight.text.server import MAX_N, CompletionRequest
+from hindsight.text.server import CompletionRequest, completion_body, request_error
 
 MAX_ROWS = ROW_BUCKETS[-1]
 
@@ -160,16 +159,9 @@ def create_app(engine: Engine):
       req = decoder.decode(await request.body())
     except msgspec.DecodeError as e:
       return error(400, f"bad request body: {e}")
-    if req.model != engine.model_name:
-      return error(404, f"The model `{req.model}` does not exist.", "NotFoundError")
-    if req.stream:
-      return error(400, "stream is not supported by this server")
-    if not 1 <= req.n <= MAX_N:
-      return error(400, f"n must be in [1, {MAX_N}], got {req.n}")
-    if req.max_tokens is not None and req.max_tokens < 1:
-      return error(400, f"max_tokens must be >= 1, got {req.max_tokens}")
-    if not (req.temperature >= 0 and 0 < req.top_p <= 1):
-      return error(400, "temperature must be >= 0 and top_p in (0, 1]")
+    refused = request_error(req, engine.model_name)
+    if refused is not None:
+      return error(*refused)
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     if not prompts:
       return error(400, "prompt is empty")
@@ -210,20 +202,7 @@ def create_app(engine: Engine):
     stats["requests"] += 1
     stats["completions"] += len(choices)
     prompt_tokens = int(sum(x.size for x in encoded))
-    return JSONResponse(
-      {
-        "id": f"cmpl-{stats['requests']}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": choices,
-        "usage": {
-          "prompt_tokens": prompt_tokens,
-          "completion_tokens": used,
-          "total_tokens": prompt_tokens + used,
-        },
-      }
-    )
+    return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
   async def models(request: Request):
     del request

@@ -76,6 +76,39 @@ def complete_one(
   return text, finish, _words(text)
 
 
+def request_error(req: CompletionRequest, model: str) -> tuple[int, str, str] | None:
+  """(status, message, kind) of a request a completions server refuses, or None: another
+  model, a stream, n outside [1, MAX_N], max_tokens < 1, a bad temperature or top_p."""
+  if req.model != model:
+    return 404, f"The model `{req.model}` does not exist.", "NotFoundError"
+  if req.stream:
+    return 400, "stream is not supported by this server", "invalid_request_error"
+  if not 1 <= req.n <= MAX_N:
+    return 400, f"n must be in [1, {MAX_N}], got {req.n}", "invalid_request_error"
+  if req.max_tokens is not None and req.max_tokens < 1:
+    return 400, f"max_tokens must be >= 1, got {req.max_tokens}", "invalid_request_error"
+  if not (req.temperature >= 0 and 0 < req.top_p <= 1):
+    return 400, "temperature must be >= 0 and top_p in (0, 1]", "invalid_request_error"
+  return None
+
+
+def completion_body(req: CompletionRequest, number: int, choices: list, prompt_tokens: int,
+                    completion_tokens: int) -> dict:  # fmt: skip
+  """The OpenAI `text_completion` answer to request number `number`."""
+  return {
+    "id": f"cmpl-{number}",
+    "object": "text_completion",
+    "created": int(time.time()),
+    "model": req.model,
+    "choices": choices,
+    "usage": {
+      "prompt_tokens": prompt_tokens,
+      "completion_tokens": completion_tokens,
+      "total_tokens": prompt_tokens + completion_tokens,
+    },
+  }
+
+
 def create_app():
   """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
   from starlette.applications import Starlette
@@ -94,16 +127,9 @@ def create_app():
       req = decoder.decode(await request.body())
     except msgspec.DecodeError as e:
       return error(400, f"bad request body: {e}")
-    if req.model != world.MODEL_NAME:
-      return error(404, f"The model `{req.model}` does not exist.", "NotFoundError")
-    if req.stream:
-      return error(400, "stream is not supported by this server")
-    if not 1 <= req.n <= MAX_N:
-      return error(400, f"n must be in [1, {MAX_N}], got {req.n}")
-    if req.max_tokens is not None and req.max_tokens < 1:
-      return error(400, f"max_tokens must be >= 1, got {req.max_tokens}")
-    if not (req.temperature >= 0 and 0 < req.top_p <= 1):
-      return error(400, "temperature must be >= 0 and top_p in (0, 1]")
+    refused = request_error(req, world.MODEL_NAME)
+    if refused is not None:
+      return error(*refused)
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     choices, used = [], 0
     for p_index, prompt in enumerate(prompts):
@@ -121,20 +147,7 @@ def create_app():
     stats["requests"] += 1
     stats["completions"] += len(choices)
     prompt_tokens = sum(_words(p) for p in prompts)
-    return JSONResponse(
-      {
-        "id": f"cmpl-{stats['requests']}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "choices": choices,
-        "usage": {
-          "prompt_tokens": prompt_tokens,
-          "completion_tokens": used,
-          "total_tokens": prompt_tokens + used,
-        },
-      }
-    )
+    return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
   async def models(request: Request):
     del request
