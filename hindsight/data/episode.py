@@ -150,14 +150,7 @@ class Episode:
     out["success"] = _parse_success(episode.get("success"), rewards, spec, where)
     if episode.get("tags") is not None:
       out["tags"] = _parse_tags(episode["tags"], n, where)
-    for name in LABEL_FIELDS:
-      if episode.get(name) is not None:
-        try:
-          out[name] = np.asarray(episode[name], np.float32).reshape(n)
-        except (TypeError, ValueError):
-          raise HindsightError(f"{where}: '{name}' must be {n} numbers") from None
-    if episode.get("klass") is not None:
-      out["klass"] = parse_klass(episode["klass"], n, where)
+    out.update(parse_labels(episode, n, where))
     if spec.num_agents:
       out["agent"] = _parse_agent(episode.get("agent"), n, spec.num_agents, where)
     return cls(**out)
@@ -208,6 +201,21 @@ def _parse_tags(tags, n: int, where: str) -> tuple[str, ...]:
   if isinstance(tags, str | bytes) or not hasattr(tags, "__len__") or len(tags) != n:
     raise HindsightError(f"{where}: 'tags' must be {n} names, one per action")
   return tuple(t.decode() if isinstance(t, bytes) else str(t) for t in tags)
+
+
+def parse_labels(episode: dict, n: int, where: str) -> dict[str, np.ndarray]:
+  """The label fields an exported episode of n steps carries (LABEL_FIELDS, float32 [n], and
+  klass), checked; a one-line HindsightError naming `where` and the field."""
+  out = {}
+  for name in LABEL_FIELDS:
+    if episode.get(name) is not None:
+      try:
+        out[name] = np.asarray(episode[name], np.float32).reshape(n)
+      except (TypeError, ValueError):
+        raise HindsightError(f"{where}: '{name}' must be {n} numbers") from None
+  if episode.get("klass") is not None:
+    out["klass"] = parse_klass(episode["klass"], n, where)
+  return out
 
 
 def parse_klass(klass, n: int, where: str) -> np.ndarray:

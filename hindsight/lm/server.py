@@ -29,7 +29,12 @@ from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
 from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_rows, prompt_buckets
-from hindsight.text.server import CompletionRequest, completion_body, request_error
+from hindsight.text.server import (
+  CompletionRequest,
+  completion_body,
+  completions_app,
+  request_error,
+)
 
 MAX_ROWS = ROW_BUCKETS[-1]
 
@@ -113,10 +118,8 @@ def _key(seed: int | None, j: int) -> jax.Array:
 
 def create_app(engine: Engine):
   """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
-  from starlette.applications import Starlette
   from starlette.requests import Request
   from starlette.responses import JSONResponse
-  from starlette.routing import Route
 
   stats = {"requests": 0, "completions": 0, "batches": 0}
   decoder = msgspec.json.Decoder(CompletionRequest)
@@ -204,21 +207,7 @@ def create_app(engine: Engine):
     prompt_tokens = int(sum(x.size for x in encoded))
     return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
-  async def models(request: Request):
-    del request
-    return JSONResponse({"object": "list", "data": [{"id": engine.model_name, "object": "model"}]})
-
-  async def get_stats(request: Request):
-    del request
-    return JSONResponse(dict(stats))
-
-  return Starlette(
-    routes=[
-      Route("/v1/completions", completions, methods=["POST"]),
-      Route("/v1/models", models, methods=["GET"]),
-      Route("/stats", get_stats, methods=["GET"]),
-    ]
-  )
+  return completions_app(completions, engine.model_name, stats)
 
 
 def serve_lm(workdir: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True):

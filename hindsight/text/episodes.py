@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hindsight.data.episode import LABEL_FIELDS, Episode, parse_klass
+from hindsight.data.episode import Episode, parse_labels
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 from hindsight.text.estimate import SUCCESS_THRESHOLD
@@ -117,14 +117,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
     "tags": tuple(tags),
     "step_text": tuple(texts),
   }
-  for name in LABEL_FIELDS:
-    if episode.get(name) is not None:
-      try:
-        out[name] = np.asarray(episode[name], np.float32).reshape(T)
-      except (TypeError, ValueError):
-        raise HindsightError(f"{where}: '{name}' must be {T} numbers") from None
-  if episode.get("klass") is not None:
-    out["klass"] = parse_klass(episode["klass"], T, where)
+  out.update(parse_labels(episode, T, where))
   return Episode(**out)
 
 

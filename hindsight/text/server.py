@@ -111,10 +111,8 @@ def completion_body(req: CompletionRequest, number: int, choices: list, prompt_t
 
 def create_app():
   """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
-  from starlette.applications import Starlette
   from starlette.requests import Request
   from starlette.responses import JSONResponse
-  from starlette.routing import Route
 
   stats = {"requests": 0, "completions": 0}
   decoder = msgspec.json.Decoder(CompletionRequest)
@@ -149,11 +147,21 @@ def create_app():
     prompt_tokens = sum(_words(p) for p in prompts)
     return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
-  async def models(request: Request):
-    del request
-    return JSONResponse({"object": "list", "data": [{"id": world.MODEL_NAME, "object": "model"}]})
+  return completions_app(completions, world.MODEL_NAME, stats)
 
-  async def get_stats(request: Request):
+
+def completions_app(completions, model: str, stats: dict):
+  """A Starlette app serving the handler `completions` at POST /v1/completions, the one
+  `model` at GET /v1/models and the counters `stats` at GET /stats."""
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+
+  async def models(request):
+    del request
+    return JSONResponse({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+  async def get_stats(request):
     del request
     return JSONResponse(dict(stats))
 
