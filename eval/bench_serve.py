@@ -145,7 +145,7 @@ def main() -> None:
         raise SystemExit("bench_serve: the server did not become ready")
       time.sleep(0.2)
     _load(args.port, body, 1, 1.0)  # warm connections and caches
-    single = None
+    single, http_rates = None, {}
     generator = f"hey ({hey})" if hey else "Python client threads on the server's cores"
     print(f"{args.steps}-step trajectories, one per request, {args.seconds:g} s per row, "
           f"load from {generator}:")  # fmt: skip
@@ -156,6 +156,7 @@ def main() -> None:
         requests, p50, p99 = _threads(args.port, body, clients, args.seconds)
       rate = requests * args.steps / args.seconds
       single = rate if single is None else single
+      http_rates[clients] = rate
       print(
         f"  {clients:>3} clients: {requests:>6} requests  p50 {p50 * 1e3:6.2f} ms  p99 "
         f"{p99 * 1e3:6.2f} ms  {rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
@@ -163,15 +164,29 @@ def main() -> None:
   finally:
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
-  _in_process(args, [int(c) for c in args.clients.split(",")])
+  in_process = _in_process(args, [int(c) for c in args.clients.split(",")])
+  _goals(http_rates, in_process, bool(hey))
 
 
-def _in_process(args, batches: list[int]) -> None:
-  """`Predictor.score` on batches of the same trajectories in this process (the server's
-  ceiling: HTTP adds parsing, batching and the clients' threads)."""
+def _goals(http_rates: dict[int, float], in_process: dict[int, float], hey: bool) -> None:
+  """The server's goals against their anchors: HTTP >= 70% of in-process scoring of the
+  same batches at 16 and 64 connections (with hey), and 64 connections >= 5x one."""
+  print("goals:" + ("" if hey else " (Python client threads, not hey: not comparable)"))
+  for clients in (16, 64):
+    if clients in http_rates and clients in in_process:
+      share = http_rates[clients] / in_process[clients]
+      print(f"  HTTP / in process at {clients:>2} connections: {share:4.0%}  (goal >= 70%)")
+  if 1 in http_rates and 64 in http_rates:
+    print(f"  64 connections / one: {http_rates[64] / http_rates[1]:.1f}x  (goal >= 5x)")
+
+
+def _in_process(args, batches: list[int]) -> dict[int, float]:
+  """Steps/s of `Predictor.score` on batches of B of the same trajectories in this process,
+  by B (the server's ceiling: HTTP adds parsing, batching and the load generator)."""
   predictor = Predictor.load(args.checkpoint)
   rng = np.random.default_rng(0)
   print(f"in process, Predictor.score on B trajectories of {args.steps} steps:")
+  rates = {}
   for B in batches:
     episodes = [_trajectory(predictor.spec, args.steps, rng) for _ in range(B)]
     predictor.score(episodes, allow_longer=True)  # compile
@@ -180,8 +195,10 @@ def _in_process(args, batches: list[int]) -> None:
       predictor.score(episodes, allow_longer=True)
       calls += 1
     seconds = time.perf_counter() - tic
-    print(f"  B = {B:>3}: {calls * B * args.steps / seconds:>10,.0f} steps/s  "
+    rates[B] = calls * B * args.steps / seconds
+    print(f"  B = {B:>3}: {rates[B]:>10,.0f} steps/s  "
           f"({seconds / calls * 1e3:.1f} ms per call)")  # fmt: skip
+  return rates
 
 
 if __name__ == "__main__":
