@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
   for name, rate, per, ups in rows:
     print(f"{name:<16}{rate:>16.4g}{rate / base:>8.2f}{ups:>11.3g}{ups / rows[0][3]:>8.2f}"
           f"{per:>30.4g}")  # fmt: skip
+  ups = {name: u for name, _, _, u in rows}
+  if "outcome" in ups and "mc_credit" in ups:
+    print(f"goal: mc_credit at {ups['mc_credit'] / ups['outcome']:.2f}x the outcome trainer's "
+          "updates/s (goal >= 0.3x)")  # fmt: skip
   if args.rejax_python:
     env_id = config.env.partition(":")[2]
     cmd = [args.rejax_python, os.path.join(os.path.dirname(__file__), "rejax_reference.py"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -69,6 +70,13 @@ def test_learner_starts_as_its_prior_and_the_labeler_branches_it():
     np.testing.assert_array_equal(np.asarray(value), np.asarray(under[name]), err_msg=name)
   arms = np.asarray(under["arm_steps"])
   assert arms.shape == (4, 3) and (arms.sum(1) == np.asarray(plain["rollout_steps"])).all()
+  # Without the phi arm: the same credit bit for bit, the keep and replace arms' steps only.
+  fn = jax.jit(functools.partial(labeler.label_under, credit_only=True))
+  credit_only = fn(policy.default_params(), traj, keys)
+  assert set(credit_only) == {"credit", "credit_stderr", "credit_bounded", "arm_steps"}
+  for name in ("credit", "credit_stderr", "credit_bounded"):
+    np.testing.assert_array_equal(np.asarray(credit_only[name]), np.asarray(plain[name]), name)
+  np.testing.assert_array_equal(credit_only["arm_steps"], arms * np.array([1, 1, 0]))
 
 
 @pytest.mark.slow

@@ -388,18 +388,37 @@ class Labeler:
     del out["arm_steps"]
     return out
 
-  def label_under(self, policy_params: PyTree, traj: Trajectory, keys: jax.Array) -> dict:
+  def label_under(
+    self, policy_params: PyTree, traj: Trajectory, keys: jax.Array, credit_only: bool = False
+  ) -> dict:
     """`label` as a pure, unjitted function of the policy's parameters too: the labels of
     trajectories (leaves [E, H, ...], keys [E]) under pi_{policy_params}, for a caller's own
     jit whose policy changes between calls (an RL update). Beside the label fields it
-    returns arm_steps int32 [E, n_arms]: the env steps each arm's branches took (keep,
-    replace, phi; only phi with `exact`), so a caller can charge an estimator for the arms
-    it uses."""
+    returns arm_steps int32 [E, 3]: the env steps each arm's branches took (keep, replace,
+    phi; only phi with `exact`), so a caller can charge an estimator for the arms it uses.
+
+    credit_only: roll the keep and replace arms alone (a third fewer branch steps) and
+    return only credit, credit_stderr and credit_bounded [E, H], bit for bit those of the
+    full labels (the same branches, keys and estimator), and arm_steps with 0 for phi.
+    """
+    if credit_only and self.config.exact:
+      raise HindsightError("credit_only needs Monte Carlo labels (exact takes credit from DP)")
     starts = jax.vmap(self._branch_starts, (0, 0, None))(traj, keys, policy_params)
     firsts, key_words, banned, q, undefined, keep_share = starts
+    if credit_only:
+      firsts, banned = firsts[..., :2], banned[..., :2]
     G, steps, success = self._rollout(traj, firsts, key_words, banned, policy_params)
-    out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
-    out["arm_steps"] = steps.sum((1, 2)).astype(jnp.int32)  # [E, n_arms]
+    arm_steps = steps.sum((1, 2)).astype(jnp.int32)  # [E, n_arms]
+    if credit_only:
+      # The credit reads the keep and replace arms only; the replace arm stands in for the
+      # phi arm the reduction expects, and the fields it would feed are dropped.
+      G = jnp.concatenate([G, G[..., 1:]], -1)
+      out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+      out = {name: out[name] for name in ("credit", "credit_stderr", "credit_bounded")}
+      arm_steps = jnp.pad(arm_steps, ((0, 0), (0, 1)))
+    else:
+      out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+    out["arm_steps"] = arm_steps
     return out
 
   def _reduce(

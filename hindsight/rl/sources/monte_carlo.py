@@ -4,7 +4,8 @@ step, `label.num_rollouts`), charged the arms they run:
   mc_progress   A_t = progress_t = r_t + V(s_{t+1}) - V(s_t), V by K rollouts of pi from
                 each state (VinePPO); charged the phi arm's env steps
   mc_credit     A_t = credit_t, the labeler's interventional credit with K branch pairs
-                under pi_theta itself (the oracle); charged the keep and replace arms
+                under pi_theta itself (the oracle); rolls and is charged the keep and
+                replace arms only
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class _Branched(CreditSource):
     task, config = self.task, self.config
     self.labeler = Labeler(task.env, task.policy, label_config(config))
 
-  def labels(self, policy_params, traj, key) -> dict:
+  def labels(self, policy_params, traj, key, credit_only: bool = False) -> dict:
     keys = jax.random.split(key, traj.mask.shape[0])
-    return self.labeler.label_under(policy_params, traj, keys)
+    return self.labeler.label_under(policy_params, traj, keys, credit_only=credit_only)
 
 
 @register_source
@@ -53,6 +54,6 @@ class McCredit(_Branched):
 
   def signal(self, aux, policy_params, traj, key):
     del aux
-    labels = self.labels(policy_params, traj, key)
+    labels = self.labels(policy_params, traj, key, credit_only=True)  # no phi arm to roll
     credit = jnp.where(jnp.isfinite(labels["credit"]), labels["credit"], 0.0)
     return jnp.where(traj.mask, credit, 0.0), credit_arm_steps(labels["arm_steps"])
