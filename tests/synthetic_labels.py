@@ -2,8 +2,6 @@
 credit the model can learn: credit_t = o_t[0] if a_t = 1, 0.5 if a_t = 2, else 0, plus noise
 the size of its stderr."""
 
-import os
-
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES
@@ -55,6 +53,5 @@ def write_synthetic_labels(out_dir: str, episodes: int = 96, seed: int = 0) -> s
     build_features((OBS_DIM,), np.float32, with_states=False),
     metadata,
     (synthetic_episode(rng, i) for i in range(episodes)),
-    download_dir=os.path.join(out_dir, "_downloads"),
   )
   return out_dir

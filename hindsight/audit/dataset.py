@@ -132,7 +132,4 @@ def write_audit_labels(
   if os.path.isdir(out_dir):
     shutil.rmtree(out_dir)  # an older audit's: the new one replaces it whole
   os.makedirs(out_dir)
-  work = os.path.join(out_dir, "_work")
-  path = label_io.write_dataset(out_dir, features, metadata, examples(), download_dir=work)
-  shutil.rmtree(work, ignore_errors=True)
-  return path
+  return label_io.write_dataset(out_dir, features, metadata, examples())

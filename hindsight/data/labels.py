@@ -1,15 +1,15 @@
 """Labels on disk: a TFDS array_record dataset, one example per episode (docs/design.md, section 2).
 
 Layout of a labeling job's `--out DIR`:
-  DIR/hindsight_labels/1.0.0/   the finished dataset (TFDS writes it under an
-                                `incomplete.*` name and renames it only when complete)
+  DIR/hindsight_labels/1.0.0/   the finished dataset (written under an `incomplete.*`
+                                name and renamed only when complete: `write_dataset`)
   DIR/_chunks/                  the resumable work area of a running job (gone when done)
 
 Read with `open_labels(DIR)`: `tfds.data_source` machinery, no TensorFlow. DIR may also be
 the dataset directory itself (what `hindsight label` prints).
 
-Integrity: when TFDS has renamed the dataset into place, `write_dataset` writes
-`hindsight_checksums.json` beside it (SHA-256 and size of every file, and the episode count).
+Integrity: `write_dataset` writes `hindsight_checksums.json` beside the data (SHA-256 and
+size of every file, and the episode count) before the dataset is renamed into place.
 A dataset counts as complete only with it, and `open_labels` verifies every file against it
 before anything is read, so a truncated or corrupted file is named, never half-read.
 """
@@ -17,13 +17,13 @@ before anything is read, so a truncated or corrupted file is named, never half-r
 from __future__ import annotations
 
 import dataclasses
-import functools
 import glob
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -184,78 +184,57 @@ def _tfds():
   return tfds
 
 
-@functools.cache
-def _builder_class():
-  """The TFDS builder that writes a label dataset (a class made on first use; see _tfds)."""
+DESCRIPTION = "Per-step interventional credit labels produced by `hindsight label`."
+# One array_record shard of the `train` split, named as TFDS names its shards.
+SHARD = f"{DATASET_NAME}-train.array_record-00000-of-00001"
+
+
+def write_dataset(out_dir: str, features, metadata: dict, episodes: Iterator[dict]) -> str:
+  """Writes the examples `episodes` (`make_example`'s dicts, episode i as example i) as the
+  label dataset of `out_dir`, atomically, and returns its directory.
+
+  The records are serialized by `records.encode_example` and written as one array_record
+  shard (TFDS's own options: group_size 1, for random access); TFDS writes the metadata
+  (`tfds.folder_dataset.write_metadata`: dataset_info.json, features.json, metadata.json).
+  Everything goes to an `incomplete.*` directory, is checksummed, and is renamed into place
+  only when complete, so a killed job never leaves a dataset that looks finished.
+  """
+  from array_record.python.array_record_module import ArrayRecordWriter
+
+  from hindsight.data.records import encode_example, feature_encoders
+
   tfds = _tfds()
-
-  class LabelsBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Writes the episodes of a sequence of chunk files, in order, as one `train` split."""
-
-    VERSION = tfds.core.Version(VERSION)
-    RELEASE_NOTES: ClassVar[dict[str, str]] = {
-      str(VERSION): "Interventional credit labels (docs/design.md, section 1)."
-    }
-
-    def __init__(self, *, features, metadata: dict, episodes: Iterator[dict] | None = None, **kw):
-      self._features = features
-      self._metadata = metadata
-      self._episodes = episodes
-      super().__init__(**kw)
-
-    @property
-    def name(self):  # type: ignore[override]
-      return DATASET_NAME
-
-    def _info(self):
-      return tfds.core.DatasetInfo(
-        builder=self,
-        description="Per-step interventional credit labels produced by `hindsight label`.",
-        features=self._features,
-        metadata=tfds.core.MetadataDict(self._metadata),
-        # Generation order is the contract: episode i is example i.
-        disable_shuffling=True,
-      )
-
-    # TFDS prints download banners to stdout; a labeling job reports through its own bar.
-    def _log_download_bytes(self) -> None:
-      pass
-
-    def _log_download_done(self) -> None:
-      pass
-
-    def _split_generators(self, dl_manager):
-      del dl_manager
-      return {"train": self._generate_examples()}
-
-    def _generate_examples(self):
-      for example in self._episodes:
-        yield int(example["episode"]), example
-
-  return LabelsBuilder
-
-
-def write_dataset(
-  out_dir: str, features, metadata: dict, episodes: Iterator[dict], download_dir: str
-) -> str:
-  """Writes the dataset atomically (TFDS renames its incomplete dir at the very end)."""
-  tfds = _tfds()
-  tfds.display_progress_bar(False)  # the job has its own bar
-  for stale in glob.glob(os.path.join(out_dir, DATASET_NAME, "incomplete.*")):
+  parent = os.path.join(out_dir, DATASET_NAME)
+  for stale in glob.glob(os.path.join(parent, "incomplete.*")):
     shutil.rmtree(stale, ignore_errors=True)
-  builder = _builder_class()(
+  os.makedirs(parent, exist_ok=True)
+  work = tempfile.mkdtemp(prefix="incomplete.", dir=parent)
+  encoders = feature_encoders(features)
+  writer = ArrayRecordWriter(os.path.join(work, SHARD), "group_size:1")
+  count = size = 0
+  try:
+    for example in episodes:
+      record = encode_example(example, encoders)
+      writer.write(record)
+      count, size = count + 1, size + len(record)
+  finally:
+    writer.close()
+  tfds.folder_dataset.write_metadata(
+    data_dir=work,
     features=features,
-    metadata=metadata,
-    episodes=episodes,
-    data_dir=out_dir,
-    file_format="array_record",
+    split_infos=[tfds.core.SplitInfo(name="train", shard_lengths=[count], num_bytes=size)],
+    version=VERSION,
+    check_data=False,
+    description=DESCRIPTION,
+    metadata=tfds.core.MetadataDict(metadata),
+    # Generation order is the contract: episode i is example i.
+    disable_shuffling=True,
   )
-  builder.download_and_prepare(
-    download_dir=download_dir,
-    download_config=tfds.download.DownloadConfig(verify_ssl=False),
-  )
-  _write_checksums(dataset_dir(out_dir))
-  return dataset_dir(out_dir)
+  _write_checksums(work)
+  final = dataset_dir(out_dir)
+  shutil.rmtree(final, ignore_errors=True)  # a dataset without checksums (a killed job's)
+  os.rename(work, final)
+  return final
 
 
 def _data_files(path: str) -> list[str]:
@@ -373,13 +352,6 @@ def is_complete(out_dir: str) -> bool:
   """TFDS finished the dataset and its checksums are written (see the module docstring)."""
   path = dataset_dir(job_dir(out_dir))
   return all(os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", CHECKSUMS))
-
-
-def finish_checksums(out_dir: str) -> None:
-  """Writes the checksums of a dataset TFDS finished but a killed job never checksummed."""
-  path = dataset_dir(out_dir)
-  if os.path.isfile(os.path.join(path, "dataset_info.json")) and not is_complete(out_dir):
-    _write_checksums(path)
 
 
 def open_labels(out_dir: str) -> Labels:

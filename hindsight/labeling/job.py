@@ -100,7 +100,6 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   job_file = os.path.join(work, JOB_FILE)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise HindsightError(f"out {out_dir} exists and is not a directory")
-  label_io.finish_checksums(out_dir)  # a job killed between TFDS's rename and the checksums
   if label_io.is_complete(out_dir):
     meta = label_io.open_labels(out_dir).metadata
     previous = json.loads(meta.get("job", "{}"))
@@ -263,7 +262,6 @@ def _finish(
     features,
     metadata,
     _episodes_from_chunks(paths, source.tag_names),
-    download_dir=os.path.join(work, "downloads"),
   )
   shutil.rmtree(work, ignore_errors=True)
   return path

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 
 import numpy as np
 
@@ -165,11 +164,8 @@ def import_thought_anchors(
   )
   features = label_io.build_features((1,), np.float32, False, texts=True)
   make_dir(out_dir, "--out")
-  work = os.path.join(out_dir, "_import")
   examples = (label_io.make_example(_cut(r)) for r in rows)
-  path = label_io.write_dataset(out_dir, features, metadata, examples, download_dir=work)
-  shutil.rmtree(work, ignore_errors=True)
-  return path
+  return label_io.write_dataset(out_dir, features, metadata, examples)
 
 
 def _cut(fields: dict) -> dict:
