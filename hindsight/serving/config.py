@@ -17,7 +17,7 @@ class ServeConfig:
 
   checkpoint: str
   step: str = "best"
-  window_ms: float = 1.0  # a batch closes once no request has arrived for this long
+  window_ms: float = 0.5  # a batch closes once no request has arrived for this long
   max_batch: int = 64  # trajectories scored together at most
   max_body_bytes: int = 8 << 20
   max_trajectories: int = 256  # per request
