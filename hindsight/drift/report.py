@@ -157,27 +157,29 @@ def _slices(main, shift_sets, ok, n_boot, seed) -> list[dict]:
     sp = dm.correlation(stats.spearmanr, p, r)
     return [sp, float(np.mean(np.abs(p - r)))] if p.size else [np.nan, np.nan]
 
-  rows = []
-  for name, member in slices.items():
-    if member.sum() < 5:
-      continue
+  # One bootstrap for every slice: each resample scores the whole set once, and every
+  # slice's change from it reuses that (the resamples are the seed's, as in every table).
+  slices = {name: member for name, member in slices.items() if member.sum() >= 5}
+  members = list(slices.values())
 
-    def stat(idx, member=member):
-      sel = steps.gather(idx)
+  def stat(idx):
+    sel = steps.gather(idx)
+    whole = both(pred[sel], ref[sel])
+    out = list(whole)
+    for member in members:
       part = sel[member[sel]]
-      whole, here = both(pred[sel], ref[sel]), both(pred[part], ref[part])
-      return [*here, here[0] - whole[0], here[1] - whole[1]]
+      here = both(pred[part], ref[part])
+      out += [*here, here[0] - whole[0], here[1] - whole[1]]
+    return out
 
-    v, lo, hi, _ = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
-    rows.append(_slice_row(name, int(member.sum()), v, lo, hi))
+  v, lo, hi, dist = dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+  rows = []
+  for i, (name, member) in enumerate(slices.items()):
+    part = slice(2 + 4 * i, 6 + 4 * i)
+    rows.append(_slice_row(name, int(member.sum()), v[part], lo[part], hi[part]))
   if not shift_sets:
     return rows
-
-  def whole_stat(idx):
-    sel = steps.gather(idx)
-    return both(pred[sel], ref[sel])
-
-  whole, _, _, whole_dist = dm.bootstrap(steps.num_episodes, whole_stat, n_boot, seed)
+  whole, whole_dist = v[:2], dist[:, :2]
   for s in shift_sets:
     sc = s.cols
     s_ok = np.isfinite(sc["ref_credit"])
