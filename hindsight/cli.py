@@ -601,10 +601,8 @@ def _eval_text(args) -> int:
 def headline_text(report: dict) -> str:
   """A few console lines: the headline Spearman of each signal, and the reference check."""
   lines = [f"drift report on {report['env']} ({report['steps']} steps, Spearman vs reference):"]
-  for name, m in report["headline"].items():
-    e = m["spearman"]
-    v = "n/a" if e["value"] is None else f"{e['value']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
-    lines.append(f"  {name:<36} {v}")
+  for name in report.get("signal_order", report["headline"]):
+    lines.append(f"  {name:<36} {_estimate_text(report['headline'][name]['spearman'], 3)}")
   ceiling = report["reference"]["check"].get("spearman_ceiling")
   if ceiling is not None:
     lines.append(f"  the reference's noise ceiling for Spearman: {ceiling:.3f}")
@@ -619,11 +617,20 @@ def headline_text(report: dict) -> str:
     if e.get("undefined"):
       lines.append(f"  equivalent rollouts: K undefined ({e['undefined']})")
     else:
-      lines.append(f"  equivalent rollouts: K = {k['value']:.1f} [{k['lo']:.1f}, {k['hi']:.1f}]")
+      lines.append(f"  equivalent rollouts: K = {_estimate_text(k, 1)}")
   total = report.get("seconds", {}).get("total")
   if total is not None:
     lines.append(f"  wall time of the drift report: {total:.1f} s (a rerun reads its cache)")
   return "\n".join(lines)
+
+
+def _estimate_text(e: dict, digits: int) -> str:
+  """`value [lo, hi]` of an Estimate's dict; n/a for a value or bound that is undefined
+  (NaN, stored as null)."""
+  text = lambda x: "n/a" if x is None or x != x else f"{x:.{digits}f}"  # noqa: E731
+  if text(e["value"]) == "n/a":
+    return "n/a"
+  return f"{text(e['value'])} [{text(e['lo'])}, {text(e['hi'])}]"
 
 
 def _label(args) -> int:

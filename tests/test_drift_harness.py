@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_error, run_cli, trained_run
 
+from hindsight.cli import headline_text
 from hindsight.credit import tabular_values
 from hindsight.data import episode_to_json, open_labels
 from hindsight.data.batching import EpisodeReader, make_batch
@@ -352,6 +353,9 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
 
   assert same(again["headline"], report["headline"])
   assert again["seconds"] == report["seconds"]
+  # The console headline lists the signals in the order the report's tables do, rerun too.
+  assert headline_text(again) == headline_text(report)
+  assert headline_text(report).splitlines()[1].lstrip().startswith("model (point)")
   cached = os.listdir(tmp_path / "drift" / "cache")
   assert len(cached) == 7, cached
   # Without the report, the same inputs recompute it from the cache: the same numbers.

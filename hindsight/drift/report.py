@@ -57,6 +57,8 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
   signals = {name: np.asarray(cols[c], float)[ok] for name, c in rows.items()}
   n_boot, seed = cfg.bootstrap, cfg.seed
   out: dict = {"steps": int(ok.sum()), "episodes": len(main.episodes), "signals": rows}
+  # The signals in the order tables show them (report.json's objects have sorted keys).
+  out["signal_order"] = list(rows)
   out["headline"] = _as_dicts(dm.metric_table(signals, ref, episode, n_boot, seed))
   steps = dm.EpisodeSteps(episode)
 
