@@ -11,8 +11,8 @@ sequences of text), so each one is one `Feature` of a `tf.train.Example`:
 
 and the record is the protobuf wire encoding of {name: Feature}, written here with NumPy
 (`encode_example`): what TFDS's reader (`tfds.data_source`, `features.decode_example_np`)
-parses back to the same arrays. `labels.write_dataset` writes these records; a test reads a
-dataset both writers made and finds every example equal.
+parses back to the same arrays. `labels.write_dataset` writes these records; a test decodes
+these records and TFDS's own serialisation of the same examples and finds them equal.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-# Field numbers of tf.train.Feature's oneof and their wire tags (field << 3 | 2: length
-# delimited).
+# Wire tags, field << 3 | 2 (length delimited). tf.train.Feature's oneof: bytes_list = 1,
+# float_list = 2, int64_list = 3.
 _BYTES, _FLOAT, _INT64 = b"\x0a", b"\x12", b"\x1a"
-_FIELD_1 = b"\x0a"  # field 1, length delimited: Example.features, Features.feature (a map
-# entry), an entry's key, a list's packed values or one of a BytesList's values
+# Field 1: Example.features, Features.feature (one map entry), an entry's key, a list's
+# packed values, or one value of a BytesList.
+_FIELD_1 = b"\x0a"
 _ENTRY_VALUE = b"\x12"  # field 2 of a map entry: the Feature
 
 
