@@ -29,22 +29,20 @@ from hindsight.text.exact import exact_labels
 from hindsight.training import run_training
 
 
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def write_twin(src, out_dir: str) -> str:
   """The symbolic twin of a text-world label dataset (module docstring)."""
   features = label_io.build_features((1,), np.float32, False, texts=True)
 
   def rows():
     for ex in src:
-      prompt = _text(ex["prompt"])
+      prompt = label_io.as_text(ex["prompt"])
       problem = world.parse_problem(prompt)
       f = {k: ex[k] for k in features if k in ex}
-      f["tags"] = [_text(t) for t in ex["tags"]]
-      f["step_text"] = [f"a{world.parse_action(problem, _text(s))} " for s in ex["step_text"]]
-      f["prompt"], f["trace_id"] = prompt, _text(ex["trace_id"])
+      f["tags"] = [label_io.as_text(t) for t in ex["tags"]]
+      f["step_text"] = [
+        f"a{world.parse_action(problem, label_io.as_text(s))} " for s in ex["step_text"]
+      ]
+      f["prompt"], f["trace_id"] = prompt, label_io.as_text(ex["trace_id"])
       yield label_io.make_example(f)
 
   shutil.rmtree(out_dir, ignore_errors=True)

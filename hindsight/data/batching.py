@@ -19,6 +19,7 @@ import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
 from hindsight.data.episode import Episode, check_length
+from hindsight.data.labels import as_text
 from hindsight.data.spec import DataSpec, observation_statistics, token_bucket, value_scale
 from hindsight.errors import HindsightError
 
@@ -97,7 +98,7 @@ class EpisodeReader:
     scale = value_scale(np.concatenate(credits))
     text = {}
     if texts:
-      text = text_spec_fields([t.decode() if isinstance(t, bytes) else t for t in texts], tokenizer)
+      text = text_spec_fields([as_text(t) for t in texts], tokenizer)
       kind, actions_max = "text", 0
     spec = DataSpec(
       num_agents=len(meta.get("agent_names") or ()),

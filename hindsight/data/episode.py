@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data.labels import as_text
 from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 
@@ -99,7 +100,7 @@ class Episode:
       labeled=optional("labeled", bool),
       agent_shapley=optional("agent_shapley", np.float32),
       agent_shapley_stderr=optional("agent_shapley_stderr", np.float32),
-      step_text=tuple(_text(x) for x in ex.get("step_text", ())),
+      step_text=tuple(as_text(x) for x in ex.get("step_text", ())),
     )
 
   @classmethod
@@ -180,10 +181,6 @@ class Episode:
     return out
 
 
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def _parse_success(success, rewards: np.ndarray, spec: DataSpec, where: str) -> bool:
   if success is None:
     if not spec.success_from_return:
@@ -200,7 +197,7 @@ def _parse_success(success, rewards: np.ndarray, spec: DataSpec, where: str) -> 
 def _parse_tags(tags, n: int, where: str) -> tuple[str, ...]:
   if isinstance(tags, str | bytes) or not hasattr(tags, "__len__") or len(tags) != n:
     raise HindsightError(f"{where}: 'tags' must be {n} names, one per action")
-  return tuple(t.decode() if isinstance(t, bytes) else str(t) for t in tags)
+  return tuple(as_text(t) for t in tags)
 
 
 def parse_labels(episode: dict, n: int, where: str) -> dict[str, np.ndarray]:

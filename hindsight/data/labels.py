@@ -387,6 +387,11 @@ def open_labels(out_dir: str) -> Labels:
   return Labels(path=path, source=source, metadata=dict(builder.info.metadata), info=builder.info)
 
 
+def as_text(value) -> str:
+  """A text field as a dataset gives it back (bytes, UTF-8) or as it was given (str)."""
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[str, Any]:
   """One decoded example -> standard JSON types: every non-finite number becomes null (an
   undefined credit is NaN, and `undefined` marks it; a stderr without any bound is inf);
@@ -394,9 +399,9 @@ def episode_to_json(example: dict[str, Any], klass_names=KLASS_NAMES) -> dict[st
   out = {}
   for key, value in example.items():
     if key in ("tags", STEP_TEXT):
-      out[key] = [t.decode() if isinstance(t, bytes) else str(t) for t in value]
+      out[key] = [as_text(t) for t in value]
     elif key in TEXT_FIELDS:
-      out[key] = value.decode() if isinstance(value, bytes) else str(value)
+      out[key] = as_text(value)
     elif key == "klass":
       out[key] = [klass_names[int(k)] for k in value]
     elif isinstance(value, np.ndarray | np.generic):

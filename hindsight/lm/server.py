@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import threading
 
 import jax
 import msgspec
@@ -126,7 +125,6 @@ def create_app(engine: Engine):
   queue: list[tuple[list[Row], asyncio.Future]] = []
   wake = asyncio.Event()
   worker: dict = {}
-  lock = threading.Lock()  # one model call at a time
 
   async def batcher():
     loop = asyncio.get_running_loop()
@@ -138,12 +136,8 @@ def create_app(engine: Engine):
         del queue[:]
         rows = [r for rows, _ in taken for r in rows]
 
-        def run(rows=rows):
-          with lock:
-            return engine.complete(rows)
-
-        try:
-          results = await loop.run_in_executor(None, run)
+        try:  # this one task makes every model call, one at a time
+          results = await loop.run_in_executor(None, engine.complete, rows)
         except Exception as e:
           for _, fut in taken:
             fut.set_exception(e)

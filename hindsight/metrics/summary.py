@@ -12,6 +12,7 @@ import numpy as np
 from scipy import stats
 
 from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.data.labels import as_text
 
 
 def tag_table(labels) -> dict:
@@ -19,7 +20,7 @@ def tag_table(labels) -> dict:
   tags, credit, progress, klass, stderr, bounded = [], [], [], [], [], []
   returns, success = [], []
   for ex in labels:
-    tags += [t.decode() if isinstance(t, bytes) else str(t) for t in ex["tags"]]
+    tags += [as_text(t) for t in ex["tags"]]
     credit.append(ex["credit"])
     progress.append(ex["progress"])
     klass.append(ex["klass"])

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from hindsight.credit.estimators import classify, z_value
+from hindsight.data.labels import as_text
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, TextOptions
 
@@ -31,10 +32,6 @@ class TextTraj(NamedTuple):
 
   index: np.ndarray
   mask: np.ndarray
-
-
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def _traces_from_dataset(path: str, limit: int):
@@ -51,9 +48,9 @@ def _traces_from_dataset(path: str, limit: int):
   for i, e in enumerate(labels):
     if limit and i >= limit:
       break
-    trace_id = _text(e["trace_id"])
-    out.append(TextTrace(prompt=_text(e["prompt"]), id=trace_id,
-                         steps=[TextStep(text=_text(s)) for s in e["step_text"]],
+    trace_id = as_text(e["trace_id"])
+    out.append(TextTrace(prompt=as_text(e["prompt"]), id=trace_id,
+                         steps=[TextStep(text=as_text(s)) for s in e["step_text"]],
                          reference=references.get(trace_id),
                          outcome=float(e["return"])))  # fmt: skip
   return out

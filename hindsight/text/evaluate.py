@@ -36,6 +36,7 @@ import os
 
 import numpy as np
 
+from hindsight.data.labels import as_text
 from hindsight.errors import HindsightError
 from hindsight.files import write_json
 
@@ -55,14 +56,10 @@ def is_text_run(workdir: str) -> bool:
   return str(labels.metadata.get("env", "")).startswith("text:")
 
 
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
-
-
 def _is_world(examples) -> bool:
   from hindsight.text import world
 
-  return all(world.parse_problem(_text(e["prompt"])) is not None for e in examples)
+  return all(world.parse_problem(as_text(e["prompt"])) is not None for e in examples)
 
 
 def _world_model() -> str:
@@ -79,8 +76,8 @@ def exact_reference(examples, replacement: str) -> tuple[list[np.ndarray], list[
   truth, observer = [], []
   for e in examples:
     truth.append(exact_labels(e, replacement)["credit"])
-    problem = world.parse_problem(_text(e["prompt"]))
-    actions = [world.parse_action(problem, _text(s)) for s in e["step_text"]]
+    problem = world.parse_problem(as_text(e["prompt"]))
+    actions = [world.parse_action(problem, as_text(s)) for s in e["step_text"]]
     observer.append(world.observer_credit(problem, actions, replacement))
   return truth, observer
 
@@ -108,10 +105,10 @@ def resampled_reference(
   traces_path = os.path.join(out, "traces.jsonl")
   traces = [
     TextTrace(
-      prompt=_text(e["prompt"]),
-      steps=[TextStep(text=_text(s)) for s in e["step_text"]],
-      id=_text(e["trace_id"]),
-      reference=references.get(_text(e["trace_id"])),
+      prompt=as_text(e["prompt"]),
+      steps=[TextStep(text=as_text(s)) for s in e["step_text"]],
+      id=as_text(e["trace_id"]),
+      reference=references.get(as_text(e["trace_id"])),
     )
     for e in examples
   ]
@@ -131,7 +128,7 @@ def resampled_reference(
   )
   path = run_label_job(label_job, os.path.join(out, "labels"), progress=progress)
   ref = open_labels(path)
-  by_id = {_text(r["trace_id"]): r for r in ref}
+  by_id = {as_text(r["trace_id"]): r for r in ref}
   credit = [np.asarray(by_id[t.id]["credit"], np.float64) for t in traces]
   stderr = [np.asarray(by_id[t.id]["credit_stderr"], np.float64) for t in traces]
   return credit, stderr, int(ref.metadata.get("completions", 0))

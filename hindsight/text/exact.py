@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from hindsight.data.labels import as_text
 from hindsight.errors import HindsightError
 
 FIELDS = ("credit", "credit_realized", "progress", "phi")
-
-
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def exact_labels(example: dict, replacement: str) -> dict[str, np.ndarray]:
   """The world's exact labels of one dataset example ([T] each)."""
   from hindsight.text import world
 
-  prompt = _text(example["prompt"])
+  prompt = as_text(example["prompt"])
   problem = world.parse_problem(prompt)
   if problem is None:
     raise HindsightError("not a text-world dataset: a prompt lacks the problem header")
-  actions = [world.parse_action(problem, _text(s)) for s in example["step_text"]]
+  actions = [world.parse_action(problem, as_text(s)) for s in example["step_text"]]
   return world.exact_credit(problem, actions, replacement)
 
 
