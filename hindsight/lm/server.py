@@ -32,7 +32,8 @@ from hindsight.text.server import (
   CompletionRequest,
   completion_body,
   completions_app,
-  request_error,
+  error_response,
+  read_completion_request,
 )
 
 MAX_ROWS = ROW_BUCKETS[-1]
@@ -148,31 +149,24 @@ def create_app(engine: Engine):
           fut.set_result(results[at : at + len(rows_)])
           at += len(rows_)
 
-  def error(status: int, message: str, kind: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
   async def completions(request: Request):
-    try:
-      req = decoder.decode(await request.body())
-    except msgspec.DecodeError as e:
-      return error(400, f"bad request body: {e}")
-    refused = request_error(req, engine.model_name)
-    if refused is not None:
-      return error(*refused)
-    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    parsed = await read_completion_request(request, decoder, engine.model_name)
+    if not isinstance(parsed, tuple):
+      return parsed
+    req, prompts = parsed
     if not prompts:
-      return error(400, "prompt is empty")
+      return error_response(400, "prompt is empty")
     try:
       encoded = engine.tokenizer.encode_batch(prompts)
     except HindsightError as e:
-      return error(400, f"prompt: {e}")
+      return error_response(400, f"prompt: {e}")
     rows = []
     for i, ids in enumerate(encoded):
       if ids.size == 0:
-        return error(400, f"prompt {i} is empty")
+        return error_response(400, f"prompt {i} is empty")
       room = engine.max_len - ids.size
       if room < 1:
-        return error(
+        return error_response(
           400, f"prompt {i} is {ids.size} tokens; the model's context is {engine.max_len}"
         )
       budget = room if req.max_tokens is None else min(req.max_tokens, room)

@@ -92,6 +92,26 @@ def request_error(req: CompletionRequest, model: str) -> tuple[int, str, str] | 
   return None
 
 
+def error_response(status: int, message: str, kind: str = "invalid_request_error"):
+  """An OpenAI-style error answer: {"error": {"message", "type"}} with `status`."""
+  from starlette.responses import JSONResponse
+
+  return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+async def read_completion_request(request, decoder, model: str):
+  """(the request, its prompts as a list) of a POST /v1/completions, or the 400/404 answer
+  that refuses it (a body that does not decode, or `request_error`)."""
+  try:
+    req = decoder.decode(await request.body())
+  except msgspec.DecodeError as e:
+    return error_response(400, f"bad request body: {e}")
+  refused = request_error(req, model)
+  if refused is not None:
+    return error_response(*refused)
+  return req, [req.prompt] if isinstance(req.prompt, str) else req.prompt
+
+
 def completion_body(req: CompletionRequest, number: int, choices: list, prompt_tokens: int,
                     completion_tokens: int) -> dict:  # fmt: skip
   """The OpenAI `text_completion` answer to request number `number`."""
@@ -117,24 +137,17 @@ def create_app():
   stats = {"requests": 0, "completions": 0}
   decoder = msgspec.json.Decoder(CompletionRequest)
 
-  def error(status: int, message: str, kind: str = "invalid_request_error"):
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
   async def completions(request: Request):
-    try:
-      req = decoder.decode(await request.body())
-    except msgspec.DecodeError as e:
-      return error(400, f"bad request body: {e}")
-    refused = request_error(req, world.MODEL_NAME)
-    if refused is not None:
-      return error(*refused)
-    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    parsed = await read_completion_request(request, decoder, world.MODEL_NAME)
+    if not isinstance(parsed, tuple):
+      return parsed
+    req, prompts = parsed
     choices, used = [], 0
     for p_index, prompt in enumerate(prompts):
       try:
         state = world.parse_prefix(prompt)
       except HindsightError as e:
-        return error(400, str(e))
+        return error_response(400, str(e))
       for j in range(req.n):
         rng = np.random.default_rng(None if req.seed is None else [req.seed & (2**63 - 1), j])
         text, finish, tokens = complete_one(prompt, state, rng, req)
