@@ -411,13 +411,12 @@ class Labeler:
     arm_steps = steps.sum((1, 2)).astype(jnp.int32)  # [E, n_arms]
     if credit_only:
       # The credit reads the keep and replace arms only; the replace arm stands in for the
-      # phi arm the reduction expects, and the fields it would feed are dropped.
+      # phi arm the reduction expects, and the fields it would feed are dropped below.
       G = jnp.concatenate([G, G[..., 1:]], -1)
-      out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
-      out = {name: out[name] for name in ("credit", "credit_stderr", "credit_bounded")}
       arm_steps = jnp.pad(arm_steps, ((0, 0), (0, 1)))
-    else:
-      out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+    out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
+    if credit_only:
+      out = {name: out[name] for name in ("credit", "credit_stderr", "credit_bounded")}
     out["arm_steps"] = arm_steps
     return out
 

@@ -414,7 +414,6 @@ def create_app(
       return await credit(scope, receive, send)
     await app(scope, receive, send)
 
-  dispatch.state = app.state  # type: ignore[attr-defined]
   return dispatch
 
 
