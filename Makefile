@@ -31,6 +31,7 @@ demo-text: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15 tests
 
 # The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
@@ -38,6 +39,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests
 
 bench: $(STAMP)
@@ -51,6 +53,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -1,7 +1,7 @@
 """How often does the audit's drift alarm fire on a good model? (Its false-alarm rate.)
 
   python eval/audit_false_alarm.py --checkpoint runs/demo --env reasoning \
-      --audits 100 --budget 1000000 --tolerance 0.005 --coverage-tolerance 0.05
+      --audits 100 --budget 1000000 --gap-tolerance 0.005 --coverage-tolerance 0.05
 
 Runs `--audits` independent audits of the model on its own environment (audit a uses seed
 a: a fresh pool of episodes, its own draws and rollouts), each to its full budget, and counts
@@ -44,7 +44,7 @@ def main(argv=None) -> dict:
   p.add_argument("--check-budget", type=int, default=20_000_000, help="the long audit's budget")
   p.add_argument("--episodes", type=int, default=256, help="pool size of each audit")
   p.add_argument("--rollouts", type=int, default=32, help="K per arm")
-  p.add_argument("--tolerance", type=float, default=0.005, help="|mean gap| allowed")
+  p.add_argument("--gap-tolerance", type=float, default=0.005, help="|mean gap| allowed")
   p.add_argument("--alpha", type=float, default=0.05, help="the alarm's stated false-alarm rate")
   p.add_argument("--coverage-tolerance", type=float, default=0.05, help="below the 90% level")
   p.add_argument("--out", default="", help="output directory (default CHECKPOINT/audit_eval)")
@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     env=args.env,
     episodes=args.episodes,
     rollouts=args.rollouts,
-    tolerance=args.tolerance,
+    gap_tolerance=args.gap_tolerance,
     alpha=args.alpha,
     coverage_tolerance=args.coverage_tolerance,
     progress=False,

@@ -30,19 +30,21 @@ import numpy as np
 from flax import nnx
 
 from hindsight.config_io import load_config
-from hindsight.data.spec import DataSpec
+from hindsight.model.encoders import DiscreteEncoder, VectorEncoder
 from hindsight.model.predictor import Predictor
 from hindsight.model.programs import program_flops, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
+from hindsight.model.spec import DataSpec
 
 
 def random_batch(spec: DataSpec, batch: int, length: int, rng: np.random.Generator) -> dict:
-  obs_shape = (batch, length, spec.obs_dim) if spec.obs_kind == "vector" else (batch, length)
-  obs = (
-    rng.normal(size=obs_shape).astype(np.float32)
-    if spec.obs_kind == "vector"
-    else rng.integers(0, spec.obs_dim, obs_shape).astype(np.int32)
-  )
+  enc = spec.encoder
+  if isinstance(enc, VectorEncoder):
+    obs = rng.normal(size=(batch, length, enc.dim)).astype(np.float32)
+  elif isinstance(enc, DiscreteEncoder):
+    obs = rng.integers(0, enc.num_ids, (batch, length)).astype(np.int32)
+  else:
+    raise SystemExit(f"bench_model times models of discrete or vector observations, not {enc.kind}")
   lengths = rng.integers(length // 2, length + 1, batch)
   mask = np.arange(length)[None] < lengths[:, None]
   return {
@@ -84,7 +86,7 @@ def main() -> None:
   if args.workdir:
     spec = Predictor.load(args.workdir).spec
   else:
-    spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)
+    spec = DataSpec(VectorEncoder(7, (0.0,) * 7, (1.0,) * 7), 10, 20, 4, 1.0)
   length = spec.max_length
   mesh = make_mesh(-1, 1, devices_for_batch(config.data.batch_size))
   count = mesh.size
@@ -123,7 +125,7 @@ def main() -> None:
   result = {
     "devices": count,
     "model_params": int(params),
-    "spec": {"obs": f"{spec.obs_kind}[{spec.obs_dim}]", "actions": spec.num_actions, "T": length},
+    "spec": {"obs": spec.encoder.describe(), "actions": spec.num_actions, "T": length},
     "train_batch_episodes": config.data.batch_size,
     "train_steps_per_s": round(train_rate, 1),
     "train_env_steps_per_s": round(train_rate * int(np.asarray(batch["mask"]).sum()), 0),

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--updates", type=int, default=10, help="updates per timed chunk")
   p.add_argument("--rejax-python", default="", help="a Python with rejax: its PPO beside")
   args, rest = p.parse_known_args(argv)
-  from hindsight.cli_options import config_overrides
+  from hindsight.cli.options import config_overrides
 
   overrides = config_overrides(rest, "bench_rl")
   if overrides is None:

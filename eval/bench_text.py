@@ -210,7 +210,7 @@ def _errors(labels) -> np.ndarray:
 
   out = []
   for example in labels:
-    truth = exact_labels(example, labels.metadata["replacement"])
+    truth = exact_labels(example, labels.metadata.replacement)
     out.append(np.asarray(example["credit"], np.float64) - truth["credit"])
   return np.concatenate(out)
 

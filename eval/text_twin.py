@@ -47,10 +47,7 @@ def write_twin(src, out_dir: str) -> str:
 
   shutil.rmtree(out_dir, ignore_errors=True)
   os.makedirs(out_dir)
-  work = out_dir + "_work"
-  path = label_io.write_dataset(out_dir, features, dict(src.metadata), rows(), work)
-  shutil.rmtree(work, ignore_errors=True)
-  return path
+  return label_io.write_dataset(out_dir, features, src.metadata, rows())
 
 
 def scores(run: str, labels, truth, label_credit, K: int, resamples: int) -> dict:
@@ -94,10 +91,10 @@ def main(argv=None) -> int:
   ids = training_run(args.run)["test"]
   if ids != training_run(twin_run)["test"]:
     raise SystemExit("text_twin: the runs split the traces differently (another seed?)")
-  replacement = src.metadata.get("replacement", "policy")
+  replacement = src.metadata.replacement
   truth = np.concatenate([exact_labels(src[i], replacement)["credit"] for i in ids])
   label_credit = np.concatenate([np.asarray(src[i]["credit"], np.float64) for i in ids])
-  K = int(src.metadata["rollouts"])
+  K = src.metadata.rollouts
   rows = {
     "text": scores(args.run, src, truth, label_credit, K, args.bootstrap),
     "symbols (twin)": scores(twin_run, twin, truth, label_credit, K, args.bootstrap),

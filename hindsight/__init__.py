@@ -7,7 +7,12 @@ a trained one, `hindsight.drift` measures it against the reference credit, and
 `hindsight.audit` spot-checks a served one against rollouts (drift alarm, repair labels).
 """
 
+from hindsight import plugins as _plugins
 from hindsight._lazy import lazy_exports
+
+# The plug-ins that ship with hindsight (`hindsight.plugins`): each registers its pieces with
+# the core's registries when first asked for by name, so no core package imports them.
+_plugins.declare("text", "hindsight.text.plugin")
 
 # Name -> the module that defines it. Loaded on first use (PEP 562), so `import hindsight`
 # (and the CLI, which imports it) does not pay for TFDS, orbax and matplotlib up front.
@@ -22,7 +27,7 @@ _HOMES = {
   "tabular_values": "hindsight.credit",
   "Labels": "hindsight.data",
   "open_labels": "hindsight.data",
-  "DataSpec": "hindsight.data.spec",
+  "DataSpec": "hindsight.model.spec",
   "Environment": "hindsight.envs",
   "TabularEnv": "hindsight.envs",
   "TabularMDP": "hindsight.envs",

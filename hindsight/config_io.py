@@ -13,7 +13,18 @@ import jax
 from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError, make_dir
-from hindsight.labeling.config import LEGACY_CONFIG_NAMES, LabelConfig
+from hindsight.labeling.config import LabelConfig
+
+# Config fields renamed since: configs and run directories written before keep working (the
+# old name is read as the new one). LabelConfig's own names in the label nodes; GAE's
+# settings in the node its credit source brings (`rl.sources.outcome`).
+LEGACY_CONFIG_NAMES = {
+  "data.label.rollouts": "data.label.num_rollouts",
+  "credit.rollouts": "label.num_rollouts",
+  "credit.replacement": "label.replacement",
+  "ppo.gae_lambda": "gae.lambda_",
+  "ppo.value_coef": "gae.value_coef",
+}
 
 
 def current_name(name: str) -> str:

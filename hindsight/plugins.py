@@ -1,10 +1,65 @@
-"""User code named on the command line as MODULE:FN (a policy, a verifier, an embedding)."""
+"""Plug-ins: what adds itself to hindsight's registries, and user code named on the command line.
+
+A plug-in is a module that registers things when it is imported: an environment family and
+its label source, an episode format, an audit or eval backend (the text package is one:
+`hindsight.text.plugin`). The registries load one by name when asked for a name they do not
+know (`load`), so the core never imports a plug-in itself:
+
+  - built-in plug-ins are declared by the package root (`hindsight/__init__.py`,
+    `declare`), the one place that names them;
+  - an installed package declares its own as an entry point in the group
+    `hindsight.plugins` (`name = "mypackage.module"`).
+
+`import_function` loads user code named as MODULE:FN (a policy, a verifier, an embedding).
+JAX-free: `hindsight --help` loads the plug-ins that add flags.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 
 from hindsight.errors import HindsightError
+
+ENTRY_POINT_GROUP = "hindsight.plugins"
+_DECLARED: dict[str, str] = {}  # plug-in name -> module that registers it
+_LOADED: set[str] = set()
+
+
+def declare(name: str, module: str) -> None:
+  """Declares the module that registers plug-in `name` (imported on first `load(name)`)."""
+  _DECLARED[name] = module
+
+
+def declared() -> tuple[str, ...]:
+  """The names of the declared and installed plug-ins."""
+  points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+  return tuple(dict.fromkeys([*_DECLARED, *(p.name for p in points)]))
+
+
+def load(name: str) -> bool:
+  """Imports plug-in `name` (its declared module, or the entry point of that name); whether
+  there is one. A plug-in that fails to import is a one-line error naming it."""
+  if name in _LOADED:
+    return True
+  module = _DECLARED.get(name)
+  if module is None:
+    found = [p for p in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if p.name == name]
+    if not found:
+      return False
+    module = found[0].value
+  try:
+    importlib.import_module(module)
+  except Exception as e:  # a plug-in's own failure, said in one line
+    raise HindsightError(f"plug-in '{name}' ({module}) failed to load ({e})") from None
+  _LOADED.add(name)
+  return True
+
+
+def load_all() -> None:
+  """Imports every declared and installed plug-in (what lists every registered name)."""
+  for name in declared():
+    load(name)
 
 
 def import_function(spec: str, flag: str):

@@ -45,14 +45,6 @@ from ml_collections import ConfigDict
 
 from hindsight import evaluators
 from hindsight.config_io import check_workdir
-from hindsight.data.batching import (
-  BatchPlan,
-  EpisodeReader,
-  bucket_lengths,
-  make_batch,
-  process_rows,
-  split_episodes,
-)
 from hindsight.data.labels import (
   CHECKSUMS,
   dataset_dir,
@@ -66,6 +58,14 @@ from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import finished_report, mark_finished, sha256_file, write_json
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
+from hindsight.model.batching import (
+  BatchPlan,
+  EpisodeReader,
+  bucket_lengths,
+  make_batch,
+  process_rows,
+  split_episodes,
+)
 from hindsight.model.calibration import CALIBRATION_FILE, calibration_text
 from hindsight.model.checkpoints import Checkpoints, verify_manifest
 from hindsight.model.credit_model import ModelConfig
@@ -150,12 +150,12 @@ def _init_model(config: ConfigDict, spec) -> Predictor:
         f"init_from {config.init_from} (fine-tune with the config it was trained with)"
       )
   s = init.spec
-  fits = (s.obs_kind, s.obs_dim, s.num_agents) == (spec.obs_kind, spec.obs_dim, spec.num_agents)
+  fits = (s.encoder.signature, s.num_agents) == (spec.encoder.signature, spec.num_agents)
   if not fits or spec.num_actions > s.num_actions:
     raise HindsightError(
-      f"the labels ({spec.obs_kind} observations of {spec.obs_dim}, {spec.num_actions} "
-      f"actions) do not fit the model of init_from {config.init_from} ({s.obs_kind}, "
-      f"{s.obs_dim}, {s.num_actions} actions)"
+      f"the labels ({spec.encoder.describe()}, {spec.num_actions} actions) do not fit the "
+      f"model of init_from {config.init_from} ({s.encoder.describe()}, {s.num_actions} "
+      "actions)"
     )
   return init
 
@@ -316,7 +316,7 @@ def _load_data(config: ConfigDict, workdir: str) -> _Data:
     "kind": config.data.get("tokenizer", "bpe"),
     "vocab_size": int(config.data.get("vocab_size", 512)),
   }
-  lengths, spec = reader.scan(splits["train"], labels.metadata.get("horizon"), tokenizer)
+  lengths, spec = reader.scan(splits["train"], labels.metadata.horizon or None, tokenizer)
   init = None
   if config.init_from:
     init = _init_model(config, spec)
@@ -493,8 +493,8 @@ def _evaluate(config, workdir, data: _Data, layout: _Layout, programs, ckpt, out
   report, steps = fit.run(state, sigma_scale)
   report.update(
     labels=os.path.abspath(data.labels_dir),
-    env=data.labels.metadata.get("env"),
-    replacement=data.labels.metadata.get("replacement"),
+    env=data.labels.metadata.env,
+    replacement=data.labels.metadata.replacement,
     episodes={k: int(v.size) for k, v in data.splits.items()},
     evaluated_checkpoint=eval_step,
     sigma_scale=sigma_scale,  # fitted on the validation split, applied in this report

@@ -4,9 +4,10 @@ the size of its stderr."""
 
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.fields import STEP_FIELDS
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.labels import AUX_STEP_FIELDS, build_features, write_dataset
+from hindsight.data.metadata import LabelMetadata
 
 OBS_DIM, NUM_ACTIONS = 4, 3
 
@@ -42,12 +43,8 @@ def synthetic_episode(rng: np.random.Generator, i: int) -> dict:
 
 def write_synthetic_labels(out_dir: str, episodes: int = 96, seed: int = 0) -> str:
   rng = np.random.default_rng(seed)
-  metadata = {
-    "env": "synthetic",
-    "replacement": "policy",
-    "num_actions": NUM_ACTIONS,
-    "horizon": 16,
-  }
+  metadata = LabelMetadata(env="synthetic", replacement="policy", num_actions=NUM_ACTIONS,
+                           horizon=16)  # fmt: skip
   write_dataset(
     out_dir,
     build_features((OBS_DIM,), np.float32, with_states=False),

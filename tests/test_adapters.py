@@ -79,7 +79,7 @@ def test_cli_jobs_on_gymnasium_and_bsuite(tmp_path):
   )
   catch = open_labels(str(tmp_path / "catch"))
   assert len(catch) == 2 and catch[0]["observations"].shape[1] == 50  # 10 x 5 board
-  assert catch.metadata["env"] == CATCH
+  assert catch.metadata.env == CATCH
 
 
 def test_adapter_bad_input():

@@ -30,13 +30,13 @@ from hindsight.audit.report import build_report
 from hindsight.audit.runner import audit_pool
 from hindsight.audit.sequential import SliceTerms
 from hindsight.data import open_labels
-from hindsight.data.batching import EpisodeReader
 from hindsight.drift import DriftConfig, run_drift
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler, episode_key
+from hindsight.model.batching import EpisodeReader
 from hindsight.model.predictor import Predictor
 
 # Only the tests that share the module's trained run need one worker (xdist loadgroup);
@@ -156,19 +156,19 @@ def test_drift_alarm_at_the_tolerance_boundary_and_beyond():
   covers = [(rng.random(n) < 0.8).astype(float) for _ in range(streams)]  # at the floor
 
   def fired_rate(alpha):
-    cfg = AlarmConfig(tolerance=0.1, alpha=alpha, level=0.9, coverage_tolerance=0.1)
+    cfg = AlarmConfig(gap_tolerance=0.1, alpha=alpha, level=0.9, coverage_tolerance=0.1)
     fired = sum(drift_alarm(g, c, (-2.0, 2.0), (0.0, 1.0), cfg).first is not None
                 for g, c in zip(gaps, covers, strict=True))  # fmt: skip
     return fired / streams
 
   strict_rate, loose_rate = fired_rate(0.1), fired_rate(0.8)
   assert strict_rate <= 0.1 and strict_rate < loose_rate, (strict_rate, loose_rate)
-  cfg = AlarmConfig(tolerance=0.1, alpha=0.1, level=0.9, coverage_tolerance=0.1)
+  cfg = AlarmConfig(gap_tolerance=0.1, alpha=0.1, level=0.9, coverage_tolerance=0.1)
   drifted = np.clip(rng.normal(0.3, 0.3, 4000), -2, 2)
   trace = drift_alarm(drifted, np.ones(4000), (-2.0, 2.0), (0.0, 1.0), cfg)
   assert trace.first is not None and trace.reason == "gap"
-  assert trace.gap_lower[trace.first] > cfg.tolerance
-  assert trace.first == 0 or trace.gap_lower[trace.first - 1] <= cfg.tolerance  # the first
+  assert trace.gap_lower[trace.first] > cfg.gap_tolerance
+  assert trace.first == 0 or trace.gap_lower[trace.first - 1] <= cfg.gap_tolerance  # the first
   undercovered = drift_alarm(np.zeros(4000), (rng.random(4000) < 0.5) * 1.0, (-2.0, 2.0),
                              (0.0, 1.0), cfg)  # fmt: skip
   assert undercovered.reason == "coverage"
@@ -190,7 +190,7 @@ def test_slice_alarm_sees_drift_that_cancels_and_keeps_alpha_at_the_boundary():
   slices fire and name the tag. Every slice exactly on the tolerance (the null's edge):
   at most alpha of the streams fire."""
   rng = np.random.default_rng(4)
-  cfg = AlarmConfig(tolerance=0.02, alpha=0.1, level=0.9, coverage_tolerance=0.1)
+  cfg = AlarmConfig(gap_tolerance=0.02, alpha=0.1, level=0.9, coverage_tolerance=0.1)
   g, sl = _sliced((0.06, -0.06, 0.0), 20000, rng)
   trace = drift_alarm(g, np.ones(g.size), (-1.0, 1.0), (0.0, 1.0), cfg, sl)
   assert not trace.gap_fired.any()
@@ -399,7 +399,7 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   reader = EpisodeReader(labels)
   labeled = np.concatenate([reader[i].labeled for i in range(len(labels))])
   credit = np.concatenate([reader[i].credit for i in range(len(labels))])
-  assert labeled.sum() == labels.metadata["audited_steps"] > 1000
+  assert labeled.sum() == labels.metadata.audited_steps > 1000
   assert np.all(np.isfinite(credit[labeled])) and np.all(np.isnan(credit[~labeled]))
 
   from hindsight.config_io import load_config

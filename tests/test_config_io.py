@@ -7,10 +7,16 @@ import json
 
 import pytest
 
-from hindsight.config_io import _flatten, apply_overrides, check_workdir, current_names
+from hindsight.config_io import (
+  LEGACY_CONFIG_NAMES,
+  _flatten,
+  apply_overrides,
+  check_workdir,
+  current_names,
+)
 from hindsight.default_config import base_config
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LEGACY_CONFIG_NAMES, LabelConfig
+from hindsight.labeling.config import LabelConfig
 from hindsight.rl.config import base_config as rl_base_config
 
 

@@ -12,7 +12,9 @@ from flax import nnx
 from scipy import stats
 
 from hindsight.data import open_labels
-from hindsight.data.batching import (
+from hindsight.errors import HindsightError
+from hindsight.model import Checkpoints, CreditModel, ModelConfig, credit_loss, gaussian_nll
+from hindsight.model.batching import (
   BatchPlan,
   EpisodeReader,
   bucket_lengths,
@@ -20,8 +22,6 @@ from hindsight.data.batching import (
   process_rows,
   split_episodes,
 )
-from hindsight.errors import HindsightError
-from hindsight.model import Checkpoints, CreditModel, ModelConfig, credit_loss, gaussian_nll
 from hindsight.model.loss import VARIANCE_FLOOR
 
 
@@ -201,7 +201,7 @@ def test_mixed_labels_append_the_first_episodes_of_another_dataset(synthetic_lab
   real_first = label_io.open_labels(synthetic_labels)
   monkeypatch.setattr(
     label_io, "open_labels", lambda path: real_first if path == synthetic_labels else
-    dataclasses.replace(real_first, metadata={**real_first.metadata, "replacement": "uniform"})
+    dataclasses.replace(real_first, metadata=real_first.metadata.replace(replacement="uniform"))
   )  # fmt: skip
   with pytest.raises(HindsightError, match="replacement 'uniform' differs"):
     open_training_labels(synthetic_labels, "other", 5)

@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_error, run_cli, trained_run
 
-from hindsight.cli import headline_text
 from hindsight.credit import tabular_values
 from hindsight.data import episode_to_json, open_labels
-from hindsight.data.batching import EpisodeReader, make_batch
 from hindsight.drift import DriftConfig, held_out_split, reference_credit, run_drift
 from hindsight.drift import reference as ref_lib
+from hindsight.drift.render import headline_text
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.files import json_safe
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
+from hindsight.model.batching import EpisodeReader, make_batch
 from hindsight.model.predictor import MODEL_FILE, Predictor, load_predictor
 
 pytestmark = pytest.mark.xdist_group("drift")
@@ -190,20 +190,20 @@ def test_predictor_bad_input_is_one_line(tabular_run, tmp_path):
 def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run):
   labels, ids = _test_episodes(tabular_run, 16)
   meta = labels.metadata
-  env, policy = make(meta["env"])
+  env, policy = make(meta.env)
   base = LabelConfig.from_metadata(meta)
   labeler = Labeler(env, policy, base)
   eps = [labels[int(i)] for i in ids]
   traj = tr.regenerate(
-    labeler, meta["seed"], ids, [e["actions"] for e in eps], [e["rewards"] for e in eps]
+    labeler, meta.seed, ids, [e["actions"] for e in eps], [e["rewards"] for e in eps]
   )
   # With the labels' own keys the relabel reproduces the stored labels bit for bit ...
   same = tr.label_trajectories(
-    labeler, traj, jax.vmap(episode_key, (None, 0))(meta["seed"], ids), progress=False
+    labeler, traj, jax.vmap(episode_key, (None, 0))(meta.seed, ids), progress=False
   )
   # ... with the reference's keys it is an independent estimate of the same quantity.
   other = tr.label_trajectories(
-    labeler, traj, ref_lib.reference_keys(meta["seed"], ids), progress=False
+    labeler, traj, ref_lib.reference_keys(meta.seed, ids), progress=False
   )
   for row, e in enumerate(eps):
     n = len(e["actions"])
@@ -213,7 +213,7 @@ def test_reference_keys_are_independent_and_trajectories_regenerate(tabular_run)
   assert not np.array_equal(stored, fresh)
   # A dataset whose episodes do not regenerate is refused in one line.
   with pytest.raises(HindsightError, match="does not regenerate"):
-    tr.regenerate(labeler, meta["seed"] + 1, ids, [e["actions"] for e in eps],
+    tr.regenerate(labeler, meta.seed + 1, ids, [e["actions"] for e in eps],
                        [e["rewards"] for e in eps])  # fmt: skip
 
 
@@ -313,7 +313,7 @@ def test_eval_program_smoke_on_a_tabular_run(tabular_run, tmp_path):
   got = reference_credit(tabular_run, episodes=6, cache=str(out / "cache"), progress=False)
   assert sorted(os.listdir(out / "cache")) == cached
   assert [len(e) for e in got.episodes] == [len(labels[int(i)]["actions"]) for i in ids[:6]]
-  env, _ = make(labels.metadata["env"])
+  env, _ = make(labels.metadata.env)
   q_table, _ = tabular_values(env.mdp)
   for row, i in enumerate(ids[:6]):
     ex = labels[int(i)]

@@ -8,13 +8,14 @@ import pytest
 from hindsight.audit import pool as pool_lib
 from hindsight.data import open_labels
 from hindsight.data.episode import Episode
-from hindsight.data.spec import DataSpec
 from hindsight.envs import make
 from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.job import run_label_job
+from hindsight.model.encoders import DiscreteEncoder
+from hindsight.model.spec import DataSpec
 
 BUILT_IN = ("tabular:data/key_corridor.npz", "key_to_door", "reasoning", "team")
 
@@ -51,7 +52,7 @@ def test_regenerated_and_audited_episodes_equal_the_datasets_own(tmp_path):
   labels = open_labels(run_label_job(job, str(tmp_path / "labels"), progress=False))
   stored = [Episode.from_example(labels[i]) for i in range(len(labels))]
   assert 0 < sum(e.success for e in stored) < len(stored)
-  assert labels.metadata["success_from_return"] is False
+  assert labels.metadata.success_from_return is False
   env, policy = make("key_to_door")
   labeler = Labeler(env, policy, LabelConfig.from_metadata(labels.metadata))
   ids = np.arange(len(labels))
@@ -66,7 +67,7 @@ def test_regenerated_and_audited_episodes_equal_the_datasets_own(tmp_path):
 
 
 def _spec(success_from_return: bool) -> DataSpec:
-  return DataSpec("discrete", 5, 3, 8, 4, (), (), 1.0, success_threshold=0.5,
+  return DataSpec(DiscreteEncoder(5), 3, 8, 4, 1.0, success_threshold=0.5,
                   success_from_return=success_from_return)  # fmt: skip
 
 

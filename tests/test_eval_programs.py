@@ -56,11 +56,12 @@ def test_bench_model_smoke():
   from flax import nnx
 
   from hindsight.config_io import load_config
-  from hindsight.data.spec import DataSpec
   from hindsight.model.credit_model import CreditModel, ModelConfig
+  from hindsight.model.encoders import VectorEncoder
+  from hindsight.model.spec import DataSpec
 
   config = load_config("configs/reasoning.py:smoke")
-  spec = DataSpec("vector", 7, 10, 20, 4, (0.0,) * 7, (1.0,) * 7, 1.0)  # the bench's default
+  spec = DataSpec(VectorEncoder(7, (0.0,) * 7, (1.0,) * 7), 10, 20, 4, 1.0)  # the bench's default
   model = nnx.eval_shape(
     lambda: CreditModel(ModelConfig(**config.model.to_dict()), spec, rngs=nnx.Rngs(0))
   )
@@ -113,7 +114,7 @@ def test_audit_false_alarm_program_counts_and_bounds_its_rate(tabular_run, tmp_p
   out = tmp_path / "fa"
   _run("eval/audit_false_alarm.py", "--checkpoint", tabular_run, "--env",
        "tabular:data/key_corridor.npz", "--audits", 3, "--budget", 4000, "--check-budget",
-       8000, "--episodes", 16, "--rollouts", 8, "--tolerance", 0.05, "--out", out)  # fmt: skip
+       8000, "--episodes", 16, "--rollouts", 8, "--gap-tolerance", 0.05, "--out", out)  # fmt: skip
   result = json.loads((out / "false_alarm.json").read_text())
   k, n = result["fired"], result["audits"]
   assert n == 3 and k == len(result["firings"]) and result["false_alarm_rate"] == k / n

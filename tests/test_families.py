@@ -3,7 +3,6 @@ example of docs/environments.md, run as written) and the registry's one-line err
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 
@@ -15,6 +14,8 @@ from hindsight.cli import main
 from hindsight.data import open_labels
 from hindsight.envs import families, make
 from hindsight.errors import HindsightError
+from hindsight.labeling.source import JAX_ENGINE, PYTHON_ADAPTERS, source_entry
+from hindsight.text.options import TextOptions
 
 
 def _docs_block(page: str, heading: str) -> str:
@@ -28,8 +29,14 @@ def _docs_block(page: str, heading: str) -> str:
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
   """Installs a docs example as an importable module of the user's; the registries and
-  sys.modules are restored afterwards."""
+  sys.modules are restored afterwards (the plug-ins are loaded first, so the registry they
+  are restored to has theirs)."""
+  from hindsight import plugins
+  from hindsight.labeling import source
+
+  plugins.load_all()
   monkeypatch.setattr(families, "_FAMILIES", dict(families._FAMILIES))
+  monkeypatch.setattr(source, "_SOURCES", dict(source._SOURCES))
   monkeypatch.syspath_prepend(str(tmp_path))
 
   def install(name: str, page: str, heading: str) -> None:
@@ -51,10 +58,10 @@ def test_a_family_of_ones_own_registers_from_its_module(user_module, tmp_path, c
   family = families.family_of("my_envs:states=5")
   assert family.shifts == ("my_envs:seed=1",) and family.functional
   labels = open_labels(out)
-  assert len(labels) == 8 and labels.metadata["env"] == "my_envs:states=5"
+  assert len(labels) == 8 and labels.metadata.env == "my_envs:states=5"
   # The labels are the bundled tabular labeler's on the same MDP: the family only built it.
   env, _ = make("my_envs:states=5")
-  assert env.num_actions == 3 and labels.metadata["horizon"] == env.horizon
+  assert env.num_actions == 3 and labels.metadata.horizon == env.horizon
   assert all(np.isfinite(np.asarray(labels[i]["credit"])).any() for i in range(8))
   # Options it does not know, and job options it does not take, are one line each.
   assert main(["label", "--env", "my_envs:colour=3", "--episodes", "2", "--out", out + "2"]) == 2
@@ -80,8 +87,13 @@ def test_unknown_specs_list_what_is_registered():
   # Every prefix the package used to switch on is a registered family with its options.
   takes = {f.name: f.options for f in families.registered_families()}
   assert takes["gymnax"] == {"policy", "horizon", "return_range"}
-  assert takes["gymnasium"] == takes["dm_env"] == {"policy", "horizon", "return_range", "workers"}
-  assert takes["text"] == {"text"} and not takes["reasoning"]
+  assert takes["gymnasium"] == takes["dm_env"] == {"policy", "horizon", "return_range"}
+  assert not takes["text"] and not takes["reasoning"]
+  # Who labels each one, and the job options its labeler adds.
+  entry = {f.name: source_entry(f) for f in families.registered_families()}
+  assert entry["gymnasium"] is entry["dm_env"] is PYTHON_ADAPTERS and PYTHON_ADAPTERS.workers
+  assert entry["gymnax"] is entry["reasoning"] is JAX_ENGINE and not JAX_ENGINE.workers
+  assert entry["text"].options is TextOptions
 
 
 def test_a_label_source_of_ones_own_serves_a_family(user_module, tmp_path):
@@ -98,14 +110,15 @@ def test_a_label_source_of_ones_own_serves_a_family(user_module, tmp_path):
   job = hindsight.LabelJob("timed:key_corridor", n, hindsight.LabelConfig(num_rollouts=4),
                            chunk_size=4)  # fmt: skip
   out = hindsight.run_label_job(job, str(tmp_path / "timed"), progress=False)
-  assert isinstance(families.family_of("timed:x").label_source(job, ""), LabelSource)
+  made = source_entry(families.family_of("timed:x")).make(job, "")
+  assert isinstance(made, LabelSource)
   plain = hindsight.LabelJob("key_corridor", n, hindsight.LabelConfig(num_rollouts=4),
                              chunk_size=4)  # fmt: skip
   ref = hindsight.run_label_job(plain, str(tmp_path / "plain"), progress=False)
   a, b = open_labels(out), open_labels(ref)
-  chunk = json.loads(a.metadata["job"])["chunk_size"]  # rounded up to the devices' blocks
+  chunk = a.metadata.job_description["chunk_size"]  # rounded up to the devices' blocks
   assert len(my_sources.CHUNK_SECONDS) == -(-n // chunk) >= 2, (my_sources.CHUNK_SECONDS, chunk)
-  assert a.metadata["env"] == "timed:key_corridor"
+  assert a.metadata.env == "timed:key_corridor"
   for i in range(n):
     for name, value in b[i].items():
       assert np.asarray(a[i][name]).tobytes() == np.asarray(value).tobytes(), (i, name)

@@ -142,7 +142,7 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
   assert "declares 1000" in plain.stderr and "no --return-range" in plain.stderr
   plain_labels = open_labels(str(tmp_path / "plain"))
   credit = _credit(plain_labels)
-  assert credit.shape == (64, 6) and plain_labels.metadata["horizon"] == 6
+  assert credit.shape == (64, 6) and plain_labels.metadata.horizon == 6
   assert np.all(credit[:, :5] == 0.0) and np.all(np.abs(credit[:, 5]) == 1.0)
   assert 10 < (credit[:, 5] > 0).sum() < 54  # both outcomes occur
 
@@ -175,7 +175,7 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
     np.isfinite(se).all()
     and np.isinf(np.stack([np.asarray(plain_labels[i]["credit_stderr"]) for i in range(64)])).any()
   )
-  assert json.loads(labels.metadata["job"])["return_range"] == [-1.0, 1.0]
+  assert labels.metadata.job_description["return_range"] == [-1.0, 1.0]
   # Standard JSON out: no Infinity or NaN tokens even where stderrs are unbounded.
   exported = run_cli("export", tmp_path / "plain")
   assert exported.returncode == 0 and "Infinity" not in exported.stdout

@@ -60,8 +60,8 @@ def test_dataset_fields_and_chunk_size_invariance(tmp_path, mdp_file):
     assert len(ex[field]) == ex["length"], field
   assert int(ex["episode"]) == 7
   for key in ("env", "policy", "replacement", "rollouts", "seed"):
-    assert key in labels.metadata
-  assert labels.metadata["replacement"] == "uniform" and labels.metadata["rollouts"] == 8
+    assert key in labels.info.metadata  # as stored
+  assert labels.metadata.replacement == "uniform" and labels.metadata.rollouts == 8
   _assert_same(_examples(str(tmp_path / "a")), _examples(str(tmp_path / "b")))
   assert _array_record_bytes(str(tmp_path / "a")) == _array_record_bytes(str(tmp_path / "b"))
   assert a != b
@@ -130,7 +130,7 @@ def test_export_jsonl_and_summary(tmp_path, mdp_file, capsys):
   rows = [json.loads(line) for line in lines]
   assert [r["episode"] for r in rows] == list(range(6))
   labels = open_labels(out)
-  names = labels.metadata["klass_names"]
+  names = labels.metadata.klass_names
   for r, ex in zip(rows, labels, strict=True):
     assert len(r["credit"]) == r["length"] == len(r["tags"]) == len(r["states"])
     # Every exported value is the stored one (float32 -> JSON double exactly).
@@ -212,8 +212,10 @@ def test_bad_arguments_one_line_errors(tmp_path, mdp_file, capsys):
      "declares none"),
     (["--env", env, "--episodes", "2", "--replacement", "bogus"], "invalid choice"),
     (["--env", env, "--episodes", "2", "--confidence", "1.5"], "--confidence"),
-    (["--env", env, "--episodes", "2", "--tolerance", "-0.1"], "--tolerance must be"),
-    (["--env", env, "--episodes", "2", "--tolerance", "nan"], "--tolerance must be"),
+    (["--env", env, "--episodes", "2", "--decorative-tolerance", "-0.1"],
+     "--decorative-tolerance must be"),
+    (["--env", env, "--episodes", "2", "--decorative-tolerance", "nan"],
+     "--decorative-tolerance must be"),
     (["--env", env, "--episodes", "2", "--gamma", "0"], "--gamma must be in (0, 1]"),
     (["--env", env, "--episodes", "2", "--gamma", "1.5"], "--gamma must be in (0, 1]"),
     (["--env", env, "--episodes", "2", "--chunk-size", "0"], "--chunk-size must be >= 1"),

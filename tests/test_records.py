@@ -7,6 +7,7 @@ from tensorflow_datasets.proto import tf_feature_pb2
 
 from hindsight.credit.fields import STEP_FIELDS
 from hindsight.data import labels as label_io
+from hindsight.data.metadata import LabelMetadata
 from hindsight.data.records import encode_example, feature_encoders, varints
 
 
@@ -83,12 +84,12 @@ def test_written_dataset_reads_back_through_plain_tfds_in_order(tmp_path):
   features = _features()
   rng = np.random.default_rng(1)
   examples = [_example(rng, i) for i in range(12)]
-  metadata = {"env": "test", "horizon": 8}
+  metadata = LabelMetadata(env="test", horizon=8)
   path = label_io.write_dataset(str(tmp_path), features, metadata, iter(examples))
   assert path == label_io.dataset_dir(str(tmp_path)) and label_io.is_complete(str(tmp_path))
   builder = tfds.builder_from_directory(path)
   source = builder.as_data_source(split="train")
-  assert len(source) == 12 and dict(builder.info.metadata) == metadata
+  assert len(source) == 12 and dict(builder.info.metadata) == metadata.to_dict()
   for i, example in enumerate(examples):
     want = features.deserialize_example_np(
       features.serialize_example(features.encode_example(example))
@@ -106,10 +107,10 @@ def test_an_interrupted_write_leaves_no_dataset_that_looks_finished(tmp_path):
     raise KeyboardInterrupt  # the job killed mid-write
 
   with pytest.raises(KeyboardInterrupt):
-    label_io.write_dataset(str(tmp_path), features, {}, examples())
+    label_io.write_dataset(str(tmp_path), features, LabelMetadata(), examples())
   assert not label_io.is_complete(str(tmp_path))
   assert not (tmp_path / "hindsight_labels" / "1.0.0").exists()
   # The next write replaces the leftover and finishes.
-  label_io.write_dataset(str(tmp_path), features, {}, iter([_example(rng, 1)]))
+  label_io.write_dataset(str(tmp_path), features, LabelMetadata(), iter([_example(rng, 1)]))
   assert label_io.is_complete(str(tmp_path))
   assert [p.name for p in (tmp_path / "hindsight_labels").iterdir()] == ["1.0.0"]

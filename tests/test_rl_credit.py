@@ -130,15 +130,16 @@ def _estimates(source_name: str, n: int = 4096):
   traj = jax.vmap(sample_episode, (None, None, None, None, 0))(
     task.env, task.policy, task.env_params, theta0, keys
   )
-  adv, _ = jax.jit(source.signal)(source.aux, theta0, traj, jax.random.key(0))
+  terms = jax.jit(source.terms)(source.aux, source.init(theta0), theta0, traj, jax.random.key(0))
+  adv = terms.advantages
   H = task.env.horizon
   states = np.asarray(jax.vmap(jax.vmap(task.env.state_index))(
     jax.tree.map(lambda x: x[:, :H], traj.states)))  # fmt: skip
   mask, actions = np.asarray(traj.mask), np.asarray(traj.actions)
   g = episode_gradients(states, actions, mask, np.asarray(adv), mdp.pi)
-  if source.analytic:
+  if "action_values" in terms.data:  # Q-Prop's analytic term, the source's own loss term
     # grad_theta[s, b] sum_a pi(a | s) f(s, a) = pi(b | s) (f(s, b) - E_pi f(s, .))
-    f = np.asarray(jax.jit(source.action_values)(source.aux, theta0, traj))  # [n, H, A]
+    f = np.asarray(terms.data["action_values"])  # [n, H, A]
     pi = mdp.pi[states]
     term = pi * (f - (pi * f).sum(-1, keepdims=True)) * mask[..., None]
     extra = np.zeros((n, *mdp.pi.shape))

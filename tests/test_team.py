@@ -107,7 +107,7 @@ def test_label_job_writes_agent_and_step_labels(tmp_path, capsys):
   argv = ["label", "--env", "team", "--episodes", "16", "--rollouts", "16", "--out", out]
   assert main([*argv, "--replacement", "policy_other", "--no-progress"]) == 0
   labels = open_labels(out)
-  assert labels.metadata["agent_names"] == ["0:planner", "1:researcher", "2:critic", "3:solver"]
+  assert labels.metadata.agent_names == ("0:planner", "1:researcher", "2:critic", "3:solver")
   for ex in labels:
     assert ex["agent_shapley"].shape == (4,) and ex["coalition_values"].shape == (16,)
     assert ex["agent_shapley"][PLANNER] == 0.0
@@ -161,7 +161,7 @@ def test_ten_agents_get_sampled_shapley_values_with_stderrs(tmp_path, capsys):
   argv = ["label", "--env", "team:agents=10", "--episodes", "4", "--rollouts", "4"]
   assert main([*argv, "--permutations", "64", "--out", out, "--no-progress"]) == 0
   labels = open_labels(out)
-  assert labels.metadata["shapley_permutations"] == 64
+  assert labels.metadata.shapley_permutations == 64
   env, policy = make("team:agents=10")
   exact = jax.jit(lambda a, k: agent_credit(env, policy, a, k, 64))
   for i, ex in enumerate(labels):

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data import open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
@@ -261,7 +261,7 @@ def test_text_labels_match_the_worlds_exact_credit(tmp_path, world_url, prompts,
   labels = open_labels(path)
   example = labels[0]
   assert len(example["step_text"]) == len(example["credit"])
-  assert labels.metadata["completions"] > 0 and labels.metadata["env_name"] == "text"
+  assert labels.metadata.completions > 0 and labels.metadata.env_name == "text"
 
 
 def test_no_repeat_conditions_on_the_content_never_coming_back(tmp_path, world_url, prompts):

@@ -17,9 +17,9 @@ from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, TextOptions
 from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.model.encoders.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from hindsight.text import world
 from hindsight.text.server import running_world
-from hindsight.text.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from hindsight.text.trace import write_traces
 from tests.conftest import run_cli
 
@@ -232,12 +232,12 @@ def test_cached_sampling_matches_the_full_forward(tiny_lm):
   import jax.numpy as jnp
   from flax import nnx
 
-  from hindsight.lm.sample import generate, pad_rows
+  from hindsight.lm.sample import generate, pad_prompts
   from hindsight.lm.train import load_lm
 
   graphdef, state, tok, _ = load_lm(tiny_lm)
   prompts = [tok.encode(p.prompt()) for p in world.problems(4, 3)]
-  ids, lengths = pad_rows(prompts, 384)
+  ids, lengths = pad_prompts(prompts, 384)
   R = ids.shape[0]
   keys = jax.random.split(jax.random.key(0), R)
   args = (ids, lengths, np.full(R, 12, np.int32), np.zeros(R, np.float32), np.ones(R, np.float32))

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--workdir", required=True, help="checkpoints, logs and the report")
   args, rest = parser.parse_known_args(argv)
-  from hindsight.cli_options import config_overrides
+  from hindsight.cli.options import config_overrides
 
   overrides = config_overrides(rest, "train")
   if overrides is None:

@@ -24,7 +24,7 @@ class AuditConfig:
   step: str = "best"  # checkpoint step: best, last or a number
   episodes: int = 256  # pool size (--env), or the most trajectories read (0: all)
   rollouts: int = 32  # K branches per arm of every audited step
-  tolerance: float = 0.0  # |mean gap| allowed (0: a tenth of the model's credit scale)
+  gap_tolerance: float = 0.0  # |mean gap| allowed (0: a tenth of the model's credit scale)
   alpha: float = 0.05  # false-alarm probability, however long the audit
   coverage_level: float = 0.9  # the model's central interval checked
   coverage_tolerance: float = 0.1  # coverage allowed below the level
@@ -49,13 +49,13 @@ class AuditConfig:
       raise HindsightError(f"seed must be in [0, 2^31), got {self.seed}")
     if self.bootstrap < 10:
       raise HindsightError(f"bootstrap must be >= 10, got {self.bootstrap}")
-    if not (np.isfinite(self.tolerance) and self.tolerance >= 0):
-      raise HindsightError(f"tolerance must be >= 0 (0: the default), got {self.tolerance}")
+    if not (np.isfinite(self.gap_tolerance) and self.gap_tolerance >= 0):
+      raise HindsightError(f"gap_tolerance must be >= 0 (0: the default), got {self.gap_tolerance}")
     # The alarm's other settings, checked before any work (the tolerance may still be 0).
     from hindsight.audit.design import check_shares
     from hindsight.audit.sequential import AlarmConfig
 
-    alarm = AlarmConfig(self.tolerance or 1.0, self.alpha, self.coverage_level,
+    alarm = AlarmConfig(self.gap_tolerance or 1.0, self.alpha, self.coverage_level,
                         self.coverage_tolerance)  # fmt: skip
     alarm.check()
     check_shares(self.shares)

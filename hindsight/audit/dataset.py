@@ -4,24 +4,26 @@ One example per pool episode that was drawn at least once, with every field of a
 job's dataset. Only the audited steps carry a label (`labeled` true): their credit, stderr,
 tie-bound flag and class from the rollouts (a step drawn several times: the mean of its
 labels, stderr sqrt(sum se^2) / n); every other step has NaN credit and stays out of the
-training loss (`data.batching`). Progress and the phi fields are never rolled by the audit:
+training loss (`model.batching`). Progress and the phi fields are never rolled by the audit:
 NaN throughout. The dataset is written atomically (TFDS's incomplete-dir + rename, then the
 checksums), so a killed audit leaves no dataset that reads as complete.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 
 import jax
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
+from hindsight.credit.estimators import classify, z_value
 from hindsight.credit.fields import STEP_FIELDS
 from hindsight.data import labels as label_io
+from hindsight.data.metadata import LabelMetadata
 from hindsight.labeling.config import LabelConfig
-from hindsight.labeling.engine import Labeler
 
 
 def _combined(draws, steps) -> dict[tuple[int, int], dict]:
@@ -44,15 +46,18 @@ def _combined(draws, steps) -> dict[tuple[int, int], dict]:
 
 def write_audit_labels(
   out_dir: str,
-  labeler: Labeler,
+  labeler,
   spec: str,
   pool,
   steps: dict,
   draws,
   label_cfg: LabelConfig,
-  seed: int,
+  cfg,
+  predictor,
 ) -> str:
-  """Writes OUT_DIR (replacing an older one) and returns its dataset directory."""
+  """Writes OUT_DIR (replacing an older one) and returns its dataset directory. `labeler`:
+  the audit's `RolloutSteps` (its env and policy); `cfg`: the AuditConfig, described in the
+  metadata's `job` with the audited model's step and digest."""
   env = labeler.env
   combined = _combined(draws, steps)
   episodes = sorted({e for e, _ in combined})
@@ -106,14 +111,17 @@ def write_audit_labels(
 
   obs = pool.episodes[0].observations
   features = label_io.build_features(obs.shape[1:], obs.dtype, with_states, partial=True)
-  metadata = dict(
+  job = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "progress")}
+  job.update(audit="hindsight audit", model_step=predictor.step, model_digest=predictor.digest)
+  metadata = LabelMetadata(
+    job=json.dumps(job, sort_keys=True, default=list),
     env=spec,
     env_name=env.name,
     policy=labeler.policy.name,
     replacement=label_cfg.replacement,
     rollouts=label_cfg.num_rollouts,
     exact=False,
-    seed=int(pool.source.get("seed", seed)),
+    seed=int(pool.source.get("seed", cfg.seed)),
     gamma=label_cfg.gamma,
     horizon=env.horizon,
     num_actions=env.num_actions,
@@ -123,9 +131,7 @@ def write_audit_labels(
     decorative_tolerance=label_cfg.decorative_tolerance,
     confidence=label_cfg.confidence,
     stratify=label_cfg.stratify,
-    tag_names=list(env.tag_names),
-    agent_names=[],
-    klass_names=list(KLASS_NAMES),
+    tag_names=tuple(env.tag_names),
     partial=True,
     audited_steps=len(combined),
   )

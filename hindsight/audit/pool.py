@@ -142,7 +142,7 @@ def from_file(labeler: Labeler, path: str, episodes: list[dict]) -> Pool:
 def from_dataset(labeler: Labeler, labels, max_episodes: int) -> Pool:
   """The first episodes of a label dataset, regenerated from its seed."""
   n = min(len(labels), max_episodes) if max_episodes else len(labels)
-  seed = int(labels.metadata.get("seed", 0))
+  seed = labels.metadata.seed
   ids = np.arange(n)
   eps = [labels[int(i)] for i in ids]
   traj = tr.regenerate(
@@ -160,4 +160,4 @@ def dataset_env(path: str):
   if not os.path.isdir(path):
     return None
   labels = open_labels(path)
-  return labels, labels.metadata.get("env", "")
+  return labels, labels.metadata.env

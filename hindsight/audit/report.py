@@ -249,3 +249,23 @@ def write_report(out: str, report: dict, trace, draws) -> None:
     plot_alarm(os.path.join(out, "alarm.png"), report, trace, draws)
   atomic_write_text(os.path.join(out, "report.md"), markdown(report))
   write_json(os.path.join(out, "report.json"), report)
+
+
+def verdict_text(report: dict) -> str:
+  """The audit's verdict in two console lines (`hindsight audit`)."""
+  v, g = report["verdict"], report["gap"]
+  cs = g["confidence_sequence"]
+  unit = report.get("budget_unit", "env steps")
+  head = (
+    f"DRIFT ALARM ({v['reason']}) after {v['fired_after_draws']} audited steps, "
+    f"{v['fired_after_env_steps']:.3g} {unit}"
+    if v["alarm"]
+    else f"no alarm after {report['draws']} audited steps"
+  )
+  gap = f"mean gap {g['mean']:+.4f}" + (
+    f", confidence sequence [{cs[0]:+.4f}, {cs[1]:+.4f}]" if cs else ""
+  )
+  return (
+    f"audit of {report['env']}: {head} ({report['spent_env_steps']:.3g} of "
+    f"{report['budget']:.3g} {unit} spent)\n  {gap}; coverage {report['coverage']['mean']:.3f}"
+  )

@@ -35,15 +35,21 @@ import jax
 import numpy as np
 
 from hindsight.audit import pool as pool_lib
+from hindsight.audit.backend import (
+  AuditBackend,
+  RolloutSteps,
+  StepLabeler,
+  audit_backend,
+  step_labeler,
+)
 from hindsight.audit.config import AUDIT_SALT, AuditConfig
 from hindsight.audit.design import mixture_design, outcome_signal
 from hindsight.audit.sequential import AlarmConfig, SliceTerms, drift_alarm
 from hindsight.data.labels import open_labels
-from hindsight.envs import make_labeled
 from hindsight.envs.families import family_of
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez
-from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.config import LabelConfig, make_labeled
 from hindsight.labeling.engine import Labeler
 from hindsight.metrics.drift import pit
 from hindsight.model.predictor import Predictor, training_run
@@ -69,14 +75,18 @@ class Draws:
 
 
 def prepare_audit(cfg: AuditConfig):
-  """(predictor, label config, env spec, labeler, pool) of an audit (nothing written)."""
+  """(predictor, label config, env spec, step labeler, pool) of an audit (nothing written),
+  by the backend of the family the model's labels came from (`audit.backend`)."""
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
   run = training_run(cfg.checkpoint)
   meta = open_labels(run["labels"]).metadata
-  if predictor.spec.text:  # resampled through a completions endpoint (`text.audit`)
-    from hindsight.text.audit import prepare_text_audit
+  return predictor, *audit_backend(meta.env, FUNCTIONAL).prepare(cfg, predictor, meta, cfg.out)
 
-    return predictor, *prepare_text_audit(cfg, predictor, meta, cfg.out)
+
+def _prepare_functional(cfg: AuditConfig, predictor, meta, out: str):
+  """The pool of a functional environment's model: fresh episodes of --env, a label
+  dataset, or a file of (seed, episode) lines; its steps branched by the engine."""
+  del predictor, out
   label_cfg = LabelConfig.from_metadata(meta, num_rollouts=cfg.rollouts)
   dataset, file_episodes = None, None
   if cfg.trajectories is not None:
@@ -85,7 +95,7 @@ def prepare_audit(cfg: AuditConfig):
       dataset, spec = found
     else:
       spec, file_episodes = pool_lib.read_trajectory_file(cfg.trajectories, cfg.episodes)
-      spec = spec or meta.get("env", "")
+      spec = spec or meta.env
   else:
     spec = cfg.env
   if not spec or not family_of(spec).functional:
@@ -102,10 +112,13 @@ def prepare_audit(cfg: AuditConfig):
     pool = pool_lib.from_file(labeler, cfg.trajectories, file_episodes)
   else:
     pool = pool_lib.from_env(labeler, spec, cfg.episodes, cfg.seed)
-  return predictor, label_cfg, spec, labeler, pool
+  return label_cfg, spec, RolloutSteps(labeler), pool
 
 
-def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> dict:
+FUNCTIONAL = AuditBackend(_prepare_functional)
+
+
+def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: StepLabeler) -> dict:
   """Every auditable step of the pool (valid, credit defined), flat [N]: episode, t, the
   model's outputs, the return range of its state, tag, outcome, position."""
   try:
@@ -137,14 +150,8 @@ def _flat_steps(pool: pool_lib.Pool, predictor: Predictor, labeler: Labeler) -> 
 def _label_draws(cfg, labeler, pool, steps, design, keys, tolerance: float) -> Draws:
   """Draws labeled in order until the next one could overrun the budget (or the alarm
   fires, with stop_at_alarm; `alarm` is then re-evaluated after each block)."""
-  K, H = labeler.config.num_rollouts, labeler.env.horizon
-  # What a draw may cost at most: env steps (2 K (H - t)), or the labeler's own bound (text:
-  # completions).
-  unit = getattr(labeler, "cost_unit", "env steps")
-  if hasattr(labeler, "cost_bound"):
-    cost_bound = labeler.cost_bound(steps)
-  else:
-    cost_bound = 2 * K * (H - steps["t"])
+  K, unit = labeler.config.num_rollouts, labeler.cost_unit
+  cost_bound = labeler.cost_bound(steps)  # what a draw may cost at most
   k_draw, k_label = keys
   label_fn = labeler.label_steps
   B = cfg.block
@@ -213,8 +220,9 @@ def _pit_ties(cfg: AuditConfig, n: int) -> np.ndarray:
 
 
 def tolerance_of(cfg: AuditConfig, predictor: Predictor) -> float:
-  """--tolerance, or a tenth of the model's credit scale (the std of its training credits)."""
-  return cfg.tolerance or 0.1 * float(predictor.spec.value_scale)
+  """--gap-tolerance, or a tenth of the model's credit scale (the std of its training
+  credits)."""
+  return cfg.gap_tolerance or 0.1 * float(predictor.spec.value_scale)
 
 
 def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float):
@@ -236,7 +244,7 @@ def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float)
   if gap_range[1] <= gap_range[0]:
     gap_range = (gap_range[0], gap_range[0] + 1e-6)
   alarm_cfg = AlarmConfig(
-    tolerance=tolerance,
+    gap_tolerance=tolerance,
     alpha=cfg.alpha,
     level=cfg.coverage_level,
     coverage_tolerance=cfg.coverage_tolerance,
@@ -279,9 +287,11 @@ class AuditResult:
   trace: object
 
 
-def audit_pool(cfg: AuditConfig, predictor, labeler: Labeler, pool, tolerance: float):
+def audit_pool(cfg: AuditConfig, predictor, labeler, pool, tolerance: float):
   """Design, draws, rollouts and the alarm over one pool (no files written). `predictor`
-  needs only `score(episodes)` (tests audit a known-exact predictor through it)."""
+  needs only `score(episodes)` (tests audit a known-exact predictor through it); `labeler`
+  is a `StepLabeler` (an engine `Labeler` is wrapped in `RolloutSteps`)."""
+  labeler = step_labeler(labeler)
   steps = _flat_steps(pool, predictor, labeler)
   if steps["t"].size == 0:
     raise HindsightError("the audited trajectories hold no step with a defined credit")
@@ -306,6 +316,7 @@ def run_audit(cfg: AuditConfig) -> dict:
   cfg.check()
   tic = time.perf_counter()
   predictor, label_cfg, spec, labeler, pool = prepare_audit(cfg)
+  backend = audit_backend(spec, FUNCTIONAL)
   tolerance = tolerance_of(cfg, predictor)
   AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
   out = make_dir(cfg.out, "--out")
@@ -320,11 +331,11 @@ def run_audit(cfg: AuditConfig) -> dict:
 
   report = report_lib.build_report(cfg, predictor, label_cfg, spec, pool, res, tolerance)
   labels_dir = os.path.join(out, "labels")
-  report["budget_unit"] = getattr(labeler, "cost_unit", "env steps")
-  report["labels"] = None  # text audits write no label dataset (text.audit)
-  if not predictor.spec.text:
+  report["budget_unit"] = labeler.cost_unit
+  report["labels"] = None
+  if backend.writes_labels:
     report["labels"] = dataset_lib.write_audit_labels(
-      labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg.seed
+      labels_dir, labeler, spec, pool, steps, draws, label_cfg, cfg, predictor
     )
   atomic_savez(
     os.path.join(out, "draws.npz"),

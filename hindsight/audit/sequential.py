@@ -80,16 +80,16 @@ def eb_confidence_sequence(
 
 @dataclasses.dataclass(frozen=True)
 class AlarmConfig:
-  """When the audit calls a model drifted (CLI: --tolerance, --alpha, --coverage-*)."""
+  """When the audit calls a model drifted (CLI: --gap-tolerance, --alpha, --coverage-*)."""
 
-  tolerance: float  # |mean gap| beyond this is drift (label units)
+  gap_tolerance: float  # |mean gap| beyond this is drift (label units)
   alpha: float = 0.05  # false-alarm probability over the whole audit, however long
   level: float = 0.9  # the model's central predictive interval that is checked
   coverage_tolerance: float = 0.1  # coverage below level - this is drift
 
   def check(self) -> None:
-    if not (np.isfinite(self.tolerance) and self.tolerance > 0):
-      raise HindsightError(f"tolerance must be > 0, got {self.tolerance}")
+    if not (np.isfinite(self.gap_tolerance) and self.gap_tolerance > 0):
+      raise HindsightError(f"gap_tolerance must be > 0, got {self.gap_tolerance}")
     if not 0 < self.alpha < 1:
       raise HindsightError(f"alpha must be in (0, 1), got {self.alpha}")
     if not 0 < self.level < 1:
@@ -159,7 +159,7 @@ def drift_alarm(
   # bound at `share`.
   _, c_hi = eb_confidence_sequence(cover_terms, *cover_range, alpha=2 * share)
   c_hi = np.minimum(c_hi, 1.0)  # a coverage (the terms' range reaches past 1 by the weights)
-  gap_fired = (g_lo > cfg.tolerance) | (g_hi < -cfg.tolerance)
+  gap_fired = (g_lo > cfg.gap_tolerance) | (g_hi < -cfg.gap_tolerance)
   cov_fired = c_hi < cfg.level - cfg.coverage_tolerance
   either = gap_fired | cov_fired
   s_lo = s_hi = s_fired = None
@@ -173,7 +173,7 @@ def drift_alarm(
     ]
     s_lo = np.array([b[0] for b in bounds]).reshape(m, -1)
     s_hi = np.array([b[1] for b in bounds]).reshape(m, -1)
-    per_slice = (s_lo > cfg.tolerance) | (s_hi < -cfg.tolerance)  # [m, n]
+    per_slice = (s_lo > cfg.gap_tolerance) | (s_hi < -cfg.gap_tolerance)  # [m, n]
     s_fired = per_slice.any(0)
     either = either | s_fired
   first = int(np.argmax(either)) if either.any() else None

@@ -7,7 +7,7 @@ replacement names without importing JAX.
 from hindsight._lazy import lazy_exports
 
 _HOMES = {
-  "KLASS_NAMES": "hindsight.credit.estimators",
+  "KLASS_NAMES": "hindsight.credit.names",
   "REPLACEMENTS": "hindsight.credit.names",
   "bounded_mean_stderr": "hindsight.credit.estimators",
   "check_replacement": "hindsight.credit.replacement",

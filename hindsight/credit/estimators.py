@@ -29,7 +29,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-KLASS_NAMES = ("decorative", "load_bearing", "harmful", "undetermined")
 DECORATIVE, LOAD_BEARING, HARMFUL, UNDETERMINED = range(4)
 
 

@@ -7,22 +7,32 @@ with c_{t+1}(s') = 0 if terminal[s'] or t + 1 == H, else 1 (no value after the e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # the math takes the MDP's arrays; it imports no environment
-  from hindsight.envs.tabular import TabularMDP
+
+class MDPArrays(Protocol):
+  """The arrays of a finite-horizon tabular MDP, as the math reads them (the tabular MDP file
+  of docs/design.md, section 2; `envs.tabular.TabularMDP` is one): the math takes arrays and
+  knows no environment."""
+
+  P: np.ndarray  # float [S, A, S] transition probabilities
+  r: np.ndarray  # float [S, A] reward
+  pi: np.ndarray  # float [S, A] the policy
+  mu0: np.ndarray  # float [S] initial distribution
+  terminal: np.ndarray  # bool [S]
+  horizon: int  # H
 
 
-def tabular_values(mdp: TabularMDP, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def tabular_values(mdp: MDPArrays, gamma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
   """Backward induction over the horizon, in float64.
 
   Returns:
     Q: [H, S, A], Q_t(s, a) for t = 0..H-1.
     V: [H + 1, S], V_t(s); V_H = 0.
   """
-  H, S, A = mdp.horizon, mdp.num_states, mdp.num_actions
+  H, (S, A) = mdp.horizon, np.shape(mdp.r)
   Q = np.zeros((H, S, A))
   V = np.zeros((H + 1, S))
   alive_next = (~mdp.terminal).astype(np.float64)

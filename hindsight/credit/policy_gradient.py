@@ -22,20 +22,15 @@ shows from N samples alone: a bias_db near its floor is not resolved from sampli
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from hindsight.credit.exact import tabular_values
-
-if TYPE_CHECKING:  # the math takes the MDP's arrays; it imports no environment
-  from hindsight.envs.tabular import TabularMDP
+from hindsight.credit.exact import MDPArrays, tabular_values
 
 
-def occupancy(mdp: TabularMDP, pi: np.ndarray | None = None) -> np.ndarray:
+def occupancy(mdp: MDPArrays, pi: np.ndarray | None = None) -> np.ndarray:
   """d [H, S]: probability that step t happens in state s (forward pass)."""
   pi = mdp.pi if pi is None else pi
-  H, S = mdp.horizon, mdp.num_states
+  H, S = mdp.horizon, np.shape(mdp.mu0)[0]
   d = np.zeros((H, S))
   d[0] = mdp.mu0
   alive = (~mdp.terminal).astype(np.float64)
@@ -44,7 +39,7 @@ def occupancy(mdp: TabularMDP, pi: np.ndarray | None = None) -> np.ndarray:
   return d
 
 
-def expected_return(mdp: TabularMDP, logits: np.ndarray, gamma: float = 1.0) -> float:
+def expected_return(mdp: MDPArrays, logits: np.ndarray, gamma: float = 1.0) -> float:
   """J(theta) for pi = softmax(logits): E[sum_t gamma^t r_t] from mu0."""
   pi = _softmax(logits)
   d = occupancy(mdp, pi)
@@ -52,7 +47,7 @@ def expected_return(mdp: TabularMDP, logits: np.ndarray, gamma: float = 1.0) -> 
   return float(np.einsum("t,ts,sa,sa->", discount, d, pi, mdp.r))
 
 
-def exact_gradient(mdp: TabularMDP, gamma: float = 1.0) -> np.ndarray:
+def exact_gradient(mdp: MDPArrays, gamma: float = 1.0) -> np.ndarray:
   """g* [S, A] (module docstring), at theta = log pi."""
   Q, V = tabular_values(mdp, gamma)
   d = occupancy(mdp)

@@ -23,8 +23,9 @@ and, when it comes from a label dataset, its labels (None otherwise):
 Where episodes come from:
   `Episode.from_example`      a decoded label-dataset example (`open_labels(DIR)[i]`);
   `Episode.parse`             the export format (JSON lines, HTTP bodies, plain dicts),
-                              checked against a model's `DataSpec` with one-line errors
-                              (a text model's: the trace format, `text.episodes`);
+                              checked against a model's spec with one-line errors; a model
+                              whose step encoder reads another format gets the parser its
+                              plug-in registered (`data.formats`: the text trace format);
   `labeling.trajectories.episodes_from_trajectories`   sampled `Trajectory`s.
 `Episode.to_json` writes the export format back.
 """
@@ -32,17 +33,36 @@ Where episodes come from:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
+from hindsight.data.formats import ARRAYS, format_parser
 from hindsight.data.labels import as_text
-from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
 
 # Per-step label fields an Episode may carry, float32 [T].
 LABEL_FIELDS = ("credit", "credit_stderr", "progress")
+
+
+class ObservationReader(Protocol):
+  """What `Episode.parse` asks of a model's step encoder (`model.encoders.StepEncoder`)."""
+
+  episode_format: str
+
+  def check_observations(self, observations: np.ndarray, n: int, where: str) -> np.ndarray: ...
+
+
+class EpisodeSpec(Protocol):
+  """What `Episode.parse` and `check_length` read of a model's spec (`model.spec.DataSpec`)."""
+
+  encoder: ObservationReader
+  num_actions: int
+  num_agents: int
+  max_length: int
+  success_threshold: float
+  success_from_return: bool
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,18 +124,18 @@ class Episode:
     )
 
   @classmethod
-  def parse(cls, episode: Any, spec: DataSpec, where: str = "episode") -> Episode:
+  def parse(cls, episode: Any, spec: EpisodeSpec, where: str = "episode") -> Episode:
     """An episode in the export format (observations, actions, rewards, optional success,
     agent, tags and label fields, as lists or arrays; or an Episode) checked against a
-    model's `spec`. Bad input raises a one-line HindsightError naming `where` and the
-    field. A missing `success` is derived from the rewards only where the model's
-    environment defines success as a return level (`DataSpec.success_from_return`)."""
+    model's `spec`, its observations by the model's step encoder. Bad input raises a
+    one-line HindsightError naming `where` and the field. A missing `success` is derived
+    from the rewards only where the model's environment defines success as a return level
+    (`DataSpec.success_from_return`). A model whose encoder reads another episode format
+    parses with that format's registered parser (`data.formats`)."""
     if isinstance(episode, Episode):
       episode = episode.to_arrays()
-    if spec.text:
-      from hindsight.text.episodes import parse_text_episode
-
-      return parse_text_episode(episode, spec, where)
+    if spec.encoder.episode_format != ARRAYS:
+      return format_parser(spec.encoder.episode_format)(episode, spec, where)
     if not isinstance(episode, dict):
       raise HindsightError(f"{where}: expected an object with observations, actions, rewards")
     for name in ("observations", "actions", "rewards"):
@@ -137,15 +157,7 @@ class Episode:
       raise HindsightError(f"{where}: an action is outside [0, {spec.num_actions})")
     if rewards.shape != (n,) or not np.all(np.isfinite(rewards)):
       raise HindsightError(f"{where}: 'rewards' must be {n} finite numbers, one per action")
-    want = (n, spec.obs_dim) if spec.obs_kind == "vector" else (n,)
-    if obs.shape != want:
-      raise HindsightError(f"{where}: 'observations' has shape {obs.shape}, the model needs {want}")
-    if spec.obs_kind == "vector" and not np.issubdtype(obs.dtype, np.number):
-      raise HindsightError(f"{where}: 'observations' must be numbers")
-    if spec.obs_kind == "vector" and not np.all(np.isfinite(obs)):
-      raise HindsightError(f"{where}: 'observations' must be finite (no NaN or inf)")
-    if spec.obs_kind == "discrete" and not np.issubdtype(obs.dtype, np.integer):
-      raise HindsightError(f"{where}: 'observations' must be int ids for this model")
+    obs = spec.encoder.check_observations(obs, n, where)
     out: dict[str, Any] = {"observations": obs, "actions": actions.astype(np.int32)}
     out["rewards"] = rewards
     out["success"] = _parse_success(episode.get("success"), rewards, spec, where)
@@ -181,7 +193,7 @@ class Episode:
     return out
 
 
-def _parse_success(success, rewards: np.ndarray, spec: DataSpec, where: str) -> bool:
+def _parse_success(success, rewards: np.ndarray, spec: EpisodeSpec, where: str) -> bool:
   if success is None:
     if not spec.success_from_return:
       raise HindsightError(
@@ -238,7 +250,7 @@ def _parse_agent(agent, n: int, num_agents: int, where: str) -> np.ndarray:
   return agent.astype(np.int32)
 
 
-def check_length(episode: Episode, spec: DataSpec, where: str = "episode") -> None:
+def check_length(episode: Episode, spec: EpisodeSpec, where: str = "episode") -> None:
   """A one-line HindsightError when the episode is longer than the longest the model was
   trained on (`spec.max_length`): positions past it would be clamped to the last one it
   knows and n / T_max would pass 1, so its numbers would look like any others. Callers that

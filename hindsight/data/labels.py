@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.credit.fields import STEP_FIELDS
+from hindsight.credit.names import KLASS_NAMES
+from hindsight.data.metadata import LabelMetadata
 from hindsight.errors import HindsightError
 from hindsight.files import atomic_write_text, json_safe, sha256_file
 
@@ -189,7 +190,7 @@ DESCRIPTION = "Per-step interventional credit labels produced by `hindsight labe
 SHARD = f"{DATASET_NAME}-train.array_record-00000-of-00001"
 
 
-def write_dataset(out_dir: str, features, metadata: dict, episodes: Iterator[dict]) -> str:
+def write_dataset(out_dir: str, features, metadata: LabelMetadata, episodes: Iterator[dict]) -> str:
   """Writes the examples `episodes` (`make_example`'s dicts, episode i as example i) as the
   label dataset of `out_dir`, atomically, and returns its directory.
 
@@ -226,7 +227,7 @@ def write_dataset(out_dir: str, features, metadata: dict, episodes: Iterator[dic
     version=VERSION,
     check_data=False,
     description=DESCRIPTION,
-    metadata=tfds.core.MetadataDict(metadata),
+    metadata=tfds.core.MetadataDict(metadata.to_dict()),
     # Generation order is the contract: episode i is example i.
     disable_shuffling=True,
   )
@@ -279,11 +280,12 @@ def verify_dataset(path: str) -> int:
 
 @dataclasses.dataclass
 class Labels:
-  """A finished label dataset: `len(labels)`, `labels[i]` (episode i), `labels.metadata`."""
+  """A finished label dataset: `len(labels)`, `labels[i]` (episode i), `labels.metadata`
+  (typed; `info.metadata` is the dict as stored)."""
 
   path: str
   source: Sequence[dict[str, Any]]
-  metadata: dict[str, Any]
+  metadata: LabelMetadata
   info: Any
 
   def __len__(self) -> int:
@@ -311,7 +313,7 @@ class MixedLabels:
     return self.first.path
 
   @property
-  def metadata(self) -> dict[str, Any]:
+  def metadata(self) -> LabelMetadata:
     return self.first.metadata
 
   def __len__(self) -> int:
@@ -337,10 +339,10 @@ def open_training_labels(labels_dir: str, mix_dir: str = "", mix_episodes: int =
     return labels
   other = open_labels(mix_dir)
   for key in ("env_name", "replacement"):
-    if labels.metadata.get(key) != other.metadata.get(key):
+    ours, theirs = getattr(labels.metadata, key), getattr(other.metadata, key)
+    if ours != theirs:
       raise HindsightError(
-        f"data.mix_labels_dir {mix_dir}: {key} '{other.metadata.get(key)}' differs from "
-        f"'{labels.metadata.get(key)}' of {labels_dir}"
+        f"data.mix_labels_dir {mix_dir}: {key} '{theirs}' differs from '{ours}' of {labels_dir}"
       )
   if mix_episodes < 0:
     raise HindsightError(f"config data.mix_episodes={mix_episodes} must be >= 0")
@@ -384,7 +386,8 @@ def open_labels(out_dir: str) -> Labels:
     raise HindsightError(f"{path}: unreadable label dataset ({type(e).__name__})") from e
   if len(source) != episodes:
     raise HindsightError(f"{path}: {len(source)} episodes readable, {episodes} written")
-  return Labels(path=path, source=source, metadata=dict(builder.info.metadata), info=builder.info)
+  metadata = LabelMetadata.from_dict(dict(builder.info.metadata or {}))
+  return Labels(path=path, source=source, metadata=metadata, info=builder.info)
 
 
 def as_text(value) -> str:

@@ -27,8 +27,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import Block, ModelConfig
+from hindsight.model.spec import DataSpec
 from hindsight.progress import CompileAwareBar
 
 LEARNED = ("prm", "td_advantage", "rudder")
@@ -36,23 +36,14 @@ LEARNED = ("prm", "td_advantage", "rudder")
 
 class HistoryModel(nnx.Module):
   """Causal transformer over o_t, a_t (or a_{t-1}), r_t (or r_{t-1}) and t: one scalar per
-  step, [B, T]. `shift`: step t sees the previous action and reward (a state value)."""
+  step, [B, T]. `shift`: step t sees the previous action and reward (a state value). o_t is
+  read by the data's step encoder (`model.encoders`), as the credit model reads it but
+  with a single linear map for vector features."""
 
   def __init__(self, cfg: ModelConfig, spec: DataSpec, shift: bool, *, rngs: nnx.Rngs):
     w = cfg.width
     self.spec, self.shift = spec, shift
-    if spec.obs_kind == "discrete":
-      self.obs_embed = nnx.Embed(spec.obs_dim, w, rngs=rngs)
-    elif spec.text:  # text traces: each step's text, read as the credit model reads it
-      from hindsight.model.credit_model import StepEncoder
-      from hindsight.text.tokenizer import Tokenizer
-
-      vocab = Tokenizer.from_json(spec.tokenizer).vocab_size
-      self.step_encoder = StepEncoder(vocab, spec.max_step_tokens, w, rngs=rngs)
-    else:
-      self.obs_mean = nnx.Variable(jnp.asarray(spec.obs_mean, jnp.float32))
-      self.obs_std = nnx.Variable(jnp.asarray(spec.obs_std, jnp.float32))
-      self.obs_fc = nnx.Linear(spec.obs_dim, w, rngs=rngs)
+    self.obs_encoder = spec.encoder.module(w, rngs=rngs)
     # One extra action id: "no previous action" at t = 0 of a shifted model.
     self.action_embed = nnx.Embed(spec.num_actions + 1, w, rngs=rngs)
     self.position_embed = nnx.Embed(spec.max_length, w, rngs=rngs)
@@ -68,13 +59,7 @@ class HistoryModel(nnx.Module):
     if self.shift:
       actions = jnp.concatenate([jnp.full((B, 1), self.spec.num_actions), actions[:, :-1]], 1)
       rewards = jnp.concatenate([jnp.zeros((B, 1)), rewards[:, :-1]], 1)
-    obs = batch["observations"]
-    if self.spec.obs_kind == "discrete":
-      x = self.obs_embed(obs)
-    elif self.spec.text:
-      x = self.step_encoder(batch["tokens"])
-    else:
-      x = self.obs_fc((obs - self.obs_mean[...]) / self.obs_std[...])
+    x = self.obs_encoder(batch)
     t = jnp.arange(T)
     time = jnp.broadcast_to(t / self.spec.max_length, (B, T))
     x = (
@@ -121,7 +106,7 @@ class TrainingSplit:
 
   @classmethod
   def of(cls, reader, train_ids: np.ndarray, spec: DataSpec, batch_size: int, seed: int):
-    from hindsight.data.batching import BatchPlan, bucket_lengths, make_batch
+    from hindsight.model.batching import BatchPlan, bucket_lengths, make_batch
 
     train = [reader[int(i)] for i in train_ids]  # one read of each episode
     lengths = np.array([len(e) for e in train])

@@ -7,6 +7,8 @@ import dataclasses
 
 from hindsight.errors import HindsightError
 
+REFERENCES = ("auto", "exact", "resample")
+
 
 @dataclasses.dataclass(frozen=True)
 class DriftConfig:
@@ -36,9 +38,17 @@ class DriftConfig:
   # Cached episodes and references ("" = OUT/cache); one directory shared by several models
   # evaluated on the same episodes computes the reference once (keys name what it depends on).
   cache: str = ""
+  # The reference credit: "exact" (dynamic programming: a tabular MDP, the text world),
+  # "resample" (relabeled at K_ref with keys of its own), "auto" (exact where it exists).
+  reference: str = "auto"
+  # Runs whose labels were resampled through a completions endpoint (text): where the
+  # reference resamples.
+  endpoint: str = ""
   progress: bool = True
 
   def check(self) -> None:
+    if self.reference not in REFERENCES:
+      raise HindsightError(f"reference {self.reference!r}: expected one of {', '.join(REFERENCES)}")
     for name in ("episodes", "reference_rollouts", "shift_episodes"):
       if getattr(self, name) < 0:
         raise HindsightError(f"{name} must be >= 0")

@@ -23,21 +23,21 @@ import time
 import jax
 import numpy as np
 
-from hindsight.data.batching import EpisodeReader
 from hindsight.data.episode import Episode
 from hindsight.data.labels import open_training_labels
 from hindsight.drift import baselines as bl
 from hindsight.drift import reference as ref_lib
 from hindsight.drift.config import DriftConfig, gradient_env_for, shift_episodes_for
 from hindsight.drift.gradients import gradient_table
-from hindsight.envs import make, make_labeled
+from hindsight.envs import make
 from hindsight.envs.families import family_of
 from hindsight.envs.tabular import TabularEnv
 from hindsight.errors import HindsightError, make_dir
 from hindsight.files import atomic_savez, finished_report, mark_finished, sha256_file
 from hindsight.labeling import trajectories as tr
-from hindsight.labeling.config import LabelConfig
+from hindsight.labeling.config import LabelConfig, make_labeled
 from hindsight.labeling.engine import Labeler
+from hindsight.model.batching import EpisodeReader
 from hindsight.model.predictor import checkpoint_workdirs, load_predictor, training_run
 
 # Seeds of fresh episode sets: --seed + this (+ 1 + j for shift j), whatever the run's labels,
@@ -134,7 +134,7 @@ def _open_run(checkpoint: str) -> _Run:
   labels = open_training_labels(
     record["labels"], record.get("mix_labels", ""), record.get("mix_episodes", 0)
   )
-  env_spec = labels.metadata.get("env", "")
+  env_spec = labels.metadata.env
   if not env_spec or not family_of(env_spec).functional:
     raise HindsightError(
       f"labels of '{env_spec}' cannot be relabeled from their seed (not a functional JAX "
@@ -160,14 +160,14 @@ def _context(cfg: DriftConfig, run: _Run, out: str) -> _Context:
     policy=policy,
     base=run.base,
     ref_cfg=ref_lib.reference_config(run.base, k_ref),
-    seed=int(meta.get("seed", 0)),
+    seed=meta.seed,
     digest=sha256_file(os.path.join(run.labels.path, "hindsight_checksums.json")),
     cache=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
   )
 
 
 def _test_ids(cfg: DriftConfig, run: _Run) -> np.ndarray:
-  if run.labels.metadata.get("partial") or run.record.get("mix_labels"):
+  if run.labels.metadata.partial or run.record.get("mix_labels"):
     raise HindsightError(
       f"{cfg.checkpoint} trained on an audit's labels, whose test split cannot be "
       "regenerated from one seed: evaluate it on fresh episodes with --env SPEC"
@@ -221,7 +221,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   if finished is not None:
     return {**finished, "out": out}
   env, k_ref = ctx.env, ctx.ref_cfg.num_rollouts
-  main_env = cfg.env or labels.metadata.get("env", "")
+  main_env = cfg.env or labels.metadata.env
   report: dict = {
     "checkpoint": ",".join(os.path.abspath(w) for w in workdirs),
     "model": predictor.describe(),
@@ -350,7 +350,7 @@ def _test_split_set(ctx: _Context, labels, ids: np.ndarray):
   reference = ctx.cached(
     "reference", compute, data=ctx.digest, ids=ids.tolist(), tabular=ctx.tabular
   )
-  name = ctx.cfg.env or labels.metadata.get("env", "")
+  name = ctx.cfg.env or labels.metadata.env
   return EpisodeSet(name, episodes, reference, train_labels), traj
 
 

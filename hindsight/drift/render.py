@@ -10,6 +10,39 @@ import numpy as np
 from hindsight.files import write_json
 
 
+def headline_text(report: dict) -> str:
+  """A few console lines: the headline Spearman of each signal, and the reference check."""
+  lines = [f"drift report on {report['env']} ({report['steps']} steps, Spearman vs reference):"]
+  for name in report.get("signal_order", report["headline"]):
+    lines.append(f"  {name:<36} {estimate_text(report['headline'][name]['spearman'], 3)}")
+  ceiling = report["reference"].get("check", {}).get("spearman_ceiling")
+  if ceiling is not None:
+    lines.append(f"  the reference's noise ceiling for Spearman: {ceiling:.3f}")
+  tied = tied_reference_note(report["reference"])
+  if tied:
+    lines.append(f"  ({tied})")
+  if "equivalent_rollouts" in report:
+    e = report["equivalent_rollouts"]
+    k = e["k"]
+    if e.get("undefined"):
+      lines.append(f"  equivalent rollouts: K undefined ({e['undefined']})")
+    else:
+      lines.append(f"  equivalent rollouts: K = {estimate_text(k, 1)}")
+  total = report.get("seconds", {}).get("total")
+  if total is not None:
+    lines.append(f"  wall time of the drift report: {total:.1f} s (a rerun reads its cache)")
+  return "\n".join(lines)
+
+
+def estimate_text(e: dict, digits: int) -> str:
+  """`value [lo, hi]` of an Estimate's dict; n/a for a value or bound that is undefined
+  (NaN, stored as null)."""
+  text = lambda x: "n/a" if x is None or x != x else f"{x:.{digits}f}"  # noqa: E731
+  if text(e["value"]) == "n/a":
+    return "n/a"
+  return f"{text(e['value'])} [{text(e['lo'])}, {text(e['hi'])}]"
+
+
 def _fmt(e: dict, spec: str = ".3f") -> str:
   if e is None or e.get("value") is None or not np.isfinite(e["value"]):
     return "n/a"

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from scipy import stats
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.metrics import drift as dm
 from hindsight.model.programs import program_flops
 

@@ -21,7 +21,6 @@ _HOMES = {
   "random_mdp": "hindsight.envs.tabular",
   "rare_success_mdp": "hindsight.envs.tabular",
   "make": "hindsight.envs.registry",
-  "make_labeled": "hindsight.envs.registry",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -1,4 +1,4 @@
-"""The registry of environment families: what an `--env` spec names and who labels it.
+"""The registry of environment families: what an `--env` spec names.
 
 A spec is `FAMILY` or `FAMILY:ARG` (`reasoning:horizon=30`, `gymnax:Catch-bsuite`,
 `tabular:PATH.npz`). Each family registers once (`register`), in the manner of gymnax's
@@ -7,18 +7,22 @@ look up by prefix:
 
   make(arg, options) -> (Environment, Policy)   the functional environment (JAX families);
                         None for families labeled outside JAX (Gymnasium, dm_env, text)
-  label_source(job, out_dir) -> LabelSource     who labels its episodes
-                        (hindsight.labeling.source; default: the JAX engine)
-  options               the LabelJob fields it accepts beyond the label config
-                        (policy, horizon, return_range, workers, text)
+  make_python(arg, horizon) -> PyEnv            a stateful Python environment (adapters)
+  options               the environment options it accepts (ENV_OPTIONS: policy, horizon,
+                        return_range)
   shifts                default out-of-distribution specs of the drift harness
   fit_horizon           label at the longest of the job's episodes, not the declared cap
   no_return_range       what an unset return range means for its stderrs (a note)
 
+Who labels a family's episodes is the labeling package's business (`labeling.source`: the
+JAX engine, the Python-adapter labeler, or a source a plug-in registers for its family), so
+this registry knows nothing above the environments.
+
 A user's own family registers from their module: `--env mymodule:ARG` imports `mymodule`
 when no family `mymodule` is registered yet, and a module-level `register(...)` there adds it
-(docs/environments.md, "Your own environment family"). Installed packages can also name
-modules to import in the entry-point group `hindsight.envs`.
+(docs/environments.md, "Your own environment family"). Plug-ins (`hindsight.plugins`: the
+text package's `text` family) and installed packages naming modules in the entry-point group
+`hindsight.envs` are loaded the same way.
 
 JAX-free: `hindsight --help` lists the registered families without starting JAX (every
 factory imports its environment when called).
@@ -30,19 +34,16 @@ import dataclasses
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from hindsight import plugins
 from hindsight.errors import HindsightError
 
-if TYPE_CHECKING:
-  from hindsight.labeling.config import LabelJob
-
 ENTRY_POINT_GROUP = "hindsight.envs"
-# The LabelJob fields a family may accept beyond env, episodes and config.
-JOB_OPTIONS = ("policy", "horizon", "return_range", "workers", "text")
 # The options of someone else's environment (gymnax, Gymnasium, dm_env): a label dataset
 # records them and every later job rebuilds the environment with them (`make_labeled`).
-EXTERNAL = frozenset({"policy", "horizon", "return_range"})
+ENV_OPTIONS = ("policy", "horizon", "return_range")
+EXTERNAL = frozenset(ENV_OPTIONS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,14 +56,6 @@ class EnvOptions:
   return_range: tuple[float, float] | None = None
 
 
-def jax_source(job: LabelJob, out_dir: str):
-  """The JAX engine as a family's label source (hindsight.labeling.jax_source)."""
-  from hindsight.labeling.jax_source import JaxSource
-
-  del out_dir
-  return JaxSource(job)
-
-
 @dataclasses.dataclass(frozen=True)
 class EnvFamily:
   """One family of `--env` specs (module docstring).
@@ -72,8 +65,7 @@ class EnvFamily:
   make: (arg, EnvOptions) -> (environment, behaviour policy); arg is the text after the
     first ':' ('' for a bare `name`). None: not a functional (JAX) environment, so it
     cannot be relabeled from a seed by the drift harness or the audit.
-  label_source: (LabelJob, out_dir) -> a LabelSource.
-  options: the LabelJob fields among JOB_OPTIONS it accepts.
+  options: the environment options among ENV_OPTIONS it accepts.
   shifts: the drift harness's default shifted specs when this family is evaluated.
   fit_horizon: label at the longest of the job's episodes (declared caps can be 1000 steps
     for episodes of 9).
@@ -85,7 +77,6 @@ class EnvFamily:
   name: str
   usage: str
   make: Callable[[str, EnvOptions], tuple[Any, Any]] | None = None
-  label_source: Callable[[LabelJob, str], Any] = jax_source
   options: frozenset[str] = frozenset()
   shifts: tuple[str, ...] = ()
   fit_horizon: bool = False
@@ -95,7 +86,7 @@ class EnvFamily:
   def __post_init__(self):
     if not self.name or ":" in self.name:
       raise ValueError(f"a family's name is a spec prefix without ':', got {self.name!r}")
-    unknown = set(self.options) - set(JOB_OPTIONS)
+    unknown = set(self.options) - set(ENV_OPTIONS)
     if unknown:
       raise ValueError(f"family {self.name}: unknown options {sorted(unknown)}")
 
@@ -117,19 +108,24 @@ def register(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
 
 
 def registered_families() -> tuple[EnvFamily, ...]:
-  """Every registered family, in registration order."""
+  """Every registered family, in registration order (every plug-in loaded first, so the
+  families they add are there too)."""
+  plugins.load_all()
   return tuple(_FAMILIES.values())
 
 
 def known_specs(sep: str = ", ", where: Callable[[EnvFamily], bool] | None = None) -> str:
   """The registered families' usage (those `where` accepts), for errors (and --help, with
-  sep " | ")."""
-  return sep.join(f.usage for f in _FAMILIES.values() if where is None or where(f))
+  sep " | "); every plug-in is loaded first, so the families they add are listed too."""
+  return sep.join(f.usage for f in registered_families() if where is None or where(f))
 
 
 def _load_plugins(name: str) -> None:
-  """Imports what may register family `name`: an entry point of that name in the group
-  `hindsight.envs`, else a module of that name."""
+  """Imports what may register family `name`: the plug-in of that name
+  (`hindsight.plugins`), an entry point of that name in the group `hindsight.envs`, else a
+  module of that name."""
+  if plugins.load(name):
+    return
   for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
     if point.name == name:
       try:
@@ -170,10 +166,10 @@ def family_of(spec: str) -> EnvFamily:
   return _FAMILIES[name]
 
 
-def check_job_options(family: EnvFamily, given: Mapping[str, bool]) -> None:
-  """Refuses (one line) a LabelJob option the family does not take; `given` says, for each
-  of JOB_OPTIONS, whether the job set it."""
-  for option in JOB_OPTIONS:
+def check_env_options(family: EnvFamily, given: Mapping[str, bool]) -> None:
+  """Refuses (one line) an environment option the family does not take; `given` says, for
+  each of ENV_OPTIONS, whether the job set it."""
+  for option in ENV_OPTIONS:
     if given.get(option) and option not in family.options:
       takers = [f.name for f in _FAMILIES.values() if option in f.options]
       where = ", ".join(f"{n}:" for n in takers) or "no environment"
@@ -284,13 +280,6 @@ def _gymnax(arg: str, options: EnvOptions):
   return make_gymnax(f"gymnax:{arg}", options.policy, options.horizon, options.return_range)
 
 
-def _python_source(job: LabelJob, out_dir: str):
-  from hindsight.labeling.py_labeler import PySource
-
-  del out_dir
-  return PySource(job)
-
-
 def _gymnasium(arg: str, horizon: int | None):
   from hindsight.envs.adapters import GymnasiumEnv
 
@@ -306,12 +295,6 @@ def _dm_env(arg: str, horizon: int | None):
   if not module or not factory:
     raise HindsightError(f"env dm_env:{arg}: expected dm_env:MODULE:FACTORY")
   return DmEnv(module, factory, horizon)
-
-
-def _text_source(job: LabelJob, out_dir: str):
-  from hindsight.text.source import TextSource
-
-  return TextSource(job, out_dir)
 
 
 _ADAPTER_RANGE = (
@@ -337,13 +320,12 @@ for _family in (
     "undetermined)",
   ),
   EnvFamily(
-    "gymnasium", "gymnasium:ENV_ID", label_source=_python_source,
-    options=EXTERNAL | {"workers"}, no_return_range=_ADAPTER_RANGE, make_python=_gymnasium,
+    "gymnasium", "gymnasium:ENV_ID", options=EXTERNAL, no_return_range=_ADAPTER_RANGE,
+    make_python=_gymnasium,
   ),
   EnvFamily(
-    "dm_env", "dm_env:MODULE:FACTORY", label_source=_python_source,
-    options=EXTERNAL | {"workers"}, no_return_range=_ADAPTER_RANGE, make_python=_dm_env,
+    "dm_env", "dm_env:MODULE:FACTORY", options=EXTERNAL, no_return_range=_ADAPTER_RANGE,
+    make_python=_dm_env,
   ),
-  EnvFamily("text", "text:FILE.jsonl", label_source=_text_source, options=frozenset({"text"})),
 ):  # fmt: skip
   register(_family)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 from scipy import stats
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.evaluators.split_pass import predict_split
 from hindsight.files import write_json
 from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from hindsight.data.batching import make_batch
+from hindsight.model.batching import make_batch
 from hindsight.model.sharding import global_batch
 
 # Per-step columns predict_split returns (valid steps with a finite label only).

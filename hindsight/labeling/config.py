@@ -6,9 +6,11 @@ Light on imports (no JAX): the `hindsight` command builds its flags from these f
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
+from hindsight.data.metadata import LabelMetadata
 from hindsight.errors import HindsightError
 
 
@@ -38,7 +40,7 @@ class LabelConfig:
 
   def __post_init__(self):
     """One-line errors for values outside their range, naming the field (the CLI says its
-    flag instead: hindsight.cli_options.in_flag_terms)."""
+    flag instead: hindsight.cli.options.in_flag_terms)."""
     least = 1 if self.exact else 2
     if self.num_rollouts < least:
       why = "" if self.exact else " for a standard error"
@@ -67,15 +69,15 @@ class LabelConfig:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_metadata(cls, meta: dict, num_rollouts: int | None = None) -> LabelConfig:
+  def from_metadata(cls, meta: LabelMetadata, num_rollouts: int | None = None) -> LabelConfig:
     """The config a label dataset was made with (its metadata), optionally at another K."""
     return cls(
-      num_rollouts=num_rollouts or max(int(meta.get("rollouts", 2)), 2),
-      replacement=meta.get("replacement", "policy"),
-      gamma=float(meta.get("gamma", 1.0)),
-      decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
-      confidence=float(meta.get("confidence", 0.95)),
-      stratify=bool(meta.get("stratify", True)),
+      num_rollouts=num_rollouts or max(meta.rollouts, 2),
+      replacement=meta.replacement,
+      gamma=meta.gamma,
+      decorative_tolerance=meta.decorative_tolerance,
+      confidence=meta.confidence,
+      stratify=meta.stratify,
     )
 
 
@@ -86,93 +88,6 @@ def label_node(**fields):
   from ml_collections import ConfigDict
 
   return ConfigDict(dataclasses.replace(LabelConfig(), **fields).as_dict())
-
-
-# Config fields renamed to LabelConfig's own names: configs and run directories written
-# before keep working (hindsight.config_io reads the old name as the new one).
-LEGACY_CONFIG_NAMES = {
-  "data.label.rollouts": "data.label.num_rollouts",
-  "credit.rollouts": "label.num_rollouts",
-  "credit.replacement": "label.replacement",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class TextOptions:
-  """How to label text traces (`--env text:FILE.jsonl`) through a completions endpoint.
-
-  endpoint, model: the OpenAI-compatible server (its base URL, .../v1) and model name;
-    api_key_env: the environment variable that holds its key (unset: no key sent).
-  temperature, top_p, max_tokens, stop: the sampling of every continuation (the trace's own
-    distribution: set them to what produced the traces).
-  chunking: how a trace given as `text` is cut into steps (hindsight.text.trace).
-  verifier: `boxed` or MODULE:FN (hindsight.text.verify).
-  embedding, similarity: what counts as restating a step (hindsight.text.similarity), for
-    policy_other and policy_no_repeat.
-  max_draws: policy_other / policy_no_repeat draw up to max_draws x K continuations per step
-    to find K that do not restate it.
-  null_text: the step that replaces step t under `null`.
-  samples_per_request: `n` of each request; concurrency: requests in flight.
-  budget_completions, budget_tokens: most a run may request (0: no limit).
-  cache: the completion cache (default OUT/completions.sqlite).
-  timeout, retries: per request.
-  """
-
-  endpoint: str = "http://127.0.0.1:8100/v1"
-  model: str = ""
-  api_key_env: str = "OPENAI_API_KEY"
-  temperature: float = 1.0
-  top_p: float = 1.0
-  max_tokens: int = 1024
-  stop: tuple[str, ...] = ()
-  chunking: str = "sentences"
-  verifier: str = "boxed"
-  embedding: str = "lexical"
-  similarity: float = 0.8
-  max_draws: int = 4
-  null_text: str = ""
-  samples_per_request: int = 16
-  concurrency: int = 16
-  budget_completions: int = 0
-  budget_tokens: int = 0
-  cache: str = ""
-  timeout: float = 60.0
-  retries: int = 6
-
-  # Fields that change how a job runs, not what it labels: left out of its description.
-  OPERATIONAL = (
-    "endpoint",
-    "api_key_env",
-    "concurrency",
-    "budget_completions",
-    "budget_tokens",
-    "cache",
-    "timeout",
-    "retries",
-  )
-
-  def __post_init__(self):
-    if not self.model:
-      raise HindsightError("env text:... needs --model NAME (the endpoint's model)")
-    if not 0.0 <= self.temperature <= 2.0:
-      raise HindsightError(f"temperature must be in [0, 2], got {self.temperature}")
-    if not 0.0 < self.top_p <= 1.0:
-      raise HindsightError(f"top_p must be in (0, 1], got {self.top_p}")
-    for name in ("max_tokens", "max_draws", "samples_per_request", "concurrency"):
-      if getattr(self, name) < 1:
-        raise HindsightError(f"{name} must be >= 1, got {getattr(self, name)}")
-    for name in ("budget_completions", "budget_tokens", "retries"):
-      if getattr(self, name) < 0:
-        raise HindsightError(f"{name} must be >= 0, got {getattr(self, name)}")
-    if not self.timeout > 0:
-      raise HindsightError(f"timeout must be > 0, got {self.timeout}")
-
-  def describe(self) -> dict:
-    d = dataclasses.asdict(self)
-    for name in self.OPERATIONAL:
-      d.pop(name)
-    d["stop"] = list(d["stop"])
-    return d
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,19 +104,45 @@ class LabelJob:
   workers: int = 1  # adapters only: processes (labels do not depend on it)
   return_range: tuple[float, float] | None = None  # adapters only: (lo, hi) of any G_t
   permutations: int = 0  # multi-agent: sampled Shapley orders (0: every coalition up to 8)
-  text: TextOptions | None = None  # text traces only (--env text:FILE.jsonl)
+  # The family's own job options (a frozen dataclass its label source declares,
+  # `labeling.source.SourceEntry.options`: the text family's `text.options.TextOptions`).
+  options: Any = None
 
   def describe(self) -> dict:
     """The job as plain JSON types (what the dataset's metadata and a resumed job's check
     compare: equal to its own JSON round trip, so a rerun with the same arguments matches).
-    `workers` is left out: labels do not depend on it."""
-    d = dataclasses.asdict(self)
+    `workers` is left out: labels do not depend on it. A family's own options are described
+    under their class's `job_key` (the text family's: "text")."""
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    d["config"] = dataclasses.asdict(self.config)
     d.update(d.pop("config"))
     d.pop("workers")
-    if self.text is None:
-      d.pop("text")  # what every job without text traces has always described
-    else:
-      d["text"] = self.text.describe()
+    options = d.pop("options")
+    if options is not None:
+      d[options.job_key] = options.describe()
     if d["return_range"] is not None:
       d["return_range"] = [float(x) for x in d["return_range"]]
     return d
+
+
+def make_labeled(metadata: LabelMetadata, spec: str | None = None):
+  """(environment, policy) a label dataset was labeled on: its --env spec with the --policy,
+  horizon and --return-range of its job (a gymnax job's horizon as it labeled, from the
+  metadata). `spec`: evaluate another environment instead (`make(spec)`), unless it is the
+  dataset's own. Every job after labeling (eval, audit) builds the environment here, so
+  none of them drops the options the labels were made with."""
+  from hindsight.envs.families import EXTERNAL, family_of
+  from hindsight.envs.registry import make
+
+  labeled = metadata.env
+  spec = spec or labeled
+  if spec != labeled or not family_of(spec).options & EXTERNAL:
+    return make(spec)
+  job = metadata.job_description
+  return_range = job.get("return_range")
+  return make(
+    spec,
+    job.get("policy"),
+    metadata.horizon or job.get("horizon"),
+    tuple(float(x) for x in return_range) if return_range is not None else None,
+  )

@@ -16,6 +16,7 @@ from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.labeling.config import LabelJob
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.labeling.rollout import Trajectory
+from hindsight.labeling.source import SourceInfo
 
 AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
 DEFAULT_PERMUTATIONS = 64  # sampled Shapley values, beyond MAX_ENUMERATED_AGENTS agents
@@ -50,18 +51,12 @@ def fitted_horizon(job: LabelJob) -> int | None:
 
 
 class JaxSource:
-  """Chunks from the JAX engine (sharded over devices)."""
-
-  texts = False  # no prompt or step texts
+  """Chunks from the JAX engine (sharded over devices): a `labeling.source.LabelSource`."""
 
   def __init__(self, job: LabelJob):
     self.env, self.policy = make(job.env, job.policy, fitted_horizon(job), job.return_range)
     self.labeler = Labeler(self.env, self.policy, job.config, program_dir=program_dir())
     env = self.env
-    self.name, self.policy_name, self.horizon = env.name, self.policy.name, env.horizon
-    self.num_actions, self.null_action = env.num_actions, env.null_action
-    self.success_threshold, self.tag_names = env.success_threshold, tuple(env.tag_names)
-    self.success_from_return = env.success_from_return
     params = self.labeler.env_params
 
     def first_step():
@@ -70,19 +65,32 @@ class JaxSource:
 
     # Shapes only: nothing is compiled (eager ops would compile one small program each).
     obs, index = jax.eval_shape(first_step)
-    self.obs_shape, self.obs_dtype = tuple(obs.shape), obs.dtype
-    self.with_states = index is not None
     self._programs = {}  # chunk size -> chunk_program, all of one unit program
     # Multi-agent environments also get agent-level labels (Shapley values by coalition
     # rollouts from each episode's initial state, non-members' turns made null): every
     # coalition at K = num_rollouts up to MAX_ENUMERATED_AGENTS agents, else sampled orders.
-    self.num_agents, self.agent_names = env.num_agents, tuple(env.agent_names)
-    self.permutations = job.permutations
-    if self.num_agents > MAX_ENUMERATED_AGENTS and not self.permutations:
-      self.permutations = DEFAULT_PERMUTATIONS
-    self.coalitions = bool(self.num_agents) and not self.permutations
+    self.num_agents = env.num_agents
+    permutations = job.permutations
+    if self.num_agents > MAX_ENUMERATED_AGENTS and not permutations:
+      permutations = DEFAULT_PERMUTATIONS
+    self.info = SourceInfo(
+      env_name=env.name,
+      policy=self.policy.name,
+      horizon=env.horizon,
+      num_actions=env.num_actions,
+      null_action=env.null_action,
+      success_threshold=env.success_threshold,
+      success_from_return=env.success_from_return,
+      tag_names=tuple(env.tag_names),
+      obs_shape=tuple(obs.shape),
+      obs_dtype=obs.dtype,
+      agent_names=tuple(env.agent_names),
+      permutations=permutations,
+      with_states=index is not None,
+      coalitions=bool(self.num_agents) and not permutations,
+    )
     if self.num_agents:
-      K, policy, P = job.config.num_rollouts, self.policy, self.permutations
+      K, policy, P = job.config.num_rollouts, self.policy, permutations
 
       def credit(actions, state0, key):
         return agent_credit(env, policy, actions, key, K, initial_state=state0,
@@ -117,7 +125,7 @@ class JaxSource:
     bar.update(stop - start)
     return arrays
 
-  def dataset_metadata(self, chunk_paths: list[str]) -> dict:
+  def finish(self, chunk_paths: list[str]) -> dict:
     del chunk_paths
     return {}
 

@@ -21,21 +21,21 @@ import shutil
 import jax
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data import labels as label_io
+from hindsight.data.metadata import LabelMetadata
 from hindsight.distributed import gather, together
-from hindsight.envs.families import EnvFamily, check_job_options, family_of
+from hindsight.envs.families import EnvFamily, check_env_options, family_of
 from hindsight.errors import HindsightError, make_dir, note
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling.config import LabelJob
-from hindsight.labeling.source import LabelSource
+from hindsight.labeling.source import LabelSource, SourceEntry, source_entry
 from hindsight.progress import CompileAwareBar
 
 CHUNKS = "_chunks"
 JOB_FILE = "job.json"
 
 
-def _check(job: LabelJob, family: EnvFamily) -> None:
+def _check(job: LabelJob, family: EnvFamily, entry: SourceEntry) -> None:
   if job.episodes < 1:
     raise HindsightError(f"episodes must be >= 1, got {job.episodes}")
   if job.chunk_size < 1:
@@ -50,10 +50,14 @@ def _check(job: LabelJob, family: EnvFamily) -> None:
     "policy": bool(job.policy),
     "horizon": bool(job.horizon),
     "return_range": job.return_range is not None,
-    "workers": job.workers != 1,
-    "text": job.text is not None,
   }
-  check_job_options(family, given)
+  check_env_options(family, given)
+  if job.workers != 1 and not entry.workers:
+    raise HindsightError(f"workers is for labels over a process pool, not {family.name}")
+  if job.options is not None and not isinstance(job.options, entry.options or ()):
+    raise HindsightError(
+      f"{type(job.options).__name__} are for another environment family, not {family.name}"
+    )
   if job.permutations and (job.permutations < 4 or job.permutations % 2):
     raise HindsightError(f"permutations must be even and >= 4, got {job.permutations}")
   if job.return_range is not None:
@@ -101,8 +105,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise HindsightError(f"out {out_dir} exists and is not a directory")
   if label_io.is_complete(out_dir):
-    meta = label_io.open_labels(out_dir).metadata
-    previous = json.loads(meta.get("job", "{}"))
+    previous = label_io.open_labels(out_dir).metadata.job_description
     if previous != described:
       differ = _differing(previous, described)
       raise HindsightError(
@@ -133,7 +136,7 @@ def _join(out_dir: str, work: str, rank: int, described: dict) -> str | None:
   """The job process 0 readied in --out, as seen by process `rank`: the dataset dir if it is
   done, else None. Refuses a job of other arguments, or an --out it cannot see."""
   if label_io.is_complete(out_dir):
-    theirs, finished = label_io.open_labels(out_dir).metadata.get("job", "{}"), True
+    theirs, finished = label_io.open_labels(out_dir).metadata.job or "{}", True
   elif os.path.isfile(os.path.join(work, JOB_FILE)):
     with open(os.path.join(work, JOB_FILE)) as f:
       theirs, finished = f.read(), False
@@ -162,10 +165,11 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
   job (any process killed) skips the chunks already written.
   """
   family = family_of(job.env)
-  _check(job, family)
+  entry = source_entry(family)
+  _check(job, family, entry)
   rank, count = jax.process_index(), jax.process_count()
   with together("starting the job"):
-    source: LabelSource = family.label_source(job, out_dir)
+    source: LabelSource = entry.make(job, out_dir)
   if rank == 0 and family.no_return_range and job.return_range is None:
     bound = family.no_return_range
     note(f"{job.env}: no --return-range LO:HI (the range of any return-to-go): {bound}")
@@ -194,7 +198,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     total=share,
     initial=share - sum(b - a for a, b in todo),
     unit="ep",
-    desc=f"label {source.name}" + (f" (process 0 of {count})" if count > 1 else ""),
+    desc=f"label {source.info.env_name}" + (f" (process 0 of {count})" if count > 1 else ""),
     disable=not progress or rank != 0,
     dynamic_ncols=True,
   )
@@ -224,44 +228,50 @@ def _finish(
       f"out {out_dir}: {len(missing)} chunk files (episodes {missing[0][0]}..) are missing "
       "after every process finished: every process needs --out on a filesystem they all share"
     )
-  metadata = dict(
-    job=json.dumps(described, sort_keys=True),
-    env=job.env,
-    env_name=source.name,
-    policy=source.policy_name,
-    replacement=job.config.replacement,
-    rollouts=job.config.num_rollouts,
-    exact=job.config.exact,
-    seed=job.seed,
-    gamma=job.config.gamma,
-    horizon=source.horizon,
-    num_actions=source.num_actions,
-    null_action=-1 if source.null_action is None else source.null_action,
-    success_threshold=source.success_threshold,
-    success_from_return=source.success_from_return,
-    decorative_tolerance=job.config.decorative_tolerance,
-    confidence=job.config.confidence,
-    stratify=job.config.stratify,
-    tag_names=list(source.tag_names),
-    agent_names=list(source.agent_names),
-    shapley_permutations=source.permutations,
-    klass_names=list(KLASS_NAMES),
-  )
+  info = source.info
   features = label_io.build_features(
-    source.obs_shape,
-    source.obs_dtype,
-    source.with_states,
-    source.num_agents,
-    coalitions=source.coalitions,
-    texts=source.texts,
+    info.obs_shape,
+    info.obs_dtype,
+    info.with_states,
+    info.num_agents,
+    coalitions=info.coalitions,
+    texts=info.texts,
   )
   paths = [_chunk_path(work, *r) for r in ranges]
-  metadata.update(source.dataset_metadata(paths))
+  metadata = job_metadata(job, info, described).replace(**source.finish(paths))
   path = label_io.write_dataset(
     out_dir,
     features,
     metadata,
-    _episodes_from_chunks(paths, source.tag_names),
+    _episodes_from_chunks(paths, info.tag_names),
   )
   shutil.rmtree(work, ignore_errors=True)
   return path
+
+
+def job_metadata(job: LabelJob, info, described: dict) -> LabelMetadata:
+  """The dataset's metadata: the job's description and label config, and what its source
+  says of the episodes (`SourceInfo`)."""
+  config = job.config
+  return LabelMetadata(
+    job=json.dumps(described, sort_keys=True),
+    env=job.env,
+    env_name=info.env_name,
+    policy=info.policy,
+    replacement=config.replacement,
+    rollouts=config.num_rollouts,
+    exact=config.exact,
+    seed=job.seed,
+    gamma=config.gamma,
+    horizon=info.horizon,
+    num_actions=info.num_actions,
+    null_action=-1 if info.null_action is None else info.null_action,
+    success_threshold=info.success_threshold,
+    success_from_return=info.success_from_return,
+    decorative_tolerance=config.decorative_tolerance,
+    confidence=config.confidence,
+    stratify=config.stratify,
+    tag_names=tuple(info.tag_names),
+    agent_names=tuple(info.agent_names),
+    shapley_permutations=info.permutations,
+  )

@@ -39,6 +39,7 @@ from hindsight.envs.adapters import PyEnv, make_py_env, python_policy
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.engine import episode_key
+from hindsight.labeling.source import SourceInfo
 
 TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
 log = logging.getLogger(__name__)
@@ -280,8 +281,6 @@ class PySource:
   """Chunks from Gymnasium / dm_env environments over a process pool (a
   `hindsight.labeling.source.LabelSource`)."""
 
-  texts = False
-
   def __init__(self, job: LabelJob):
     env = make_py_env(job.env, job.horizon)
     python_policy(job.policy, env.num_actions)  # fail early on a bad policy
@@ -294,23 +293,26 @@ class PySource:
       job.env, job.policy, job.horizon, job.config, job.seed, return_range=job.return_range
     )
     self.workers = job.workers
-    self.name, self.policy_name, self.horizon = env.name, job.policy or "uniform", env.horizon
-    self.num_actions, self.null_action = env.num_actions, None
-    self.success_threshold = self.py_job.success_threshold
-    self.success_from_return = True  # adapters: success is return > success_threshold
-    self.tag_names = tuple(f"a{i}" for i in range(env.num_actions))
-    self.obs_shape, self.obs_dtype = (env.reset(0).size,), np.float32
-    self.with_states = False
-    self.num_agents, self.agent_names = 0, ()  # single-agent environments
-    self.coalitions, self.permutations = False, 0
+    self.info = SourceInfo(
+      env_name=env.name,
+      policy=job.policy or "uniform",
+      horizon=env.horizon,
+      num_actions=env.num_actions,
+      null_action=None,
+      success_threshold=self.py_job.success_threshold,
+      success_from_return=True,  # adapters: success is return > success_threshold
+      tag_names=tuple(f"a{i}" for i in range(env.num_actions)),
+      obs_shape=(env.reset(0).size,),
+      obs_dtype=np.float32,
+    )
 
   def chunk_multiple(self) -> int:
     return 1
 
   def label(self, seed: int, start: int, stop: int, bar) -> dict:
-    del seed  # the PyJob carries it
-    return label_episodes(self.py_job, range(start, stop), self.workers, lambda: bar.update(1))
+    job = dataclasses.replace(self.py_job, seed=seed)
+    return label_episodes(job, range(start, stop), self.workers, lambda: bar.update(1))
 
-  def dataset_metadata(self, chunk_paths: list[str]) -> dict:
+  def finish(self, chunk_paths: list[str]) -> dict:
     del chunk_paths
     return {}

@@ -1,43 +1,53 @@
-"""The interface between the labeling job and whatever labels episodes: `LabelSource`.
+"""The interface between the labeling job and whatever labels episodes (`LabelSource`), and the
+registry of who labels each environment family.
 
 `hindsight.labeling.job` chunks, resumes, shards and writes the dataset; a label source turns
-one chunk of episode indices into the stored arrays. Three implement it: the JAX engine
-(`labeling.jax_source.JaxSource`), the Python-adapter labeler for Gymnasium and dm_env
-(`labeling.py_labeler.PySource`) and the text labeler (`text.source.TextSource`). Each
-environment family names its source (`hindsight.envs.families.EnvFamily.label_source`), so a
-new kind of labeler is one class plus the family that uses it.
+one chunk of episode indices into the stored arrays. Three ship with hindsight: the JAX engine
+(`labeling.jax_source.JaxSource`, every functional family), the Python-adapter labeler
+(`labeling.py_labeler.PySource`, every family of stateful Python environments) and the text
+labeler (`text.source.TextSource`, which the text plug-in registers for its `text` family).
+A new kind of labeler is one class and one `register_label_source` call.
+
+JAX-free: the CLI reads the registry (a family's own job options become flags) before JAX
+starts; the sources themselves are imported when a job builds one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hindsight.envs.families import EnvFamily
 
-@runtime_checkable
-class LabelSource(Protocol):
-  """What the labeling job reads of a source: the description written into the dataset's
-  metadata and features, and the chunks.
+if TYPE_CHECKING:
+  from hindsight.labeling.config import LabelJob
 
-  name: the environment's name (the progress bar, metadata `env_name`).
-  policy_name: the behaviour policy's name (metadata `policy`).
+
+@dataclasses.dataclass(frozen=True)
+class SourceInfo:
+  """What a source says of the episodes it labels: the dataset's metadata it knows
+  (`data.metadata.LabelMetadata`'s fields of the same names) and the shape of its features.
+
+  env_name, policy: the environment's and the behaviour policy's names.
   horizon: H, the length every chunk's step arrays are padded to; None where it is known only
-    once every chunk is labeled (`dataset_metadata` then gives it).
+    once every chunk is labeled (`LabelSource.finish` then gives it).
   num_actions, null_action: the action space (null_action None: there is none).
   success_threshold, success_from_return: success is return > threshold, or the
     environment's own flag where success_from_return is False.
   tag_names: the names of the step tags, by tag id.
+  agent_names: multi-agent environments (() otherwise); permutations: the sampled agent
+    orders of its Shapley values (0: every coalition, or no agents).
   obs_shape, obs_dtype: one step's observation.
-  with_states: whether chunks carry `state_index` (tabular states, for the exact DP).
-  texts: whether chunks carry the text fields (prompt, trace_id, step_text).
-  num_agents, agent_names: multi-agent environments (0 and () otherwise).
-  coalitions: whether chunks carry every coalition's value (enumerated Shapley values);
-  permutations: the sampled agent orders otherwise (0 when there are no agents).
+  with_states: chunks carry `state_index` (tabular states, for the exact DP).
+  coalitions: chunks carry every coalition's value (enumerated Shapley values).
+  texts: chunks carry the text fields (prompt, trace_id, step_text).
   """
 
-  name: str
-  policy_name: str
+  env_name: str
+  policy: str
   horizon: int | None
   num_actions: int
   null_action: int | None
@@ -46,12 +56,22 @@ class LabelSource(Protocol):
   tag_names: tuple[str, ...]
   obs_shape: tuple[int, ...]
   obs_dtype: Any
-  with_states: bool
-  texts: bool
-  num_agents: int
-  agent_names: tuple[str, ...]
-  coalitions: bool
-  permutations: int
+  agent_names: tuple[str, ...] = ()
+  permutations: int = 0
+  with_states: bool = False
+  coalitions: bool = False
+  texts: bool = False
+
+  @property
+  def num_agents(self) -> int:
+    return len(self.agent_names)
+
+
+@runtime_checkable
+class LabelSource(Protocol):
+  """What the labeling job calls of a source: its `info`, and three methods."""
+
+  info: SourceInfo
 
   def chunk_multiple(self) -> int:
     """Chunks are rounded up to a multiple of this (whole micro-batches on the devices)."""
@@ -60,14 +80,68 @@ class LabelSource(Protocol):
   def label(self, seed: int, start: int, stop: int, bar) -> dict[str, np.ndarray]:
     """Labels episodes start..stop-1 of the job rooted at `seed`: per-step arrays [n, H, ...]
     and per-episode ones [n] (`hindsight.data.labels`' fields, `episode` included), advancing
-    the progress bar `bar` by n. Labels depend only on (seed, episode index), never on the
-    chunk."""
+    the progress bar `bar` (tqdm's interface) by n. Labels depend only on (seed, episode
+    index), never on the chunk or on anything else the source was built with."""
     ...
 
-  def dataset_metadata(self, chunk_paths: list[str]) -> dict[str, Any]:
+  def finish(self, chunk_paths: list[str]) -> dict[str, Any]:
     """Metadata known only once every chunk file exists (text traces: the horizon, the
     completions spent); {} for most sources."""
     ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceEntry:
+  """Who labels a family's episodes, and the job options that labeler takes.
+
+  make: (LabelJob, out_dir) -> LabelSource.
+  workers: it takes `LabelJob.workers` (labels over a pool of processes).
+  options: the family's own job options (a frozen dataclass the job carries as
+    `LabelJob.options`; its fields' metadata["help"] make the `hindsight label` flags), or
+    None. Its class attribute `job_key` names it in the job's description.
+  """
+
+  make: Callable[[LabelJob, str], LabelSource]
+  workers: bool = False
+  options: type | None = None
+
+
+def _jax_source(job: LabelJob, out_dir: str) -> LabelSource:
+  from hindsight.labeling.jax_source import JaxSource
+
+  del out_dir
+  return JaxSource(job)
+
+
+def _python_source(job: LabelJob, out_dir: str) -> LabelSource:
+  from hindsight.labeling.py_labeler import PySource
+
+  del out_dir
+  return PySource(job)
+
+
+JAX_ENGINE = SourceEntry(_jax_source)
+PYTHON_ADAPTERS = SourceEntry(_python_source, workers=True)
+_SOURCES: dict[str, SourceEntry] = {}
+
+
+def register_label_source(family: str, entry: SourceEntry) -> SourceEntry:
+  """Registers who labels family `family` (a plug-in's own labeler)."""
+  _SOURCES[family] = entry
+  return entry
+
+
+def source_entry(family: EnvFamily) -> SourceEntry:
+  """Who labels `family`: its registered source, else the Python-adapter labeler for
+  stateful Python environments, else the JAX engine."""
+  if family.name in _SOURCES:
+    return _SOURCES[family.name]
+  return PYTHON_ADAPTERS if family.make_python is not None else JAX_ENGINE
+
+
+def families_with_options() -> list[tuple[str, type]]:
+  """(family, options class) of every registered source with job options of its own."""
+  return [(name, e.options) for name, e in _SOURCES.items() if e.options is not None]
 
 
 def chunk_totals(paths: list[str], names: tuple[str, ...]) -> dict[str, np.ndarray]:

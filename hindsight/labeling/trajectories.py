@@ -22,12 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode
-from hindsight.data.spec import DataSpec, observation_statistics, value_scale
 from hindsight.errors import HindsightError
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
 from hindsight.labeling.rollout import Trajectory, episode_length
+from hindsight.model.encoders import DiscreteEncoder, VectorEncoder
+from hindsight.model.spec import DataSpec, value_scale
 from hindsight.progress import CompileAwareBar
 
 
@@ -180,7 +181,7 @@ def episodes_from_trajectories(env, traj: Trajectory) -> list[Episode]:
 
 
 def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_params=None) -> dict:
-  """The credit model's batch (`data.batching.episodes_batch` layout) of trajectories with
+  """The credit model's batch (`model.batching.episodes_batch` layout) of trajectories with
   leaves [E, H + 1, ...], as JAX arrays: traceable, so an RL update scores its own rollouts
   with `Predictor.credit_fn` inside its jit. Every field [E, H] unless noted: observations
   [E, H, D] (or [E, H] ids), actions, rewards, mask, success [E] (float); with `labels` (the
@@ -210,26 +211,22 @@ def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_para
 def batch_spec(env, batch: dict, config=None) -> DataSpec:
   """The DataSpec of a model trained on `trajectory_batch(..., labels)` (host arrays):
   observation statistics over the valid steps and the labeled credits' spread as value
-  scale (the rules of a dataset's spec, `data.spec`), the environment's horizon as
+  scale (the rules of a dataset's spec, `model.spec`), the environment's horizon as
   max_length, the label config's class rule (`config`)."""
   mask = np.asarray(batch["mask"], bool)
   obs = np.asarray(batch["observations"])
   if np.issubdtype(obs.dtype, np.integer):
-    kind, dim, mean, std = "discrete", int(env.num_states), (), ()
+    encoder = DiscreteEncoder(int(env.num_states))
   else:
-    kind, dim = "vector", obs.shape[-1]
-    mean, std = observation_statistics(obs[mask])
+    encoder = VectorEncoder.of_observations(obs[mask])
   # trajectory_batch writes an undefined credit as 0 outside label_mask: leave those out.
   labeled = np.asarray(batch.get("label_mask", np.zeros(mask.shape, bool)), bool)
   scale = value_scale(np.asarray(batch.get("credit", np.zeros(mask.shape)))[labeled])
   return DataSpec(
-    obs_kind=kind,
-    obs_dim=dim,
+    encoder=encoder,
     num_actions=env.num_actions,
     max_length=env.horizon,
     num_classes=len(KLASS_NAMES),
-    obs_mean=mean,
-    obs_std=std,
     value_scale=scale,
     decorative_tolerance=getattr(config, "decorative_tolerance", 0.05),
     confidence=getattr(config, "confidence", 0.95),

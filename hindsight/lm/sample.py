@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.text.tokenizer import EOS
+from hindsight.model.encoders.tokenizer import EOS
 
 ROW_BUCKETS = (1, 4, 16, 64)
 
@@ -135,7 +135,7 @@ def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, key
   return out, count, eos
 
 
-def pad_rows(prompts: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(prompts: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:
   """(ids int32 [R, P], lengths [R]): prompts right-padded to their bucket P and R rows
   to the row bucket (extra rows repeat the first prompt and are discarded)."""
   n = len(prompts)

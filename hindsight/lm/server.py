@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
-from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_rows, prompt_buckets
+from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_prompts, prompt_buckets
 from hindsight.text.server import (
   CompletionRequest,
   completion_body,
@@ -88,7 +88,7 @@ class Engine:
     for members in by_bucket.values():
       for start in range(0, len(members), MAX_ROWS):
         chunk = members[start : start + MAX_ROWS]
-        ids, lengths = pad_rows([rows[i].ids for i in chunk], self.max_len)
+        ids, lengths = pad_prompts([rows[i].ids for i in chunk], self.max_len)
         R = ids.shape[0]
         pick = [rows[chunk[min(r, len(chunk) - 1)]] for r in range(R)]
         budgets = np.array([r.budget for r in pick], np.int32)

@@ -3,7 +3,7 @@
 Data: `traces` traces sampled by the text world itself (`world.sample_traces(seed, n)`, box
 counts 1 .. max_count), each
 the prompt, then the completion and EOS, as ids of a byte-level BPE trained on them
-(`text.tokenizer.train_bpe`); 5% of the traces are held out. The loss is the next-token
+(`model.encoders.tokenizer.train_bpe`); 5% of the traces are held out. The loss is the next-token
 cross-entropy on the completion and its EOS only (the prompt's problem number and counts are
 random: nothing to learn there, but the completion must copy them).
 
@@ -29,7 +29,7 @@ from flax import nnx
 from hindsight.errors import HindsightError
 from hindsight.lm.config import LMConfig, LMTrainConfig
 from hindsight.lm.model import LanguageModel
-from hindsight.text.tokenizer import EOS, Tokenizer, train_bpe
+from hindsight.model.encoders.tokenizer import EOS, Tokenizer, train_bpe
 
 LM_FILE = "hindsight_lm.json"
 MODEL_NAME = "hindsight-small-lm"

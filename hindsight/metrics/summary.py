@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.labels import as_text
 
 
@@ -64,8 +64,8 @@ def summarize(labels) -> str:
   meta = labels.metadata
   lines = [
     f"{labels.path}",
-    f"env {meta.get('env')}  replacement {meta.get('replacement')}  "
-    f"rollouts {meta.get('rollouts')}  exact {meta.get('exact')}  seed {meta.get('seed')}",
+    f"env {meta.env}  replacement {meta.replacement}  "
+    f"rollouts {meta.rollouts}  exact {meta.exact}  seed {meta.seed}",
     f"{overall['episodes']} episodes, {overall['steps']} steps, mean return "
     f"{overall['mean_return']:.3f}, success rate {overall['success_rate']:.3f}",
     f"Spearman(progress, credit) over steps: {overall['spearman_progress_credit']:.3f}",
@@ -113,7 +113,7 @@ def agent_table(labels) -> dict:
   interactions: {"a x b": (mean, se)} for every pair of agents ({} for sampled Shapley
   values, which come without them).
   """
-  names = labels.metadata.get("agent_names") or []
+  names = list(labels.metadata.agent_names)
   if not names:
     return {}
   phi, phi_se, inter, credit, agent = [], [], [], [], []

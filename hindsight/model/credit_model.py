@@ -2,13 +2,12 @@
 
 Per-step token (width W):
   x_t = enc(o_t) + E_a[a_t] + E_pos[t] + Linear([r_t, G_t, R, success, t/n, n/T_max])
-where enc is an embedding (discrete observations), an MLP over standardised features
-(vector observations) or the step encoder of a text step (`StepEncoder`: its tokens embedded
-with their positions, a convolution over neighbouring tokens, masked mean- and max-pooled),
-G_t the return-to-go, R the episode return (rewards, G_t and R are divided by `value_scale`)
-and n the episode length. The outcome is in every token: the model judges steps in
-hindsight, and attention is bidirectional over the episode's valid steps (padding is masked
-out as keys).
+where enc is the data's step encoder (`model.encoders`, from the DataSpec: an embedding of
+discrete ids, an MLP over standardised features with a hidden layer of 2W, or a text step's
+tokens convolved and pooled), G_t the return-to-go, R the episode return (rewards, G_t and
+R are divided by `value_scale`) and n the episode length. The outcome is in every token: the
+model judges steps in hindsight, and attention is bidirectional over the episode's valid steps
+(padding is masked out as keys).
 
 Heads per step, in label units: credit mean mu_t, credit log-variance log s_t^2, the logit
 of p0_t = P(credit exactly 0) and class logits over KLASS_NAMES. One call scores all steps of a
@@ -32,9 +31,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hindsight.data.spec import DataSpec
+from hindsight.model.spec import DataSpec
+from hindsight.model.variables import Constant
 
 NUM_SCALAR_FEATURES = 6
+# The attribute that holds the step encoder's module (its parameters' path prefix; it sorts
+# where the encoders' own parameters sat before they were a module, so the parameters keep
+# their order in the state tree).
+ENCODER = "obs_encoder"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +59,6 @@ class ModelConfig:
   @property
   def dtype(self):
     return jnp.bfloat16 if self.compute_dtype == "bfloat16" else jnp.float32
-
-
-class Constant(nnx.Variable):
-  """Data statistics fixed at construction: checkpointed with the model, never trained."""
 
 
 class Block(nnx.Module):
@@ -87,59 +87,14 @@ class Block(nnx.Module):
     return x + self.dropout(h, deterministic=deterministic, rngs=rngs)
 
 
-class StepEncoder(nnx.Module):
-  """One vector per text step from its tokens: tokens int [..., L] (0 = padding) ->
-  [..., W].
-
-    e_i = E_tok[tok_i] + E_pos[i];  h_i = gelu(Conv_k(e)_i) + e_i
-    enc = Linear([mean_{i valid} h_i, max_{i valid} h_i])
-
-  The convolution (width `kernel`) reads each token with its neighbours, so a step's phrases
-  matter and not only its bag of tokens; the pooled vector does not depend on L (padding is
-  masked), so one model serves every token bucket.
-  """
-
-  def __init__(self, vocab_size: int, max_tokens: int, width: int, *, rngs: nnx.Rngs, kernel=3):
-    self.token_embed = nnx.Embed(vocab_size, width, rngs=rngs)
-    self.position_embed = nnx.Embed(max_tokens, width, rngs=rngs)
-    self.conv = nnx.Conv(width, width, kernel_size=(kernel,), padding="SAME", rngs=rngs)
-    self.out = nnx.Linear(2 * width, width, rngs=rngs)
-    self.max_tokens = max_tokens
-
-  def __call__(self, tokens: jax.Array) -> jax.Array:
-    L = tokens.shape[-1]
-    lead = tokens.shape[:-1]
-    flat = tokens.reshape(-1, L)
-    valid = (flat > 0)[..., None]
-    e = self.token_embed(flat) + self.position_embed(
-      jnp.minimum(jnp.arange(L), self.max_tokens - 1)
-    )
-    h = jax.nn.gelu(self.conv(e * valid)) + e
-    n = jnp.maximum(valid.sum(1), 1)
-    mean = jnp.where(valid, h, 0.0).sum(1) / n
-    top = jnp.where(valid, h, -1e9).max(1)
-    top = jnp.where(valid.any(1), top, 0.0)  # an empty row (padding): zeros, not -1e9
-    return self.out(jnp.concatenate([mean, top], -1)).reshape(*lead, -1)
-
-
 class CreditModel(nnx.Module):
   """Transformer over the steps of a trajectory; see the module docstring."""
 
   def __init__(self, cfg: ModelConfig, spec: DataSpec, *, rngs: nnx.Rngs):
     w = cfg.width
     self.spec = spec
-    if spec.obs_kind == "discrete":
-      self.obs_embed = nnx.Embed(spec.obs_dim, w, rngs=rngs)
-    elif spec.text:
-      from hindsight.text.tokenizer import Tokenizer
-
-      vocab = Tokenizer.from_json(spec.tokenizer).vocab_size
-      self.step_encoder = StepEncoder(vocab, spec.max_step_tokens, w, rngs=rngs)
-    else:
-      self.obs_mean = Constant(jnp.asarray(spec.obs_mean, jnp.float32))
-      self.obs_std = Constant(jnp.asarray(spec.obs_std, jnp.float32))
-      self.obs_fc1 = nnx.Linear(spec.obs_dim, 2 * w, rngs=rngs)
-      self.obs_fc2 = nnx.Linear(2 * w, w, rngs=rngs)
+    # Built first: its parameters draw the first keys of `rngs`, as they always have.
+    self.obs_encoder = spec.encoder.module(w, rngs=rngs, hidden=2 * w)
     self.value_scale = Constant(jnp.float32(spec.value_scale))
     self.action_embed = nnx.Embed(spec.num_actions, w, rngs=rngs)
     self.position_embed = nnx.Embed(spec.max_length, w, rngs=rngs)
@@ -155,20 +110,8 @@ class CreditModel(nnx.Module):
       self.agent_embed = nnx.Embed(spec.num_agents, w, rngs=rngs)
       self.agent_head = nnx.Linear(w, 2, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
 
-  def encode_steps(self, batch: dict) -> jax.Array:
-    """[B, T, W]: what each step shows, from its observation or (text) its tokens."""
-    if self.spec.text:
-      return self.step_encoder(batch["tokens"])
-    return self.encode_observations(batch["observations"])
-
-  def encode_observations(self, obs: jax.Array) -> jax.Array:
-    if self.spec.obs_kind == "discrete":
-      return self.obs_embed(obs)
-    z = (obs - self.obs_mean[...]) / self.obs_std[...]
-    return self.obs_fc2(jax.nn.gelu(self.obs_fc1(z)))
-
   def __call__(self, batch: dict, *, dropout_key: jax.Array | None = None) -> dict:
-    """Scores every step of `batch` (see `hindsight.data.batching.make_batch`).
+    """Scores every step of `batch` (see `hindsight.model.batching.make_batch`).
 
     Returns, in label units, float [B, T] each: "mu" mu_t (the continuous part's mean),
     "log_var" log s_t^2, "zero_logit" logit p0_t and "credit" the point prediction (0 where
@@ -195,7 +138,7 @@ class CreditModel(nnx.Module):
       -1,
     )
     x = (
-      self.encode_steps(batch)
+      self.obs_encoder(batch)
       + self.action_embed(batch["actions"])
       + self.position_embed(jnp.minimum(jnp.arange(T), self.spec.max_length - 1))[None]
       + self.scalars(scalars)
@@ -224,3 +167,21 @@ class CreditModel(nnx.Module):
       result["agent_shapley"] = agent_out[..., 0] * scale
       result["agent_log_var"] = agent_out[..., 1] + 2.0 * jnp.log(scale)
     return result
+
+
+def encoder_layout(state: nnx.State, encoder, legacy: bool) -> nnx.State:
+  """A model state with the step encoder's parameters moved between the module layout
+  (under ENCODER) and the flat layout of checkpoints saved before encoders were modules
+  (checkpoint format 2: `obs_embed`, `obs_fc1`, ..., `step_encoder` at the top level,
+  `StepEncoder.legacy_params`); `legacy` says which way. Works on abstract states too."""
+  moves = [((old,), (ENCODER, *inner)) for old, inner in encoder.legacy_params.items()]
+  if legacy:
+    moves = [(new, old) for old, new in moves]
+  out = []
+  for path, leaf in nnx.to_flat_state(state):
+    for src, dst in moves:
+      if path[: len(src)] == src:
+        path = dst + path[len(src) :]
+        break
+    out.append((path, leaf))
+  return nnx.from_flat_state(out)

@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.loss import LossConfig
 from hindsight.model.predictor import Predictor
 from hindsight.model.programs import OptimConfig, ProgramsConfig, train_programs
 from hindsight.model.sharding import make_mesh
+from hindsight.model.spec import DataSpec
 
 
 @functools.cache

@@ -37,19 +37,23 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.credit.estimators import KLASS_NAMES, classify, z_value
-from hindsight.data.batching import episodes_batch
+from hindsight.credit.estimators import classify, z_value
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode, check_length
-from hindsight.data.spec import DataSpec, token_bucket
 from hindsight.errors import HindsightError
+from hindsight.model.batching import episodes_batch
 from hindsight.model.calibration import CALIBRATION_FILE, read_sigma_scale
 from hindsight.model.checkpoints import Checkpoints
-from hindsight.model.credit_model import ModelConfig
+from hindsight.model.credit_model import ModelConfig, encoder_layout
 from hindsight.model.programs import model_graph, state_digest
-from hindsight.text.episodes import step_tokens
+from hindsight.model.spec import DataSpec
 
 MODEL_FILE = "hindsight_model.json"
-MODEL_FORMAT = 2  # 1: the model's state saved as a (model, optimizer) tuple, no MODEL_FILE
+# 3: the step encoder's record in the DataSpec and its parameters under `obs_encoder`;
+# 2: a flat DataSpec and the encoder's parameters at the top level (still read: restored
+# through `credit_model.encoder_layout`); 1: the state saved as a (model, optimizer) tuple and
+# no MODEL_FILE (refused).
+MODEL_FORMAT = 3
 PAD_MULTIPLE = 8  # episodes up to 64 steps are padded to a multiple of this, longer ones
 # to a power of two: few shapes, so few compiles, and little padding where episodes are short
 ROW_BUCKETS = (1, 4, 16, 64)  # rows of a scored batch (the largest is the batch size)
@@ -219,6 +223,7 @@ class Predictor:
           record = json.load(f)
         model_cfg = ModelConfig(**record["model_config"])
         spec = DataSpec.from_json(json.dumps(record["data_spec"]))
+        legacy = int(record.get("format", MODEL_FORMAT)) < 3
       except (ValueError, KeyError, TypeError) as e:
         raise HindsightError(f"{path}: unreadable ({type(e).__name__})") from None
       graphdef, abstract = model_graph(model_cfg, spec)
@@ -226,9 +231,13 @@ class Predictor:
       abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), abstract
       )
+      if legacy:  # saved with the encoder's parameters at the top level
+        abstract = encoder_layout(abstract, spec.encoder, legacy=True)
       got, restored = ckpt.restore({"model": abstract}, step=chosen, partial=True)
       if got != chosen:
         raise HindsightError(f"checkpoint step {chosen} could not be restored")
+      if legacy:
+        restored["model"] = encoder_layout(restored["model"], spec.encoder, legacy=False)
       step_dir = ckpt.step_dir(chosen)
     finally:
       ckpt.close()
@@ -267,7 +276,7 @@ class Predictor:
 
   def credit_fn(self) -> Callable[[nnx.State, dict], dict]:
     """A pure fn(state, batch) -> outputs (module docstring), [B, T] each; `batch` as made
-    by `batch`/`hindsight.data.batching.episodes_batch`. Jit, vmap or scan it freely."""
+    by `batch`/`hindsight.model.batching.episodes_batch`. Jit, vmap or scan it freely."""
     graphdef, sigma_scale = self.graphdef, self.sigma_scale
     if self.members:
       scales = jnp.asarray(sigma_scale, jnp.float32)
@@ -289,21 +298,8 @@ class Predictor:
     if pad is None:
       pad = pad_length(max(len(e) for e in eps))
     return episodes_batch(
-      eps, pad, self.spec, allow_longer=allow_longer, token_pad=self._token_pad(eps)
+      eps, pad, self.spec, allow_longer=allow_longer, shape=self.spec.encoder.shape(eps)
     )
-
-  def _token_pad(self, eps: Sequence[Episode]) -> int | None:
-    """Text models: the token bucket of the longest step of `eps` (None otherwise)."""
-    if not self.spec.text:
-      return None
-    longest = max((ids.size for steps in step_tokens(eps, self.spec) for ids in steps), default=1)
-    return token_bucket(longest)
-
-  def _token_pads(self) -> list[int | None]:
-    """Every token bucket a text model scores with (up to its max_step_tokens), or [None]."""
-    if not self.spec.text:
-      return [None]
-    return sorted({token_bucket(n) for n in range(1, self.spec.max_step_tokens + 1)})
 
   def _parse(self, episodes: Sequence[dict], allow_longer: bool) -> list[Episode]:
     eps = [Episode.parse(e, self.spec, f"episode {i}") for i, e in enumerate(episodes)]
@@ -320,8 +316,8 @@ class Predictor:
     compiled = 0
     for pad in pads:
       for rows in (r for r in ROW_BUCKETS if r <= rows_per_call(pad)):
-        for tokens in self._token_pads():
-          empty = episodes_batch([None] * rows, pad, self.spec, token_pad=tokens)
+        for shape in self.spec.encoder.shapes():
+          empty = episodes_batch([None] * rows, pad, self.spec, shape=shape)
           jax.block_until_ready(self._score(self.state, empty))
           compiled += 1
     return compiled
@@ -360,12 +356,14 @@ class Predictor:
     if not eps:
       return []
     lengths = np.array([len(e) for e in eps])
-    # The shape of an episode's batch: its length bucket and (text) its token bucket.
-    shapes = [(pad_length(n), self._token_pad([e])) for n, e in zip(lengths, eps, strict=True)]
+    # The shape of an episode's batch: its length bucket and its step encoder's shape key
+    # (a text step's token bucket).
+    encoder = self.spec.encoder
+    shapes = [(pad_length(n), encoder.shape([e])) for n, e in zip(lengths, eps, strict=True)]
     results: list[dict | None] = [None] * len(eps)
     pending = []
-    for pad, tokens in sorted(set(shapes), key=lambda s: (s[0], s[1] or 0)):
-      ids = np.flatnonzero([s == (pad, tokens) for s in shapes])
+    for pad, shape in sorted(set(shapes), key=lambda s: (s[0], s[1] or 0)):
+      ids = np.flatnonzero([s == (pad, shape) for s in shapes])
       step = rows_per_call(pad, batch_size)
       for start in range(0, ids.size, step):
         chunk = ids[start : start + step]
@@ -375,7 +373,7 @@ class Predictor:
           pad,
           self.spec,
           allow_longer=allow_longer,
-          token_pad=tokens,
+          shape=shape,
         )
         pending.append((chunk, self._score(self.state, batch)))
     for chunk, out in pending:

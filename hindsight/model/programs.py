@@ -18,10 +18,10 @@ import optax
 from flax import nnx
 from ml_collections import ConfigDict
 
-from hindsight.data.spec import DataSpec
 from hindsight.model.credit_model import CreditModel, ModelConfig
 from hindsight.model.loss import LossConfig, credit_loss
 from hindsight.model.sharding import replicated, state_shardings
+from hindsight.model.spec import DataSpec
 
 # The label fields an eval step hands back beside the model's outputs.
 EVAL_LABELS = (

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from hindsight.envs.base import Environment
 from hindsight.policies.base import Policy
 
 PyTree = Any
@@ -57,7 +56,7 @@ class MLP(nnx.Module):
     return self.out(x)
 
 
-def observation_features(env: Environment) -> Callable:
+def observation_features(env) -> Callable:
   """x(s) = the environment's observation (float [D]; a discrete id is one-hot)."""
 
   def features(state, env_params):
@@ -72,7 +71,9 @@ def observation_features(env: Environment) -> Callable:
 class NeuralPolicy(Policy):
   """pi_theta (module docstring). `default_params()` is theta_0 drawn from `seed`.
 
-  env: the environment (its legal actions, and the default features).
+  env: the environment (its legal actions, and the default features): any functional
+    environment, read by `envs.base.Environment`'s interface (policies sit below the
+    environments, which build their scripted ones on `policies.base`).
   hidden: the MLP's hidden widths.
   prior, prior_params: pi_0, or None (then pi_theta starts uniform over the legal actions).
   features: x(state, env_params) -> float [D] (default `observation_features(env)`); a
@@ -83,7 +84,7 @@ class NeuralPolicy(Policy):
 
   def __init__(
     self,
-    env: Environment,
+    env,
     hidden: Sequence[int] = (64, 64),
     prior: Policy | None = None,
     prior_params: PyTree | None = None,

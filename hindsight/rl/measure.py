@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
@@ -35,6 +35,9 @@ from hindsight.rl.task import Task
 
 # Above this share of undetermined reference steps the class shares say nothing.
 UNDETERMINED_WARNING = 0.5
+
+
+EVAL_STREAM = 2  # the evaluation points' keys (the audits of `rl.sources.refresh` take 3)
 
 
 def point_keys(seed_key: jax.Array, stream: int, update: int, n: int) -> jax.Array:
@@ -84,15 +87,15 @@ def evaluate_point(
   score=None,
   model_state=None,
   drift_test=(0.02, 0.05),
-  unbiased: bool = False,
+  probe=None,
   before: dict | None = None,
 ):
   """The measurements of the module docstring for one seed (plain floats); score: the
-  source's jitted `credit_prediction` (sources with a model), model_state its state,
-  drift_test (tolerance, alpha) the per-tag tests (`rl.refresh`), and before the per-tag
-  gap statistics of the run's first point (`drift.tags` of update 0), against which
-  `credit_drift` tests this point's; unbiased: the source's gradient does not follow the
-  model's errors (`CreditSource.unbiased`), which the warning then says."""
+  source's jitted prediction (`CreditSource.probe`: sources with a model), model_state its
+  state, drift_test (tolerance, alpha) the per-tag tests (`rl.refresh`), and before the
+  per-tag gap statistics of the run's first point (`drift.tags` of update 0), against which
+  `credit_drift` tests this point's; probe: the source's `Probe`, whose `consequence` the
+  warning says."""
   traj, labels, batch = jax.device_get(sampler(params, keys))
   mask = np.asarray(traj.mask)
   n_valid = max(int(mask.sum()), 1)
@@ -131,9 +134,7 @@ def evaluate_point(
           f"the credit model's gap on '{shift['slice']}' steps moved from "
           f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the reference "
           f"(tolerance {drift_test[0]:g}, alpha {drift_test[1]:g}): the policy has left the "
-          "model's support, "
-          + ("which costs this unbiased source variance, not direction" if unbiased
-             else "and a policy trained on it can be hacked")
+          f"model's support: {probe.consequence}"
         )  # fmt: skip
   undetermined = out["klass_share"]["undetermined"]
   if undetermined > UNDETERMINED_WARNING:

@@ -2,15 +2,17 @@
 
 Per seed, one update is
   1. roll E episodes of pi_theta (`labeling.rollout.sample_episode`, padded to H);
-  2. the credit source's per-step signal A_t (`rl.sources`; `gae` here, over the critic);
+  2. the credit source's terms (`CreditSource.terms`): the per-step signal A_t, what it
+     spent, and any per-step data its own loss term reads;
   3. advantages standardised over the batch's valid steps (`ppo.normalize`): A_t -> (A_t - m)
-     / sigma, and a source's action values f(s, .) (`CreditSource.analytic`) -> f / sigma;
+     / sigma (the source's loss gets 1 / sigma, to put terms in advantage units alike);
   4. `ppo.epochs` passes of `ppo.minibatches` minibatches (episodes shuffled) of
        L = clipped surrogate (rlax.clipped_surrogate_pg_loss, on the valid steps)
-           - entropy_coef x entropy (rlax.entropy_loss) [+ value_coef x critic MSE]
-           [- mean_t sum_a pi_theta(a | s_t) f(s_t, a) / sigma]   (Q-Prop's analytic term)
-           [+ credit.trust_kl x mean_t KL(pi_theta || pi_theta_0)(s_t)] (trust-region sources)
-     with Adam and global-norm clipping (optax);
+           - entropy_coef x entropy (rlax.entropy_loss)
+           [+ the source's own term, `CreditSource.loss`: GAE's critic regression, Q-Prop's
+              analytic term, a KL to theta_0]
+     with Adam and global-norm clipping (optax) over the policy's parameters and the
+     source's trainable ones (`CreditSource.init`: a critic);
   5. metrics of the batch: success rate, mean length, mean return, the share of each tag
      among the valid steps, and the env steps spent (policy rollouts, credit: int32 per
      update, summed on the host, where no int32 overflows).
@@ -28,11 +30,10 @@ import jax
 import jax.numpy as jnp
 import optax
 import rlax
-from flax import nnx, struct
+from flax import struct
 from ml_collections import ConfigDict
 
 from hindsight.labeling.rollout import sample_episode
-from hindsight.policies.neural import critic as make_critic
 from hindsight.rl.sources import CreditSource
 
 PyTree = Any
@@ -43,8 +44,8 @@ class TrainState:
   """One seed's learner (a leading seed axis when stacked)."""
 
   params: PyTree  # theta (nnx.State)
-  critic: PyTree  # the critic's parameters (used by `gae` only)
-  anchor: PyTree  # theta_0, the policy a trust-region source stays near (else None)
+  source_params: PyTree  # the source's trainable state (`CreditSource.init`: a critic), or None
+  source_fixed: PyTree  # the source's fixed state (theta_0 of a trust region), or None
   opt_state: PyTree
   key: jax.Array  # the next update's key
   update: jax.Array  # int32 [] updates done
@@ -61,9 +62,6 @@ class Programs:
 
   def __init__(self, source: CreditSource, config: ConfigDict):
     self.source, self.config, self.task = source, config, source.task
-    task = self.task
-    self.critic_graphdef, critic0 = make_critic(task.policy.feature_dim, config.policy.hidden)
-    self._critic0 = critic0
     self.tx = optimizer(config)
     # One device, stated: a credit model fitted on a mesh would otherwise hand its
     # shardings to the outputs, and the next call (new input shardings) would recompile.
@@ -81,13 +79,12 @@ class Programs:
 
     def one(key):
       params = self.task.policy.init_params(jax.random.fold_in(key, 0))
-      critic = jax.tree.map(jnp.asarray, self._critic0)
+      trainable, fixed = self.source.init(params)
       return TrainState(
         params=params,
-        critic=critic,
-        # a copy: the chunk donates the state, and one buffer cannot be donated twice
-        anchor=jax.tree.map(jnp.copy, params) if self.source.trust_region else None,
-        opt_state=self.tx.init((params, critic)),
+        source_params=trainable,
+        source_fixed=fixed,
+        opt_state=self.tx.init((params, trainable)),
         key=jax.random.fold_in(key, 1),
         update=jnp.int32(0),
       )
@@ -96,28 +93,13 @@ class Programs:
 
   # -- pieces ---------------------------------------------------------------------------
 
-  def _per_step(self, fn, params, states):
-    """fn(params, state, env_params) over states with leaves [E, T, ...] -> [E, T, ...]."""
-    f = jax.vmap(jax.vmap(fn, (None, 0, None)), (None, 0, None))
-    return f(params, states, self.task.env_params)
-
-  def _gae(self, critic, traj):
-    """(advantages, value targets) [E, H] by rlax GAE over V(s_0..s_H), V = 0 once done."""
-    cfg = self.config.ppo
-    feats = self.task.step_features(traj.states)  # [E, H + 1, D]
-    values = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
-    values = jnp.where(traj.states.done, 0.0, values)
-    discounts = cfg.gamma * (1.0 - traj.states.done[:, 1:].astype(jnp.float32))
-    gae = jax.vmap(
-      functools.partial(rlax.truncated_generalized_advantage_estimation, lambda_=cfg.gae_lambda)
-    )(traj.rewards, discounts, values=values)
-    return jnp.where(traj.mask, gae, 0.0), jnp.where(traj.mask, gae + values[:, :-1], 0.0)
-
-  def _loss(self, params_critic, batch):
-    params, critic = params_critic
+  def _loss(self, trained, batch, fixed, scale):
+    """The minibatch's loss (module docstring) of trained = (theta, the source's trainable
+    state)."""
+    params, source_params = trained
     cfg = self.config.ppo
     task, mask = self.task, batch["mask"]
-    logits = self._per_step(task.policy.logits, params, batch["states"])  # [m, H, A]
+    logits = task.per_step(task.policy.logits, params, batch["states"])  # [m, H, A]
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["actions"][..., None], -1)
     ratio = jnp.exp(logp[..., 0] - batch["old_logp"])
     n, valid = mask.size, jnp.maximum(mask.sum(), 1)
@@ -128,21 +110,8 @@ class Programs:
     w = mask.reshape(-1).astype(jnp.float32)
     entropy_term = rlax.entropy_loss(logits.reshape(-1, logits.shape[-1]), w) * n / valid
     loss = pg + cfg.entropy * entropy_term
-    if self.source.analytic:
-      # Q-Prop: the action values enter through their expectation under pi_theta, whose
-      # gradient is sum_a grad pi(a | s) f(s, a); the sampled term corrects their bias.
-      expected = jnp.sum(jax.nn.softmax(logits) * batch["action_values"], -1)
-      loss -= jnp.sum(expected * mask) / valid
-    if self.source.trust_region:
-      anchor = self._per_step(task.policy.logits, batch["anchor"], batch["states"])
-      logp_all, logq_all = jax.nn.log_softmax(logits), jax.nn.log_softmax(anchor)
-      kl = jnp.sum(jnp.exp(logp_all) * (logp_all - logq_all), -1)
-      loss += float(self.config.credit.trust_kl) * jnp.sum(kl * mask) / valid
-    if self.source.critic:
-      feats = self.task.step_features(batch["states"])
-      v = nnx.merge(self.critic_graphdef, critic)(feats)[..., 0]
-      loss += cfg.value_coef * jnp.sum(jnp.square(v - batch["targets"]) * mask) / valid
-    return loss
+    own = self.source.loss((source_params, fixed), logits, batch, scale)
+    return loss if own is None else loss + own
 
   # -- one update -------------------------------------------------------------------------
 
@@ -154,12 +123,9 @@ class Programs:
     sample = functools.partial(sample_episode, task.env, task.policy, task.env_params)
     traj = jax.vmap(sample, (None, 0))(ts.params, keys)
     states = jax.tree.map(lambda x: x[:, :H], traj.states)
-    if self.source.critic:
-      adv, targets = self._gae(ts.critic, traj)
-      credit_steps = jnp.zeros((), jnp.int32)
-    else:
-      adv, credit_steps = self.source.signal(aux, ts.params, traj, k_credit)
-      targets = jnp.zeros_like(adv)
+    state = (ts.source_params, ts.source_fixed)
+    terms = self.source.terms(aux, state, ts.params, traj, k_credit)
+    adv, credit_steps = terms.advantages, terms.credit_steps
     mask = traj.mask
     scale = jnp.ones(())
     if cfg.normalize:
@@ -168,35 +134,31 @@ class Programs:
       std = jnp.sqrt(jnp.sum(jnp.square(adv - mean) * mask) / valid)
       scale = 1.0 / (std + 1e-8)
       adv = jnp.where(mask, (adv - mean) * scale, 0.0)
-    logits = self._per_step(task.policy.logits, ts.params, states)
+    logits = task.per_step(task.policy.logits, ts.params, states)
     old_logp = jnp.take_along_axis(jax.nn.log_softmax(logits), traj.actions[..., None], -1)
     data = {
       "states": states,
       "actions": traj.actions,
       "mask": mask,
       "advantages": adv,
-      "targets": targets,
       "old_logp": old_logp[..., 0],
+      **terms.data,
     }
-    if self.source.analytic:
-      f = self.source.action_values(aux, ts.params, traj)  # [E, H, A]
-      data["action_values"] = jnp.where(mask[..., None], f * scale, 0.0)
     M = int(cfg.minibatches)
 
     def minibatch(carry, rows):
-      params_critic, opt_state = carry
+      trained, opt_state = carry
       batch = jax.tree.map(lambda x: x[rows], data)
-      batch["anchor"] = ts.anchor
-      loss, grads = jax.value_and_grad(self._loss)(params_critic, batch)
-      updates, opt_state = self.tx.update(grads, opt_state, params_critic)
-      return (optax.apply_updates(params_critic, updates), opt_state), loss
+      loss, grads = jax.value_and_grad(self._loss)(trained, batch, ts.source_fixed, scale)
+      updates, opt_state = self.tx.update(grads, opt_state, trained)
+      return (optax.apply_updates(trained, updates), opt_state), loss
 
     def epoch(carry, k):
       rows = jax.random.permutation(k, E).reshape(M, E // M)
       return jax.lax.scan(minibatch, carry, rows)
 
-    (params_critic, opt_state), losses = jax.lax.scan(
-      epoch, ((ts.params, ts.critic), ts.opt_state), jax.random.split(k_shuffle, cfg.epochs)
+    (trained, opt_state), losses = jax.lax.scan(
+      epoch, ((ts.params, ts.source_params), ts.opt_state), jax.random.split(k_shuffle, cfg.epochs)
     )
     policy_steps = mask.sum().astype(jnp.int32)
     tags = jax.vmap(jax.vmap(task.env.tag, (0, 0, None)), (0, 0, None))(
@@ -216,8 +178,8 @@ class Programs:
       "credit_steps": credit_steps,
     }
     new = ts.replace(
-      params=params_critic[0],
-      critic=params_critic[1],
+      params=trained[0],
+      source_params=trained[1],
       opt_state=opt_state,
       key=key,
       update=ts.update + 1,

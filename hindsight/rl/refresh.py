@@ -22,11 +22,8 @@ running update (an argument of the compiled chunk: nothing recompiles).
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 from scipy import stats
-
-from hindsight.rl.sources import credit_arm_steps
 
 
 def tag_slices(env, labels) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -88,29 +85,3 @@ def sliced_shift_test(now: dict, before: dict, tolerance: float, alpha: float) -
   k = worst["slice"]
   worst["gap"], worst["before"] = (now[k][0], before[k][0]) if k else (0.0, 0.0)
   return worst
-
-
-def audit_and_refresh(sampler, params, keys, score, model_state, source, config, seed: int):
-  """(new model state, record) for one seed: the audit's labels, test and, when it fires,
-  the source's refit (`CreditSource.refit`). record: {fired, slice, gap, env_steps
-  (charged), fine_tuned}."""
-  traj, labels, batch = jax.device_get(sampler(params, keys))
-  mask = np.asarray(traj.mask)
-  credit = np.asarray(labels["credit"])
-  ok = mask & np.isfinite(credit)
-  pred = np.asarray(score(model_state, traj, batch))
-  arms = np.asarray(labels["arm_steps"])
-  slices, names = tag_slices(sampler.task.env, labels)
-  record = sliced_gap_test(
-    (pred - credit)[ok],
-    slices[ok],
-    names,
-    float(config.refresh.tolerance),
-    float(config.refresh.alpha),
-  )
-  record["env_steps"] = int(mask.sum() + credit_arm_steps(arms))
-  record.pop("excess")
-  if record["fired"]:
-    model_state = source.refit(model_state, traj, labels, batch, seed)
-  record["fine_tuned"] = record["fired"]
-  return model_state, record

@@ -51,6 +51,12 @@ class Task:
   # them a tied step has no finite stderr.
   bounded: bool = True
 
+  def per_step(self, fn, params, states) -> jax.Array:
+    """fn(params, state, env_params) over states with leaves [E, T, ...] -> [E, T, ...]
+    (the policy's logits at every step, under any parameters)."""
+    f = jax.vmap(jax.vmap(fn, (None, 0, None)), (None, 0, None))
+    return f(params, states, self.env_params)
+
   def step_features(self, states) -> jax.Array:
     """x(s_t) [E, T, D]: the policy's features of states with leaves [E, T, ...] (what the
     policy, the critic and the credit heads read)."""

@@ -8,11 +8,12 @@
   WORKDIR/results.json       per seed: the final measurements, the env steps spent on the
                              policy's rollouts and on credit, and wall time
 
-Every `eval.every` updates (one call of the compiled chunk) the run measures each seed on
-fresh episodes (`rl.measure`), keeps `learned_current` models current (`rl.refresh`), and
-saves. Killed at any point and restarted with the same config, it resumes from the last
-save and ends with bitwise the same parameters: the updates draw their keys from the train
-state, the measurements and audits from (seed, update).
+Every `eval.every` updates (one call of the compiled chunk) the run lets the source do what
+it does between chunks (`CreditSource.between_chunks`: keep its model current, charged),
+measures each seed on fresh episodes (`rl.measure`), and saves. Killed at any point and
+restarted with the same config, it resumes from the last save and ends with bitwise the same
+parameters: the updates draw their keys from the train state, the measurements and audits
+from (seed, update).
 """
 
 from __future__ import annotations
@@ -32,13 +33,10 @@ from hindsight.errors import note
 from hindsight.files import write_json
 from hindsight.progress import CompileAwareBar
 from hindsight.rl.config import check_config
-from hindsight.rl.measure import LabeledSampler, evaluate_point, point_keys
+from hindsight.rl.measure import EVAL_STREAM, LabeledSampler, evaluate_point, point_keys
 from hindsight.rl.ppo import Programs
-from hindsight.rl.refresh import audit_and_refresh
 from hindsight.rl.sources import label_config, prepare
 from hindsight.rl.task import make_task
-
-EVAL_STREAM, AUDIT_STREAM = 2, 3
 
 
 def _manager(workdir: str, read_only: bool = False) -> ocp.CheckpointManager:
@@ -166,13 +164,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   done = int(np.asarray(ts.update)[0])
 
   reference = LabeledSampler(task, label_config(config, config.eval.rollouts))
-  auditor = None
-  predict = source.credit_prediction()
-  score = None if predict is None else jax.jit(predict)
+  probe = source.probe()
+  score = None if probe is None else jax.jit(probe.predict)
   drift_test = (float(config.refresh.tolerance), float(config.refresh.alpha))
-  audit_episodes, audit_rollouts = source.audit_size()
-  if source.refreshes:
-    auditor = LabeledSampler(task, label_config(config, audit_rollouts))
 
   def measure(update: int) -> dict:
     seeds = []
@@ -183,7 +177,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         history["points"][0]["seeds"][i]["drift"]["tags"] if update and score is not None else None
       )
       seeds.append(evaluate_point(reference, _row(ts.params, i), k, score, model_state,
-                                   drift_test, source.unbiased, first))  # fmt: skip
+                                   drift_test, probe, first))  # fmt: skip
     return {"update": update, "policy_steps": list(history["policy_steps"]),
             "credit_steps": list(history["credit_steps"]), "seeds": seeds}  # fmt: skip
 
@@ -231,19 +225,19 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
           history["credit_steps"][i] += int(np.sum(metrics["credit_steps"][i], dtype=np.int64))
         board.updates(done, metrics, task.env.tag_names)
         done += every
-        if auditor is not None:
-          audits = []
-          for i in range(S):
-            k = point_keys(keys[i], AUDIT_STREAM, done, audit_episodes)
-            new_state, record = audit_and_refresh(
-              auditor, _row(ts.params, i), k, score, _row(aux, i), source, config,
-              seed=int(config.seed) * 1000 + done * S + i,
-            )  # fmt: skip
-            if record["fine_tuned"]:
-              aux = programs.place(_set_row(aux, i, new_state))
+        records = []
+        for i in range(S):
+          new_state, record = source.between_chunks(
+            _row(aux, i), _row(ts.params, i), keys[i], done,
+            seed=int(config.seed) * 1000 + done * S + i,
+          )  # fmt: skip
+          if new_state is not None:
+            aux = programs.place(_set_row(aux, i, new_state))
+          if record is not None:
             history["credit_steps"][i] += record["env_steps"]
-            audits.append(record)
-          history["refreshes"].append({"update": done, "seeds": audits})
+            records.append(record)
+        if records:
+          history["refreshes"].append({"update": done, "seeds": records})
         history["wall_seconds"] += time.perf_counter() - start
         history["points"].append(measure(done))
         board.point(done, history["points"][-1])
@@ -297,3 +291,14 @@ def summarize(config: ConfigDict, history: dict, learned: bool, horizon: int) ->
     "warnings": point_warnings(final),
     "horizon": horizon,
   }
+
+
+def results_text(results: dict, path: str) -> str:
+  """The run's result in one console line (`hindsight rl`)."""
+  seeds = results["seeds"]
+  success = sum(s["success"] for s in seeds) / len(seeds)
+  length = sum(s["length"] for s in seeds) / len(seeds)
+  return (
+    f"{results['source']} on {results['env']}: after {results['updates']} updates, success "
+    f"{success:.3f}, length {length:.2f} (mean of {len(seeds)} seeds); {path}"
+  )

@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError, note, one_line
 from hindsight.model.predictor import Predictor
@@ -189,9 +189,8 @@ def _check_compatible(old: Predictor, new: Predictor) -> None:
         f"has {a.dtype}{list(a.shape)}"
       )
   o, n = old.spec, new.spec
-  if (o.obs_kind, o.obs_dim, o.num_actions, o.num_agents) != (
-    n.obs_kind,
-    n.obs_dim,
+  if (o.encoder.signature, o.num_actions, o.num_agents) != (
+    n.encoder.signature,
     n.num_actions,
     n.num_agents,
   ):

@@ -14,15 +14,22 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode, check_length
 from hindsight.data.labels import CHECKSUMS, dataset_dir, episode_to_json, job_dir, open_labels
 from hindsight.errors import HindsightError
 from hindsight.files import atomic_open
 from hindsight.model.predictor import Predictor
 from hindsight.progress import CompileAwareBar
+from hindsight.serving.config import ScoreConfig
 
 CHUNK = 256  # episodes scored per call
+
+
+def score_run(cfg: ScoreConfig) -> int:
+  """`hindsight score`: every episode of cfg.input scored into cfg.out; the count."""
+  return score_file(Predictor.load(cfg.checkpoint, cfg.step), cfg.input, cfg.out,
+                    progress=cfg.progress, allow_longer=cfg.allow_longer)  # fmt: skip
 
 
 def _read_jsonl(path: str) -> Iterator[dict]:
@@ -42,7 +49,7 @@ def read_episodes(path: str) -> tuple[int | None, Iterator[dict]]:
     if not os.path.isfile(os.path.join(dataset_dir(job_dir(path)), CHECKSUMS)):
       raise HindsightError(f"--input {path}: neither a JSONL file nor a label dataset")
     labels = open_labels(path)
-    names = labels.metadata.get("klass_names")
+    names = labels.metadata.klass_names
     return len(labels), (episode_to_json(ex, names) for ex in labels)
   if not os.path.isfile(path):
     raise HindsightError(f"--input {path}: no such file")

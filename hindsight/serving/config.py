@@ -1,5 +1,5 @@
-"""The server's model, batching and limits (light on imports: the CLI's flags come from these
-fields)."""
+"""The server's model, batching and limits, and what `hindsight score` scores (light on
+imports: the CLI's flags come from these fields)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,15 @@ class ServeConfig:
     if self.allow_reload_from:
       roots.append(os.path.realpath(self.allow_reload_from))
     return roots
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreConfig:
+  """What `hindsight score` scores with what (its flags map onto these)."""
+
+  checkpoint: str  # a training run's workdir
+  input: str  # JSONL (the export format, or text traces) or a label dataset directory
+  out: str  # the output JSONL
+  step: str = "best"  # checkpoint step: best, last or a number
+  allow_longer: bool = False  # score episodes longer than the model was trained on too
+  progress: bool = True

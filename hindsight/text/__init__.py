@@ -30,8 +30,8 @@ _HOMES = {
   "import_thought_anchors": "hindsight.text.thought_anchors",
   "compare_to_exact": "hindsight.text.exact",
   "running_world": "hindsight.text.server",
-  "Tokenizer": "hindsight.text.tokenizer",
-  "train_bpe": "hindsight.text.tokenizer",
+  "Tokenizer": "hindsight.model.encoders.tokenizer",
+  "train_bpe": "hindsight.model.encoders.tokenizer",
   "parse_text_episode": "hindsight.text.episodes",
   "evaluate_text_run": "hindsight.text.evaluate",
 }

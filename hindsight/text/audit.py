@@ -13,7 +13,6 @@ each draw. Everything else (design, alarm, report) is the functional audit's
 
 from __future__ import annotations
 
-import json
 import os
 import types
 from typing import NamedTuple
@@ -24,7 +23,8 @@ import numpy as np
 from hindsight.credit.estimators import classify, z_value
 from hindsight.data.labels import as_text
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig, TextOptions
+from hindsight.labeling.config import LabelConfig
+from hindsight.text.options import TextOptions
 
 
 class TextTraj(NamedTuple):
@@ -40,7 +40,7 @@ def _traces_from_dataset(path: str, limit: int):
   from hindsight.text.trace import TextStep, TextTrace, read_traces
 
   labels = open_labels(path)
-  source = str(labels.metadata.get("env", "")).removeprefix("text:")
+  source = labels.metadata.env.removeprefix("text:")
   references = {}
   if os.path.isfile(source):
     references = {t.id: t.reference for t in read_traces(source)}
@@ -70,9 +70,9 @@ class TextAuditLabeler:
       raise HindsightError(
         f"the text audit resamples under `policy`; the model's labels are `{config.replacement}`"
       )
-    self.inner = TextLabeler(f"text:{traces_path}", count, config, options, seed)
+    self.inner = TextLabeler(f"text:{traces_path}", count, config, options)
     self.inner.open(cache)
-    self.traces = self.inner.with_steps(self.inner.traces, range(count))
+    self.traces = self.inner.with_steps(self.inner.traces, range(count), seed)
     for t in self.traces:
       if t.outcome is None and t.reference is None:
         raise HindsightError(f"trace {t.id}: no reference for the verifier and no outcome")
@@ -150,7 +150,7 @@ def prepare_text_audit(cfg, predictor, meta: dict, out: str):
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, "traces.jsonl")
   write_traces(path, traces)
-  job = json.loads(meta["job"])
+  job = meta.job_description
   options = dict(job["text"])
   options["stop"] = tuple(options.get("stop", ()))
   label_cfg = LabelConfig.from_metadata(meta, num_rollouts=cfg.rollouts)
@@ -164,4 +164,4 @@ def prepare_text_audit(cfg, predictor, meta: dict, out: str):
   source = {"kind": "text traces", "path": os.path.abspath(cfg.trajectories),
             "episodes": len(traces)}  # fmt: skip
   pool = Pool(traj=labeler.traj, episodes=episodes, source=source)
-  return label_cfg, str(meta.get("env", "text")), labeler, pool
+  return label_cfg, meta.env or "text", labeler, pool

@@ -1,6 +1,7 @@
-"""Text traces as the credit model reads them: `Episode`s with `step_text`, and their tokens.
+"""Text traces as the credit model reads them: `Episode`s with `step_text`.
 
-A text model's `Episode.parse` takes a trace in the JSONL format of docs/text.md (`steps` as
+This is the `text` episode format (`data.formats`, registered by the text plug-in): a text
+model's `Episode.parse` takes a trace in the JSONL format of docs/text.md (`steps` as
 objects with `text` or as strings, or `text` cut into sentences, or a dataset episode's
 `step_text`) with its outcome: `outcome` in [0, 1], `success`, the `rewards` of an exported
 episode, or a `reference` that the built-in `\\boxed{}` verifier checks the completion against.
@@ -8,8 +9,9 @@ The T steps become an Episode of T steps: rewards 0 but the last (the outcome), 
 (text has no action ids), observations t / T (the position feature of text datasets) and
 tags "step" or "tool_call".
 
-Every step must hold visible text, be valid UTF-8 and fit the model's `max_step_tokens`;
-otherwise a one-line HindsightError names the trace and the step.
+Every step must hold visible text, be valid UTF-8 and fit the model's text encoder
+(`TextEncoder.check_steps`: at most its `max_step_tokens`); otherwise a one-line
+HindsightError names the trace and the step.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from hindsight.data.episode import Episode, parse_labels
-from hindsight.data.spec import DataSpec
 from hindsight.errors import HindsightError
+from hindsight.model.spec import DataSpec
 from hindsight.text.estimate import SUCCESS_THRESHOLD
-from hindsight.text.tokenizer import Tokenizer
 
 
 def _steps_of(episode: dict, where: str) -> tuple[list[str], list[str]]:
@@ -85,16 +86,6 @@ def _outcome(episode: dict, texts: list[str], where: str) -> float:
   return float(value)
 
 
-def check_step_tokens(tokens: list[np.ndarray], spec: DataSpec, where: str) -> None:
-  """A one-line error for a step longer than the model reads (`spec.max_step_tokens`)."""
-  for i, ids in enumerate(tokens):
-    if ids.size > spec.max_step_tokens:
-      raise HindsightError(
-        f"{where}: step {i} is {ids.size} tokens, longer than the {spec.max_step_tokens} the "
-        "model reads"
-      )
-
-
 def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode:
   """A trace (module docstring) checked against a text model's `spec` -> Episode."""
   if hasattr(episode, "__struct_fields__"):  # a TextTrace
@@ -104,7 +95,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   if not isinstance(episode, dict):
     raise HindsightError(f"{where}: expected an object with the trace's steps")
   texts, tags = _steps_of(episode, where)
-  check_step_tokens(Tokenizer.from_json(spec.tokenizer).encode_batch(texts), spec, where)
+  spec.encoder.check_steps(texts, where)
   T = len(texts)
   outcome = _outcome(episode, texts, where)
   rewards = np.zeros(T, np.float32)
@@ -119,15 +110,3 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   }
   out.update(parse_labels(episode, T, where))
   return Episode(**out)
-
-
-def step_tokens(episodes, spec: DataSpec) -> list[list[np.ndarray]]:
-  """The token ids of every step of every episode (None rows: []), one batched encode."""
-  texts = [t for ep in episodes if ep is not None for t in ep.step_text]
-  ids = Tokenizer.from_json(spec.tokenizer).encode_batch(texts) if texts else []
-  out, at = [], 0
-  for ep in episodes:
-    n = 0 if ep is None else len(ep.step_text)
-    out.append(ids[at : at + n])
-    at += n
-  return out

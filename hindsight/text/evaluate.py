@@ -31,7 +31,6 @@ bootstrap CIs over traces (`metrics.drift.metric_table`) and
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -53,7 +52,7 @@ def is_text_run(workdir: str) -> bool:
     labels = open_labels(training_run(workdir)["labels"])
   except HindsightError:
     return False
-  return str(labels.metadata.get("env", "")).startswith("text:")
+  return labels.metadata.env.startswith("text:")
 
 
 def _is_world(examples) -> bool:
@@ -92,7 +91,7 @@ def resampled_reference(
   from hindsight.labeling.job import LabelJob, run_label_job
   from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 
-  job = json.loads(metadata["job"])
+  job = metadata.job_description
   source = job["env"].removeprefix("text:")
   if not os.path.isfile(source):
     raise HindsightError(
@@ -131,7 +130,7 @@ def resampled_reference(
   by_id = {as_text(r["trace_id"]): r for r in ref}
   credit = [np.asarray(by_id[t.id]["credit"], np.float64) for t in traces]
   stderr = [np.asarray(by_id[t.id]["credit_stderr"], np.float64) for t in traces]
-  return credit, stderr, int(ref.metadata.get("completions", 0))
+  return credit, stderr, ref.metadata.completions or 0
 
 
 def learned_prm(labels, run: dict, predictor, episodes, steps: int, seed: int, progress: bool):
@@ -139,8 +138,8 @@ def learned_prm(labels, run: dict, predictor, episodes, steps: int, seed: int, p
   the steps so far) by a causal transformer reading the steps' text, trained on the training
   split's outcomes only) and its credit p_t - p_{t-1} on `episodes` ([T] each). steps: its
   optimizer steps (-1: scaled to the split, `baselines.scaled_steps`)."""
-  from hindsight.data.batching import EpisodeReader
   from hindsight.drift import baselines as bl
+  from hindsight.model.batching import EpisodeReader
 
   train_ids = np.asarray(run["train"], np.int64)
   bcfg = bl.BaselineConfig(steps=steps if steps > 0 else bl.scaled_steps(train_ids.size),
@@ -197,9 +196,9 @@ def evaluate_text_run(
     ids = ids[:episodes]
   examples = [labels[int(i)] for i in ids]
   out = out or os.path.join(workdir, "drift")
-  replacement = labels.metadata.get("replacement", "policy")
+  replacement = labels.metadata.replacement
   if reference == "auto":  # exact where the traces are the scripted world's own
-    own = labels.metadata.get("policy") == _world_model()
+    own = labels.metadata.policy == _world_model()
     reference = "exact" if own and _is_world(examples) else "resample"
   if reference not in ("exact", "resample"):
     raise HindsightError(f"reference {reference!r}: expected auto, exact or resample")
@@ -245,7 +244,7 @@ def evaluate_text_run(
   table = metric_table(
     {k: v[ok] for k, v in flat.items()}, flat_ref[ok], episode[ok], bootstrap, seed
   )
-  K_L = int(labels.metadata.get("rollouts", 0))
+  K_L = labels.metadata.rollouts
   ref_var = np.where(np.isfinite(flat_se), flat_se, 0.0) ** 2
   steps = EpisodeSteps(episode[ok])
   label_err2 = (flat["training labels"] - flat_ref)[ok] ** 2

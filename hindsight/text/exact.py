@@ -35,7 +35,7 @@ def compare_to_exact(path: str) -> dict:
   from hindsight.data import open_labels
 
   labels = open_labels(path)
-  replacement = labels.metadata.get("replacement", "policy")
+  replacement = labels.metadata.replacement
   per_field = {f: {"z": [], "err": [], "false_zeros": 0} for f in FIELDS}
   # Credit's z over the steps whose stderr is a sample stderr, not the tie bound (which is
   # conservative by design): honest stderrs give an RMS near 1 there.
@@ -43,12 +43,12 @@ def compare_to_exact(path: str) -> dict:
   # klass against the truth: a decided step (load_bearing, harmful, decorative) whose exact
   # credit contradicts its class. With honest intervals at level `confidence` that happens
   # to at most 1 - confidence of them.
-  tolerance = float(labels.metadata.get("decorative_tolerance", 0.05))
+  tolerance = labels.metadata.decorative_tolerance
   decided = contradicted = 0
   # phi_hard, an indicator, against its expectation: 1 - (1 - Q_t(x_t, a_t))^K for the K
   # continuations after step t < T - 1 (Q = progress + phi of the truth), summed over steps
   # (z of the sum, variance sum h (1 - h)); at t = T - 1 it is the trace's own outcome.
-  K = int(labels.metadata.get("rollouts", 0))
+  K = labels.metadata.rollouts
   hard_obs = hard_exp = hard_var = 0.0
   hard_steps = hard_last_errors = 0
   # Undefined by the estimate alone: the truth exists, but --max-draws x K draws found
@@ -118,6 +118,15 @@ def compare_to_exact(path: str) -> dict:
     "false_zeros": sum(out["fields"][f]["false_zeros"] for f in FIELDS),
     "undefined_too_rare": too_rare,
     "undefined_missed": undefined_by_truth_only,
-    "completions": int(labels.metadata.get("completions", 0)),
+    "completions": labels.metadata.completions or 0,
   }
   return out
+
+
+def exact_summary_text(report: dict) -> str:
+  """`compare_to_exact`'s summary in one console line."""
+  s = report["summary"]
+  return (
+    f"{s['steps']} steps of {s['traces']} traces: z RMS {s['z_rms']:.3f}, |z| > 3 on "
+    f"{s['z_over_3']}, exact zeros where the truth is not 0: {s['false_zeros']}"
+  )

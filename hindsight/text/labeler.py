@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig, TextOptions
+from hindsight.labeling.config import LabelConfig
 from hindsight.text.client import (
   Budget,
   Completion,
@@ -41,6 +41,7 @@ from hindsight.text.client import (
   api_key_from,
 )
 from hindsight.text.estimate import text_step_fields
+from hindsight.text.options import TextOptions
 from hindsight.text.similarity import Similarity
 from hindsight.text.trace import (
   TextStep,
@@ -118,7 +119,7 @@ class Resamples:
 class TextLabeler:
   """See the module docstring. `open(cache_path)` before `label`."""
 
-  def __init__(self, env: str, episodes: int, config: LabelConfig, options: TextOptions, seed: int):
+  def __init__(self, env: str, episodes: int, config: LabelConfig, options: TextOptions):
     self.path = text_path(env)
     check_text_replacement(config.replacement, options)
     check_chunking(options.chunking)
@@ -129,7 +130,7 @@ class TextLabeler:
     self.traces = read_traces(self.path, limit=episodes)
     if len(self.traces) < episodes:
       raise HindsightError(f"episodes {episodes}: {self.path} holds {len(self.traces)} traces")
-    self.config, self.options, self.seed = config, options, seed
+    self.config, self.options = config, options
     self.verify = load_verifier(options.verifier)
     self.similarity = Similarity(options.embedding, options.similarity)
     self.sampling = Sampling(options.temperature, options.top_p, options.max_tokens,
@@ -181,12 +182,13 @@ class TextLabeler:
     return out
 
   # -- labeling ---------------------------------------------------------------------------
-  def with_steps(self, traces: list[TextTrace], episodes: range) -> list[TextTrace]:
-    """Each trace with its steps: its own, its text chunked, or sampled from its prompt."""
+  def with_steps(self, traces: list[TextTrace], episodes: range, seed: int) -> list[TextTrace]:
+    """Each trace with its steps: its own, its text chunked, or sampled from its prompt (the
+    sample's request seed from `seed`)."""
     out = list(traces)
     todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
-      seeds = [int(request_seeds(self.seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
+      seeds = [int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
       got = self.sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
       for i, completions in zip(todo, got, strict=True):
         out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
@@ -204,14 +206,15 @@ class TextLabeler:
       return False
     return bool(self.similarity.same(step.strip(), chunks if anywhere else chunks[:1]).any())
 
-  def resamples(self, start: int, stop: int) -> list[Resamples]:
+  def resamples(self, start: int, stop: int, seed: int) -> list[Resamples]:
     """The policy's continuations of every prefix of traces start .. stop-1 (the keep and
-    phi arms, and the replace arm under `policy`), verified: what the labels reduce."""
+    phi arms, and the replace arm under `policy`), verified: what the labels reduce. Every
+    request's seed comes from `seed` (module docstring)."""
     K = self.config.num_rollouts
     episodes = range(start, stop)
     sampled = [t.steps is None and t.text is None for t in self.traces[start:stop]]
-    traces = self.with_steps(self.traces[start:stop], episodes)
-    seeds = [request_seeds(self.seed, e, ARM_POOL, len(t.steps)) for e, t in
+    traces = self.with_steps(self.traces[start:stop], episodes, seed)
+    seeds = [request_seeds(seed, e, ARM_POOL, len(t.steps)) for e, t in
              zip(episodes, traces, strict=True)]  # fmt: skip
     requests = [(t.prefix(j), int(s[j]), 0, K) for t, s in zip(traces, seeds, strict=True)
                 for j in range(len(t.steps))]  # fmt: skip
@@ -224,14 +227,15 @@ class TextLabeler:
       out.append(Resamples(trace, e, s, pools, outcomes, outcome, was_sampled))
     return out
 
-  def label(self, start: int, stop: int) -> list[dict]:
-    """The label fields of traces start .. stop-1, one dict per trace."""
+  def label(self, start: int, stop: int, seed: int) -> list[dict]:
+    """The label fields of traces start .. stop-1 of the job rooted at `seed`, one dict per
+    trace."""
     K, q = self.config.num_rollouts, self.config.replacement
-    found = self.resamples(start, stop)
+    found = self.resamples(start, stop, seed)
     if q == "null":
       null = self.options.null_text
       requests = [(r.trace.prefix(j) + null, int(s), 0, K) for r in found
-                  for j, s in enumerate(request_seeds(self.seed, r.episode, ARM_NULL,
+                  for j, s in enumerate(request_seeds(seed, r.episode, ARM_NULL,
                                                       len(r.trace.steps)))]  # fmt: skip
       got = iter(self.sample(requests))
       extra = [[next(got) for _ in r.trace.steps] for r in found]

@@ -13,7 +13,7 @@ import numpy as np
 
 from hindsight.errors import HindsightError, note
 from hindsight.labeling.config import LabelJob
-from hindsight.labeling.source import chunk_totals
+from hindsight.labeling.source import SourceInfo, chunk_totals
 from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 CACHE_FILE = "completions.sqlite"
@@ -25,37 +25,40 @@ class TextSource:
   def __init__(self, job: LabelJob, out_dir: str):
     from hindsight.text.labeler import TextLabeler
 
-    if job.text is None:
+    if job.options is None:
       raise HindsightError("env text:... needs --model NAME (the endpoint's model)")
     if jax.process_count() > 1:
       raise HindsightError(
         "text traces are labeled by one process (the endpoint does the work: raise "
         "--concurrency instead of --num-processes)"
       )
-    options = job.text
-    self.labeler = TextLabeler(job.env, job.episodes, job.config, options, job.seed)
+    options = job.options
+    self.labeler = TextLabeler(job.env, job.episodes, job.config, options)
     self.cache_path = options.cache or os.path.join(out_dir, CACHE_FILE)
-    self.name, self.policy_name = "text", options.model
-    self.horizon = None  # the longest trace: known once every chunk is labeled
-    self.num_actions, self.null_action = 0, None
-    self.success_threshold, self.success_from_return = SUCCESS_THRESHOLD, True
-    self.tag_names = self.labeler.tag_names
-    self.obs_shape, self.obs_dtype = (1,), np.float32
-    self.with_states, self.texts = False, True
-    self.num_agents, self.agent_names = 0, ()
-    self.coalitions, self.permutations = False, 0
+    self.info = SourceInfo(
+      env_name="text",
+      policy=options.model,
+      horizon=None,  # the longest trace: known once every chunk is labeled (`finish`)
+      num_actions=0,
+      null_action=None,
+      success_threshold=SUCCESS_THRESHOLD,
+      success_from_return=True,
+      tag_names=self.labeler.tag_names,
+      obs_shape=(1,),
+      obs_dtype=np.float32,
+      texts=True,
+    )
     self._truncated = 0
 
   def chunk_multiple(self) -> int:
     return 1
 
   def label(self, seed: int, start: int, stop: int, bar) -> dict:
-    del seed  # the labeler carries it; chunks are any size
     if self.labeler.client is None:
       self.labeler.open(self.cache_path, bar)
-    rows = self.labeler.label(start, stop)
+    rows = self.labeler.label(start, stop, seed)
     bar.update(stop - start)
-    arrays = pad_rows(rows)
+    arrays = stack_traces(rows)
     truncated = self.labeler.client.stats.truncated
     if truncated > self._truncated:
       cap = self.labeler.options.max_tokens
@@ -64,7 +67,7 @@ class TextSource:
       self._truncated = truncated
     return arrays
 
-  def dataset_metadata(self, chunk_paths: list[str]) -> dict:
+  def finish(self, chunk_paths: list[str]) -> dict:
     """The horizon is the longest trace, and the cost is in completions."""
     totals = chunk_totals(chunk_paths, ("length", "completions"))
     return {
@@ -74,7 +77,7 @@ class TextSource:
     }
 
 
-def pad_rows(rows: list[dict]) -> dict:
+def stack_traces(rows: list[dict]) -> dict:
   """Per-trace fields -> arrays [n, H, ...] of the longest trace H (floats NaN-padded,
   ints and flags 0, texts empty); per-trace scalars -> [n]."""
   H = max(int(r["length"]) for r in rows)

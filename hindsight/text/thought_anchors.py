@@ -26,8 +26,8 @@ import re
 
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES
 from hindsight.data import labels as label_io
+from hindsight.data.metadata import LabelMetadata
 from hindsight.errors import HindsightError, make_dir, note
 from hindsight.text.estimate import SUCCESS_THRESHOLD, text_step_fields
 from hindsight.text.similarity import Similarity
@@ -111,7 +111,7 @@ def import_thought_anchors(
                "similarity": similarity.threshold, "decorative_tolerance": tolerance,
                "confidence": confidence}  # fmt: skip
   if label_io.is_complete(out_dir):
-    previous = json.loads(label_io.open_labels(out_dir).metadata.get("job", "{}"))
+    previous = label_io.open_labels(out_dir).metadata.job_description
     if previous != described:
       raise HindsightError(f"out {out_dir} already holds another dataset; choose another --out")
     return label_io.dataset_dir(out_dir)
@@ -138,7 +138,7 @@ def import_thought_anchors(
     rows.append(fields)
   if dropped:
     note(f"{root}: {dropped} resamples without `is_correct` left out")
-  metadata = dict(
+  metadata = LabelMetadata(
     job=json.dumps(described, sort_keys=True),
     env="text:thought-anchors",
     env_name="text",
@@ -156,10 +156,7 @@ def import_thought_anchors(
     decorative_tolerance=tolerance,
     confidence=confidence,
     stratify=True,
-    tag_names=["step"],
-    agent_names=[],
-    shapley_permutations=0,
-    klass_names=list(KLASS_NAMES),
+    tag_names=("step",),
     completions=total,
   )
   features = label_io.build_features((1,), np.float32, False, texts=True)

@@ -14,9 +14,14 @@ this package registers the ones that ship with hindsight, in the order docs/rl.m
 import importlib
 
 from hindsight.rl.sources.base import (
+  ConfigNode,
   CreditSource,
+  Probe,
+  Terms,
+  config_nodes,
   credit_arm_steps,
   label_config,
+  register_config_node,
   register_source,
   registered_sources,
   source_class,
@@ -28,10 +33,15 @@ for _module in BUILTIN_MODULES:
   importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
+  "ConfigNode",
   "CreditSource",
+  "Probe",
+  "Terms",
+  "config_nodes",
   "credit_arm_steps",
   "label_config",
   "prepare",
+  "register_config_node",
   "register_source",
   "registered_sources",
   "source_class",

@@ -31,12 +31,59 @@ import optax
 from flax import nnx
 from ml_collections import ConfigDict
 
+from hindsight.errors import HindsightError
 from hindsight.policies.neural import MLP
-from hindsight.rl.sources.base import CreditSource, register_source
+from hindsight.rl.sources.base import (
+  ConfigNode,
+  CreditSource,
+  Terms,
+  register_config_node,
+  register_source,
+)
 from hindsight.rl.sources.learned import initial_labels
+from hindsight.rl.sources.refresh import Refreshing
 
 # the heads' labels (initial_labels' seed offset); + 1: the fit's minibatches, + 2: bootstrap
 _HEAD_STREAM = 15485863
+
+
+def _head_config() -> ConfigDict:
+  """credit_cv, credit_cv_current, anchored, credit_gated: an ensemble of per-action credit
+  heads over the policy's features, fitted on labels of the initial policy (charged)."""
+  c = ConfigDict()
+  c.episodes = 128  # episodes of the initial policy labeled for the heads
+  c.rollouts = 8  # their K
+  c.members = 4  # ensemble size (its std is credit_gated's uncertainty)
+  c.hidden = (64, 64)
+  c.steps = 1000  # Adam steps (minibatches of 256 steps, bootstrap weights per member)
+  c.learning_rate = 1e-3
+  c.beta = 1.0  # anchored: A = R - b + beta f(s, a)
+  c.gate = 0.05  # credit_gated: ensemble std above which a step takes R - b
+  # credit_cv_current: each audit labels this many fresh episodes of the current policy at
+  # this K and refits the heads on them (refresh.steps Adam steps) when the test fires
+  c.refresh_episodes = 32
+  c.refresh_rollouts = 8
+  return c
+
+
+def _check_head(c: ConfigDict) -> None:
+  if int(c.head.members) < 1 or int(c.head.episodes) < 1 or int(c.head.steps) < 1:
+    raise HindsightError("head.members, head.episodes and head.steps must be >= 1")
+  if min(c.head.rollouts, c.head.refresh_rollouts) < 2:
+    raise HindsightError("head.rollouts and head.refresh_rollouts must be >= 2")
+  if int(c.head.refresh_episodes) < 1:
+    raise HindsightError(f"head.refresh_episodes must be >= 1, got {c.head.refresh_episodes}")
+
+
+register_config_node(
+  ConfigNode(
+    "head",
+    _head_config,
+    smoke={"episodes": 16, "rollouts": 4, "members": 2, "hidden": (16,), "steps": 20,
+           "refresh_episodes": 8, "refresh_rollouts": 4},
+    check=_check_head,
+  )
+)  # fmt: skip
 
 
 def init_heads(dim: int, num_actions: int, head: ConfigDict, seed: int):
@@ -93,8 +140,6 @@ class _Heads(CreditSource):
     lr = float(head.learning_rate)
     fit = head_fitter(self.graphdef, lr, int(head.steps))
     self.aux = fit(state, *rows, jax.random.fold_in(jax.random.key(seed), _HEAD_STREAM + 1))
-    if self.refreshes:
-      self._refit = head_fitter(self.graphdef, lr, int(config.refresh.steps))
 
   def rows(self, traj, labels, key: jax.Array | None = None):
     """(x [N, D], actions [N], y [N], w [M, N], n): the labeled steps of `traj` as the heads'
@@ -114,15 +159,6 @@ class _Heads(CreditSource):
     w = jnp.where(jnp.arange(y.size) < ok.sum(), w, 0.0)
     return (jnp.asarray(x[order], jnp.float32), jnp.asarray(a), jnp.asarray(y, jnp.float32), w,
             jnp.int32(ok.sum()))  # fmt: skip
-
-  def audit_size(self) -> tuple[int, int]:
-    head = self.config.head
-    return int(head.refresh_episodes), int(head.refresh_rollouts)
-
-  def refit(self, model_state, traj, labels, batch, seed: int):
-    del batch
-    rows = self.rows(traj, labels, jax.random.fold_in(jax.random.key(seed), 1))
-    return self._refit(model_state, *rows, jax.random.key(seed))
 
   def heads(self, aux, traj) -> jax.Array:
     """f_m(x(s_t)) [M, E, H, A] of every member at the sampled episodes' steps."""
@@ -154,24 +190,53 @@ class _Heads(CreditSource):
 
 @register_source
 class CreditCv(_Heads):
+  """Q-Prop: A_t = R - b - f(s_t, a_t), and the action values enter the loss through their
+  expectation under pi_theta, whose gradient is sum_a grad pi(a | s) f(s, a): the sampled
+  term corrects their bias, so the gradient is unbiased whatever f is."""
+
   name = "credit_cv"
   summary = "Q-Prop: R - b - f(s, a) plus E_pi f(s, .), f a per-action credit head (unbiased)"
-  analytic = True
   unbiased = True
 
   def advantage(self, outcome, f, sigma):
     return outcome - f
 
-  def action_values(self, aux, policy_params, traj):
-    del policy_params
+  def action_values(self, aux, traj) -> jax.Array:
+    """f(s_t, .) [E, H, A]: the members' mean at every action."""
     return self.heads(aux, traj).mean(0)
+
+  def terms(self, aux, state, policy_params, traj, key) -> Terms:
+    advantages, steps = self.signal(aux, policy_params, traj, key)
+    return Terms(advantages, steps, {"action_values": self.action_values(aux, traj)})
+
+  def loss(self, state, logits, batch, scale):
+    """Q-Prop's analytic term, -mean_t sum_a pi_theta(a | s_t) f(s_t, a) / sigma: f in the
+    advantages' units (`scale` = 1 / sigma)."""
+    del state
+    mask = batch["mask"]
+    f = jnp.where(mask[..., None], batch["action_values"] * scale, 0.0)
+    expected = jnp.sum(jax.nn.softmax(logits) * f, -1)
+    return -(jnp.sum(expected * mask) / jnp.maximum(mask.sum(), 1))
 
 
 @register_source
-class CreditCvCurrent(CreditCv):
+class CreditCvCurrent(Refreshing, CreditCv):
   name = "credit_cv_current"
   summary = "credit_cv with its heads audited along training and refit on fresh labels"
-  refreshes = True
+
+  def audit_size(self) -> tuple[int, int]:
+    head = self.config.head
+    return int(head.refresh_episodes), int(head.refresh_rollouts)
+
+  def prepare(self, progress: bool = False) -> None:
+    super().prepare(progress)
+    lr, steps = float(self.config.head.learning_rate), int(self.config.refresh.steps)
+    self._refit = head_fitter(self.graphdef, lr, steps)
+
+  def refit(self, model_state, traj, labels, batch, seed: int):
+    del batch
+    rows = self.rows(traj, labels, jax.random.fold_in(jax.random.key(seed), 1))
+    return self._refit(model_state, *rows, jax.random.key(seed))
 
 
 @register_source

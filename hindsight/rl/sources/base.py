@@ -1,24 +1,42 @@
-"""What a credit source is (`CreditSource`) and the registry that names them.
+"""What a credit source is (`CreditSource`), the registry that names them, and the config
+nodes they bring.
 
-A credit source is the per-step signal A_t [E, H] a policy update is driven by, and what it
-costs. It is prepared once on the host (`prepare`: any model it needs, trained on the
-initial policy, with the environment steps that cost) and evaluated inside the update's jit
-(`signal(aux, policy_params, traj, key)` -> (A [E, H], credit env steps int32 [])). `aux`
-is the source's own state (a PRM's or a credit model's parameters), an *argument* of the
-compiled update: a fine-tuned credit model swaps in without a recompile.
+A credit source is the per-step signal A_t [E, H] a policy update is driven by, what it
+costs, and whatever else it adds to the update, in the manner of optax's (init, update)
+pairs: the trainer composes whatever a source brings and names none of them.
 
-Adding a source is one class with `@register_source` (docs/rl.md, "Your own credit source").
-`config.source` names it; `MODULE:NAME` imports MODULE first, so a source can live in a
-user's own module.
+  prepare(progress)              on the host, once: any model it needs (trained on the
+                                 initial policy, charged `setup_steps`), its `aux`
+  init(policy_params)            per seed: (its trainable parameters, optimised with the
+                                 policy's: a critic; its fixed state: theta_0), or (None, None)
+  terms(aux, state, params, traj, key)   inside the update's jit: a `Terms`: A [E, H], the
+                                 env steps spent, and the per-step data its loss reads
+  loss(state, logits, batch, scale)      inside the update's loss: its own term (Q-Prop's
+                                 analytic term, a KL to theta_0, a critic's regression), or None
+  between_chunks(...)            on the host between update chunks: keep its model current
+                                 (audit on fresh labels, refit), with what that cost
+  probe()                        what every evaluation point holds against the reference
+
+Most sources only override `signal(aux, policy_params, traj, key) -> (A, env steps)`, which
+the default `terms` calls. `aux` is the source's own model state (a PRM's or a credit model's
+parameters), an *argument* of the compiled update: a fine-tuned credit model swaps in without
+a recompile.
+
+Adding a source is one class with `@register_source` (docs/rl.md, "Your own credit source"),
+and its settings one `ConfigNode` registered beside it. `config.source` names it;
+`MODULE:NAME` imports MODULE first, so a source can live in a user's own module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
@@ -43,34 +61,48 @@ def label_config(config: ConfigDict, rollouts: int | None = None) -> LabelConfig
   return LabelConfig.from_config(config.label, **over)
 
 
+@struct.dataclass
+class Terms:
+  """What a source gives one update: advantages A [E, H] (0 on padding), the env steps its
+  credit spent (int32 []), and per-step data [E, H, ...] its `loss` reads (minibatched with
+  the episodes; {} for most)."""
+
+  advantages: jax.Array
+  credit_steps: jax.Array
+  data: dict = struct.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+  """What every evaluation point holds against the reference (`rl.measure`): the source's
+  own estimate of each taken step's credit, predict(aux, traj, batch) -> [E, H] (traceable),
+  and what a drift of it costs a policy trained on it (said in the `credit_drift` warning)."""
+
+  predict: Callable
+  consequence: str
+
+
+HACKABLE = "a policy trained on it can be hacked"
+UNBIASED = "it costs this unbiased source variance, not direction"
+
+
 class CreditSource:
   """A credit source (module docstring). Subclasses set `name` and `summary` and override
-  `signal`, and `prepare` if they need anything beyond the task.
+  `signal` (or `terms`), and whichever of the other members they need.
 
   name: what `config.source` calls it.
   summary: one line for --help and errors (the definition lives in docs/rl.md).
-  critic: the update trains a critic and takes GAE over it instead of calling `signal`.
-  refreshes: the trainer audits the source's model at every evaluation point on fresh
-    labels of the current policy (`audit_size`) and refits it (`refit`) when it drifts
-    (`rl.refresh`).
-  analytic: the source also gives action values f(s, .) (`action_values`), which the update
-    adds through their expectation under the policy (Q-Prop's analytic term, `rl.ppo`).
-  trust_region: the update adds credit.trust_kl x KL(pi_theta || pi_theta_0).
   unbiased: the policy gradient stays unbiased whatever the source's model gets wrong
     (docs/rl.md derives it), so a drifting model costs variance, not direction.
   Set by `prepare`:
-  aux: the pytree `signal` reads (shared by every seed; None when there is none).
+  aux: the pytree `terms` reads (shared by every seed; None when there is none).
   setup_steps: environment steps spent preparing it (labels or outcomes of the initial
     policy), charged to every run that uses it.
-  predictor: the credit model (learned sources), scored at every evaluation point.
+  predictor: the credit model (learned sources).
   """
 
   name: ClassVar[str] = ""
   summary: ClassVar[str] = ""
-  critic: ClassVar[bool] = False
-  refreshes: ClassVar[bool] = False
-  analytic: ClassVar[bool] = False
-  trust_region: ClassVar[bool] = False
   unbiased: ClassVar[bool] = False
 
   def __init__(self, task: Task, config: ConfigDict):
@@ -83,31 +115,53 @@ class CreditSource:
     """Trains or loads what the signal needs (nothing, by default)."""
     del progress
 
+  # -- inside the update -------------------------------------------------------------------
+
+  def init(self, policy_params) -> tuple[PyTree, PyTree]:
+    """(trainable, fixed): the source's own per-seed state, made from a seed's theta_0.
+    The trainable part is optimised beside the policy by the update's loss; the fixed part
+    is read, never trained. (None, None) by default."""
+    del policy_params
+    return None, None
+
   def signal(self, aux, policy_params, traj, key) -> tuple[jax.Array, jax.Array]:
     """(A [E, H], env steps spent int32 []) for the sampled episodes `traj` of the policy
     with `policy_params`, inside the update's jit; A is 0 on padding."""
     raise NotImplementedError(f"source '{self.name}' has no signal")
 
-  def action_values(self, aux, policy_params, traj) -> jax.Array:
-    """f [E, H, A]: a value per action at every step (`analytic` sources), inside the jit."""
-    raise NotImplementedError(f"source '{self.name}' has no action values")
+  def terms(self, aux, state, policy_params, traj, key) -> Terms:
+    """The update's `Terms` (`state`: (trainable, fixed) of `init`). By default `signal`."""
+    del state
+    return Terms(*self.signal(aux, policy_params, traj, key))
 
-  def audit_size(self) -> tuple[int, int]:
-    """(episodes, K) of each audit of a `refreshes` source: refresh.episodes at
-    refresh.rollouts unless the source says otherwise."""
-    return int(self.config.refresh.episodes), int(self.config.refresh.rollouts)
+  def loss(self, state, logits, batch: dict, scale) -> jax.Array | None:
+    """The source's own loss term for a minibatch (None: it has none). `state`: (trainable,
+    fixed); logits [m, H, A]: pi_theta at the minibatch's states; batch: its states,
+    actions, mask, advantages and the source's `Terms.data`; scale: 1 / the std the
+    advantages were divided by (so a term in advantage units matches them)."""
+    del state, logits, batch, scale
+    return None
 
-  def refit(self, model_state, traj, labels, batch, seed: int):
-    """The model state fitted again, from `model_state`, on an audit's fresh episodes of
-    the current policy: `traj`, their `labels` and `batch` (the two as
-    `labeling.trajectories.trajectory_batch`; `refreshes` sources). Runs on the host
-    between update chunks."""
-    raise NotImplementedError(f"source '{self.name}' cannot be refit")
+  # -- between update chunks, on the host --------------------------------------------------
+
+  def between_chunks(self, aux, policy_params, seed_key, update: int, seed: int):
+    """(new aux or None, record or None) for one seed after `update` updates: a source that
+    keeps its model current audits it on fresh labels of the current policy and refits it
+    (`rl.sources.refresh`); the record says what happened and what it cost (`env_steps`).
+    Nothing by default."""
+    del aux, policy_params, seed_key, update, seed
+    return None, None
+
+  def probe(self) -> Probe | None:
+    """What every evaluation point holds against the reference (None: no model to hold)."""
+    predict = self.credit_prediction()
+    if predict is None:
+      return None
+    return Probe(predict, UNBIASED if self.unbiased else HACKABLE)
 
   def credit_prediction(self):
     """None, or predict(aux, traj, batch) -> [E, H]: the source's own estimate of each
-    taken step's credit, which every evaluation point holds against the reference (the
-    drift metrics and the `credit_drift` warning, `rl.measure`). Traceable."""
+    taken step's credit (`probe`). Traceable."""
     return None
 
   @staticmethod
@@ -146,3 +200,29 @@ def source_class(name: str) -> type[CreditSource]:
   if found is None:
     raise HindsightError(f"source '{name}' is unknown (known: {', '.join(_SOURCES)})")
   return found
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigNode:
+  """The settings a source (or a family of sources) brings to the RL config: the node
+  `name`, its fields at their defaults (`defaults()`, a ConfigDict with a comment on every
+  field), the tiny values of the `:smoke` variant, and a check that refuses a bad value in
+  one line."""
+
+  name: str
+  defaults: Callable[[], ConfigDict]
+  smoke: dict = dataclasses.field(default_factory=dict)
+  check: Callable[[ConfigDict], None] | None = None
+
+
+_NODES: dict[str, ConfigNode] = {}
+
+
+def register_config_node(node: ConfigNode) -> ConfigNode:
+  """Adds a source's config node (`base_config` composes every registered one)."""
+  _NODES[node.name] = node
+  return node
+
+
+def config_nodes() -> tuple[ConfigNode, ...]:
+  return tuple(_NODES.values())

@@ -26,12 +26,52 @@ from hindsight.model.credit_model import ModelConfig
 from hindsight.model.fit import fit_credit_model
 from hindsight.model.predictor import Predictor
 from hindsight.rl.sources.base import (
+  ConfigNode,
   CreditSource,
   credit_arm_steps,
   label_config,
+  register_config_node,
   register_source,
 )
+from hindsight.rl.sources.refresh import Refreshing
 from hindsight.rl.task import Task
+
+
+def _credit_config() -> ConfigDict:
+  """The learned sources' credit model (and the PRM of `prm` / `shaped`: its episodes,
+  steps and width)."""
+  c = ConfigDict()
+  # a trained credit model's run directory ("" = train one at update 0 on labels of the
+  # initial policy, charged to the run); prm always trains its own.
+  c.model = ""
+  c.model_episodes = 1024  # episodes of the initial policy the models learn from
+  c.model_rollouts = 16  # K of the credit model's labels
+  c.model_steps = 1500  # optimizer steps of the credit model / the PRM
+  c.model_width = 32  # the in-process credit model's width (depth 1, 2 heads)
+  # Staleness by design: the model's episodes come from this many policies, theta_0 and
+  # snapshots whose logits are offset by a random linear map of the features (std
+  # credit.snapshot_scale, > 0), an even share each; 0 or 1 = the initial policy only.
+  c.model_snapshots = 0
+  c.snapshot_scale = 0.0
+  c.trust_kl = 0.1  # learned_trust: weight of KL(pi_theta || pi_theta_0) in the loss
+  return c
+
+
+def _check_credit(c: ConfigDict) -> None:
+  if int(c.credit.model_snapshots) > 1 and not float(c.credit.snapshot_scale) > 0:
+    raise HindsightError("credit.model_snapshots > 1 needs credit.snapshot_scale > 0")
+  if float(c.credit.trust_kl) < 0:
+    raise HindsightError(f"credit.trust_kl must be >= 0, got {c.credit.trust_kl}")
+
+
+register_config_node(
+  ConfigNode(
+    "credit",
+    _credit_config,
+    smoke={"model_episodes": 64, "model_rollouts": 4, "model_steps": 20, "model_width": 16},
+    check=_check_credit,
+  )
+)
 
 
 def snapshot_params(task: Task, key: jax.Array, scale: float):
@@ -82,14 +122,12 @@ def check_credit_model(predictor: Predictor, task: Task, where: str) -> None:
   obs = jax.eval_shape(
     lambda k: env.observation(env.reset(k, task.env_params), task.env_params), jax.random.key(0)
   )
-  dim = 1 if obs.ndim == 0 else int(obs.shape[-1])
-  kind = "discrete" if jnp.issubdtype(obs.dtype, jnp.integer) else "vector"
-  if (spec.obs_kind, spec.num_actions) != (kind, env.num_actions) or (
-    kind == "vector" and spec.obs_dim != dim
+  if not spec.encoder.reads_observation(obs.dtype, obs.shape) or (
+    spec.num_actions != env.num_actions
   ):
     raise HindsightError(
-      f"{where}: a credit model of {spec.obs_kind} observations [{spec.obs_dim}] and "
-      f"{spec.num_actions} actions cannot score {env.name} ({kind} [{dim}], "
+      f"{where}: a credit model of {spec.encoder.describe()} and {spec.num_actions} actions "
+      f"cannot score {env.name} ({obs.dtype} observations {list(obs.shape)}, "
       f"{env.num_actions} actions)"
     )
   if spec.max_length < env.horizon:
@@ -135,10 +173,9 @@ class Learned(CreditSource):
 
 
 @register_source
-class LearnedCurrent(Learned):
+class LearnedCurrent(Refreshing, Learned):
   name = "learned_current"
   summary = "... audited along training, fine-tuned on fresh labels when it drifts"
-  refreshes = True
 
   def refit(self, model_state, traj, labels, batch, seed: int):
     del traj, labels
@@ -151,6 +188,21 @@ class LearnedCurrent(Learned):
 
 @register_source
 class LearnedTrust(Learned):
+  """`learned`, with the policy held near the one the model was trained on: the loss adds
+  credit.trust_kl x mean_t KL(pi_theta || pi_theta_0)(s_t), theta_0 the seed's own start
+  (the source's fixed state)."""
+
   name = "learned_trust"
   summary = "... with a KL penalty (credit.trust_kl) to the policy the model was trained on"
-  trust_region = True
+
+  def init(self, policy_params):
+    # a copy: the chunk donates the state, and one buffer cannot be donated twice
+    return None, jax.tree.map(jnp.copy, policy_params)
+
+  def loss(self, state, logits, batch, scale):
+    del scale
+    mask = batch["mask"]
+    anchor = self.task.per_step(self.task.policy.logits, state[1], batch["states"])
+    logp_all, logq_all = jax.nn.log_softmax(logits), jax.nn.log_softmax(anchor)
+    kl = jnp.sum(jnp.exp(logp_all) * (logp_all - logq_all), -1)
+    return float(self.config.credit.trust_kl) * jnp.sum(kl * mask) / jnp.maximum(mask.sum(), 1)

@@ -1,14 +1,29 @@
 """Sources that need no labels: the outcome itself, and GAE over a learned critic.
 
 outcome   A_t = R - mean_batch(R)          (REINFORCE with a baseline), R = sum_t r_t
-gae       rlax GAE(lambda) over a critic V(x) that `rl.ppo` trains beside the policy
+gae       rlax GAE(lambda) over a critic V(x) trained beside the policy: the critic is the
+          source's own trainable state (`init`), regressed on the GAE targets by its own
+          loss term, value_coef x mean_t (V(x_t) - (A_t + V(x_t)))^2
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import functools
 
-from hindsight.rl.sources.base import CreditSource, register_source
+import jax
+import jax.numpy as jnp
+import rlax
+from flax import nnx
+from ml_collections import ConfigDict
+
+from hindsight.policies.neural import critic as make_critic
+from hindsight.rl.sources.base import (
+  ConfigNode,
+  CreditSource,
+  Terms,
+  register_config_node,
+  register_source,
+)
 
 
 @register_source
@@ -22,8 +37,49 @@ class Outcome(CreditSource):
     return jnp.where(traj.mask, (R - R.mean())[:, None], 0.0), self.no_steps()
 
 
+def _gae_config() -> ConfigDict:
+  c = ConfigDict()
+  c.lambda_ = 0.95  # GAE lambda
+  c.value_coef = 0.5  # weight of the critic's regression in the loss
+  return c
+
+
+register_config_node(ConfigNode("gae", _gae_config))
+
+
 @register_source
 class Gae(CreditSource):
   name = "gae"
   summary = "GAE(lambda) with a learned critic V(x) (PPO's default)"
-  critic = True  # rl.ppo computes the advantages over its critic
+
+  def __init__(self, task, config):
+    super().__init__(task, config)
+    self.critic_graphdef, self._critic0 = make_critic(task.policy.feature_dim, config.policy.hidden)
+
+  def init(self, policy_params):
+    del policy_params
+    return jax.tree.map(jnp.asarray, self._critic0), None
+
+  def _values(self, critic, states) -> jax.Array:
+    """V(x(s)) [E, T] of states with leaves [E, T, ...]."""
+    return nnx.merge(self.critic_graphdef, critic)(self.task.step_features(states))[..., 0]
+
+  def terms(self, aux, state, policy_params, traj, key) -> Terms:
+    """(advantages, value targets) [E, H] by rlax GAE over V(s_0..s_H), V = 0 once done."""
+    del aux, policy_params, key
+    values = jnp.where(traj.states.done, 0.0, self._values(state[0], traj.states))
+    discounts = self.config.ppo.gamma * (1.0 - traj.states.done[:, 1:].astype(jnp.float32))
+    gae = jax.vmap(
+      functools.partial(
+        rlax.truncated_generalized_advantage_estimation, lambda_=self.config.gae.lambda_
+      )
+    )(traj.rewards, discounts, values=values)
+    targets = jnp.where(traj.mask, gae + values[:, :-1], 0.0)
+    return Terms(jnp.where(traj.mask, gae, 0.0), self.no_steps(), {"targets": targets})
+
+  def loss(self, state, logits, batch, scale):
+    del logits, scale
+    mask = batch["mask"]
+    valid = jnp.maximum(mask.sum(), 1)
+    v = self._values(state[0], batch["states"])
+    return self.config.gae.value_coef * jnp.sum(jnp.square(v - batch["targets"]) * mask) / valid

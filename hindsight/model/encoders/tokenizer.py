@@ -6,7 +6,7 @@ Both map any Python string to int ids and back, byte for byte:
   bpe     a byte-level BPE (`tokenizers`, Hugging Face) trained on the texts given, with PAD
           and EOS as ids 0 and 1; every byte is in its alphabet, so nothing is unknown
 
-`Tokenizer.to_json()` is what a checkpoint stores (`DataSpec.tokenizer`, the small language
+`Tokenizer.to_json()` is what a checkpoint stores (the text encoder's record, the small language
 model's record): `Tokenizer.from_json` rebuilds the same ids with nothing to fetch. The credit
 model and the small language model (`hindsight.lm`) share this one home.
 """

@@ -17,11 +17,12 @@ import math
 import jax
 import numpy as np
 
-from hindsight.credit.estimators import KLASS_NAMES, UNDETERMINED
+from hindsight.credit.estimators import UNDETERMINED
+from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode, check_length
-from hindsight.data.labels import as_text
-from hindsight.data.spec import DataSpec, observation_statistics, token_bucket, value_scale
 from hindsight.errors import HindsightError
+from hindsight.model.encoders import detect_encoder, encoder_class
+from hindsight.model.spec import DataSpec, value_scale
 
 SPLITS = ("train", "validation", "test")
 
@@ -63,74 +64,46 @@ class EpisodeReader:
     return self._cache[i]
 
   def scan(
-    self, train: np.ndarray, horizon: int | None, tokenizer: dict | None = None
+    self, train: np.ndarray, horizon: int | None, encoder: dict | None = None
   ) -> tuple[np.ndarray, DataSpec]:
     """One pass over every episode: lengths [N] and the DataSpec of the training split.
-    A dataset of text traces (`step_text`) gives a text spec, its tokenizer made by
-    `text_spec_fields` from the training split's steps with the options `tokenizer`
-    ({"kind": "bpe" | "bytes", "vocab_size": int}; default a 512-id BPE)."""
+    The step encoder is the one whose kind the data is (`model.encoders.detect_encoder`), or
+    the kind `encoder["kind"]` names, fitted on the training split with the other
+    `encoder` options (a text tokenizer's `kind` and `vocab_size`: default a 512-id BPE)."""
+    options = dict(encoder or {})
+    named = options.pop("encoder", "") or ""
     lengths = np.zeros(len(self), np.int64)
     in_train = np.zeros(len(self), bool)
     in_train[train] = True
-    obs, credits, actions_max, texts = [], [], 0, []
+    examples, credits, actions_max = [], [], 0
     for i in range(len(self)):
       ex = self.labels[i]
       lengths[i] = len(ex["actions"])
       if in_train[i]:
-        obs.append(np.asarray(ex["observations"]))
+        examples.append(ex)
         credits.append(np.asarray(ex["credit"], np.float64))
         actions_max = max(actions_max, int(np.max(ex["actions"], initial=0)))
-        texts.extend(ex.get("step_text", ()))
     meta = self.labels.metadata
-    first = obs[0]
-    if np.issubdtype(first.dtype, np.integer) and first.ndim == 1:
-      kind, dim = "discrete", int(max(int(o.max(initial=0)) for o in obs)) + 1
-      mean, std = (), ()
-    elif np.issubdtype(first.dtype, np.floating) and first.ndim == 2:
-      flat = np.concatenate(obs)
-      kind, dim = "vector", flat.shape[1]
-      mean, std = observation_statistics(flat)
-    else:
+    cls = encoder_class(named) if named else detect_encoder(examples[0])
+    if cls is None:
+      first = np.asarray(examples[0]["observations"])
       raise HindsightError(
         f"{self.labels.path}: observations of dtype {first.dtype} and shape {first.shape[1:]} "
         "are neither int ids nor float vectors"
       )
-    scale = value_scale(np.concatenate(credits))
-    text = {}
-    if texts:
-      text = text_spec_fields([as_text(t) for t in texts], tokenizer)
-      kind, actions_max = "text", 0
     spec = DataSpec(
-      num_agents=len(meta.get("agent_names") or ()),
-      success_threshold=float(meta.get("success_threshold", 0.0)),
-      success_from_return=bool(meta.get("success_from_return", True)),
-      obs_kind=kind,
-      obs_dim=dim,
-      num_actions=max(int(meta.get("num_actions", 0)), actions_max + 1),
+      encoder=cls.fit(examples, options),
+      num_agents=len(meta.agent_names),
+      success_threshold=meta.success_threshold,
+      success_from_return=meta.success_from_return,
+      num_actions=max(meta.num_actions, actions_max + 1),
       max_length=int(max(lengths.max(), horizon or 0)),
       num_classes=len(KLASS_NAMES),
-      obs_mean=mean,
-      obs_std=std,
-      value_scale=scale,
-      decorative_tolerance=float(meta.get("decorative_tolerance", 0.05)),
-      confidence=float(meta.get("confidence", 0.95)),
-      **text,
+      value_scale=value_scale(np.concatenate(credits)),
+      decorative_tolerance=meta.decorative_tolerance,
+      confidence=meta.confidence,
     )
     return lengths, spec
-
-
-def text_spec_fields(texts: list[str], options: dict | None = None) -> dict:
-  """The text fields of a DataSpec for training steps `texts`: the tokenizer (a BPE of
-  options["vocab_size"] ids trained on them, or bytes), the token bucket of the longest step
-  (`step_tokens`, the training batches' shape) and twice that as the longest step a model
-  reads (`max_step_tokens`)."""
-  from hindsight.text.tokenizer import make_tokenizer
-
-  options = {"kind": "bpe", "vocab_size": 512, **(options or {})}
-  tok = make_tokenizer(options["kind"], texts, int(options["vocab_size"]))
-  longest = max(ids.size for ids in tok.encode_batch(texts))
-  step = token_bucket(longest)
-  return {"tokenizer": tok.to_json(), "step_tokens": step, "max_step_tokens": 2 * step}
 
 
 def bucket_lengths(lengths: np.ndarray, num_buckets: int, multiple: int = 8) -> tuple[int, ...]:
@@ -212,7 +185,7 @@ def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec)
 
 
 def episodes_batch(
-  episodes, pad: int, spec: DataSpec, allow_longer: bool = False, token_pad: int | None = None
+  episodes, pad: int, spec: DataSpec, allow_longer: bool = False, shape=None
 ) -> dict:
   """Padded arrays of in-memory episodes (None = an empty row), every field [B, T] unless
   noted; episodes longer than `pad` are cut at `pad`, and episodes longer than the model's
@@ -223,18 +196,16 @@ def episodes_batch(
   label_mask. mask: valid steps; label_mask: valid steps whose credit label is finite (an
   `undefined` credit under policy_other is NaN and stays out of the regression loss);
   class_mask: valid steps whose class is a label (all of them, except the steps an audit's
-  partial dataset left unlabeled: episode["labeled"] false).
-  observations: float [B, T, D] or int [B, T]; success: float [B].
+  partial dataset left unlabeled: episode["labeled"] false); success: float [B].
+  What each step shows comes from the step encoder (`StepEncoder.features`, at its shape
+  key `shape`, None: the training shape): observations int [B, T] or float [B, T, D], or a
+  text step's tokens [B, T, L].
   Multi-agent specs add agent [B, T] (who acted), agent_shapley and its stderr [B, n], and
-  agent_mask [B] (a real episode with agent labels). Text specs add tokens int32 [B, T, L]:
-  each step's token ids (`text.episodes.step_tokens`), 0-padded to L = token_pad (default
-  `spec.step_tokens`, the training shape; longer steps are cut at L).
+  agent_mask [B] (a real episode with agent labels).
   """
   B = len(episodes)
-  vector = spec.obs_kind in ("vector", "text")  # text: the position feature t / T [T, 1]
-  obs_shape = (B, pad, spec.obs_dim) if vector else (B, pad)
   batch = {
-    "observations": np.zeros(obs_shape, np.float32 if vector else np.int32),
+    **spec.encoder.features(episodes, pad, shape),
     "actions": np.zeros((B, pad), np.int32),
     "rewards": np.zeros((B, pad), np.float32),
     "credit": np.zeros((B, pad), np.float32),
@@ -252,22 +223,12 @@ def episodes_batch(
     batch["agent_shapley"] = np.zeros((B, n_agents), np.float32)
     batch["agent_shapley_stderr"] = np.zeros((B, n_agents), np.float32)
     batch["agent_mask"] = np.zeros(B, bool)
-  if spec.text:
-    from hindsight.text.episodes import step_tokens
-
-    L = int(token_pad or spec.step_tokens)
-    batch["tokens"] = np.zeros((B, pad, L), np.int32)
-    for row, steps in enumerate(step_tokens(episodes, spec)):
-      for t, ids in enumerate(steps[:pad]):
-        batch["tokens"][row, t, : min(ids.size, L)] = ids[:L]
   for row, ep in enumerate(episodes):
     if ep is None:
       continue
     if not allow_longer:
       check_length(ep, spec, f"row {row}")
     n = min(len(ep), pad)
-    obs = ep.observations[:n]
-    batch["observations"][row, :n] = obs if vector else np.clip(obs, 0, spec.obs_dim - 1)
     batch["actions"][row, :n] = np.clip(ep.actions[:n], 0, spec.num_actions - 1)
     batch["rewards"][row, :n] = ep.rewards[:n]
     batch["mask"][row, :n] = True

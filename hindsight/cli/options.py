@@ -1,8 +1,10 @@
 """CLI flags made from the dataclasses the library takes: one source for each option's default.
 
 `option(parser, Cls, "field", "help")` adds `--field` (underscores as dashes, or `flag=`)
-whose default is `Cls.field`'s and whose type is the default's; `build(Cls, args, ...)`
-makes the dataclass from every parsed flag that names one of its fields.
+whose default is `Cls.field`'s and whose type is the default's (help defaults to the
+field's metadata["help"]); `dataclass_flags(parser, Cls)` adds one for every field that
+documents itself that way; `build(Cls, args, ...)` makes the dataclass from every parsed flag
+that names one of its fields. Every command declares its flags through these.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ def field_default(cls, name: str) -> Any:
 
 
 def option(
-  parser, cls, name: str, help: str, *, flag: str | None = None, aliases=(), **kwargs
+  parser, cls, name: str, help: str | None = None, *, flag: str | None = None, aliases=(), **kwargs
 ) -> None:
   """`--name` for field `name` of `cls`, defaulting to the field's default. A bool field
-  that defaults to False becomes a switch; other types parse as their default's type (pass
-  `type=` for anything else, `required=True` for a field without a default). `aliases`:
-  other flags that set the same field (older names kept working)."""
+  that defaults to False becomes a switch, a tuple field a repeatable flag; other types parse
+  as their default's type (pass `type=` for anything else, `required=True` for a field
+  without a default). `help`: default the field's metadata["help"]. `aliases`: other flags
+  that set the same field (older names kept working)."""
   flag = flag or "--" + name.replace("_", "-")
   _FLAGS.setdefault(name, flag)
   flags = (flag, *aliases)
+  if help is None:
+    help = {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help")
   if kwargs.get("required"):
     parser.add_argument(*flags, dest=name, help=help, **kwargs)
     return
@@ -43,16 +48,40 @@ def option(
   if default is False and "type" not in kwargs:
     parser.add_argument(*flags, dest=name, action="store_true", help=help, **kwargs)
     return
+  if isinstance(default, tuple) and "type" not in kwargs and "action" not in kwargs:
+    parser.add_argument(*flags, dest=name, action="append", default=[], help=help, **kwargs)
+    return
   if default is not None and "type" not in kwargs and "action" not in kwargs:
     kwargs["type"] = type(default)
   parser.add_argument(*flags, dest=name, default=default, help=help, **kwargs)
 
 
+def dataclass_flags(parser, cls, skip=()) -> None:
+  """A flag (`option`) for every field of `cls` whose metadata carries its help, but `skip`."""
+  for f in dataclasses.fields(cls):
+    if f.name not in skip and "help" in f.metadata:
+      option(parser, cls, f.name)
+
+
 def build(cls, args: argparse.Namespace, **values):
-  """`cls(**fields)` from the parsed flags that name its fields, then `values` on top."""
-  names = {f.name for f in dataclasses.fields(cls)}
-  given = {k: v for k, v in vars(args).items() if k in names}
+  """`cls(**fields)` from the parsed flags that name its fields, then `values` on top (a
+  repeatable flag's list as a tuple, as its field holds it)."""
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  given = {k: v for k, v in vars(args).items() if k in fields}
+  for name, value in given.items():
+    if isinstance(value, list) and isinstance(fields[name].default, tuple):
+      given[name] = tuple(value)
   return cls(**{**given, **values})
+
+
+def changed_fields(cls, args: argparse.Namespace) -> list[str]:
+  """The fields of `cls` whose flags were given a value other than their default."""
+  out = []
+  for f in dataclasses.fields(cls):
+    value = getattr(args, f.name, f.default)
+    if value not in (f.default, [], ()):
+      out.append(f.name)
+  return out
 
 
 def split_overrides(rest: list[str]) -> tuple[list[str], list[str], str]:

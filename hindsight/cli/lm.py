@@ -1,0 +1,41 @@
+"""`hindsight lm train | serve`: a small language model of our own, trained on the text world
+and served at /v1/completions (docs/text.md)."""
+
+from __future__ import annotations
+
+from hindsight.cli.options import build, dataclass_flags
+from hindsight.cli.parser import Parser, no_progress
+
+NAME = "lm"
+HELP = "a small language model: train it, serve it (/v1/completions)"
+
+
+def add_parser(sub):
+  from hindsight.lm.config import LMTrainConfig
+
+  lm = sub.add_parser(NAME, help=HELP)
+  lm_sub = lm.add_subparsers(dest="lm_command", required=True, parser_class=Parser)
+  lmt = lm_sub.add_parser("train", help="train it on the text world's traces (rerun resumes)")
+  lmt.add_argument("--workdir", required=True, help="checkpoints (rerun to resume)")
+  dataclass_flags(lmt, LMTrainConfig)
+  no_progress(lmt)
+  lms = lm_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-small-lm)")
+  lms.add_argument("--workdir", required=True, help="the `hindsight lm train` workdir")
+  lms.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+  lms.add_argument("--port", type=int, default=8101, help="port")
+  return lm
+
+
+def run(args) -> int:
+  if args.lm_command == "serve":
+    from hindsight.lm.server import serve_lm
+
+    serve_lm(args.workdir, args.host, args.port)
+    return 0
+  from hindsight.lm.config import LMTrainConfig
+  from hindsight.lm.train import train_lm
+
+  result = train_lm(build(LMTrainConfig, args, progress=not args.no_progress), args.workdir)
+  print(f"language model: {result['workdir']} (step {result['step']}, held-out loss "
+        f"{result['val_loss']:.4f})")  # fmt: skip
+  return 0

@@ -1,0 +1,57 @@
+"""`hindsight rl`: policies trained with PPO on a credit source, seeds vmapped (resumable), or
+every source of --sources side by side (docs/rl.md)."""
+
+from __future__ import annotations
+
+import os
+
+NAME = "rl"
+HELP = "train policies on a credit source (PPO), or every source of --sources side by side"
+TAKES_CONFIG_OVERRIDES = True
+
+
+def add_parser(sub):
+  rl = sub.add_parser(
+    NAME,
+    help=HELP,
+    description="Trains policies with PPO on a credit source, seeds vmapped (checkpoints, "
+    "TensorBoard and results.json in --workdir; rerun to resume). With --sources, each source "
+    "trains into WORKDIR/SOURCE and WORKDIR/table.md compares them (docs/rl.md). Any config "
+    "field is set with --config.FIELD=VALUE, e.g. --config.env=gymnax:Catch-bsuite "
+    "(every field: hindsight/rl/config.py).",
+  )
+  rl.add_argument("--config", default="rl_reasoning",
+                  help="a shipped RL config (rl_reasoning, rl_key_to_door, rl_cartpole; "
+                  "NAME:smoke for a tiny one) or FILE.py[:VARIANT]")  # fmt: skip
+  rl.add_argument("--workdir", default="",
+                  help="checkpoints, TensorBoard, results.json (required without --sources; "
+                  "with them default runs/rl/ENV)")  # fmt: skip
+  rl.add_argument("--sources", default="",
+                  help="comma-separated credit sources to train and compare, or 'all' "
+                  "(default: the config's source alone)")  # fmt: skip
+  return rl
+
+
+def run(args) -> int:
+  from hindsight.config_io import load_config
+  from hindsight.errors import HindsightError
+
+  overrides = args.config_overrides
+  if args.sources:
+    from hindsight.rl import experiment
+    from hindsight.rl.sources import registered_sources
+
+    sources = registered_sources() if args.sources == "all" else args.sources.split(",")
+    out = args.workdir or experiment.default_out(load_config(args.config, overrides))
+    command = " ".join(["hindsight rl", *args.argv])
+    print(experiment.run_experiment(args.config, overrides, [s for s in sources if s], out,
+                                    command))  # fmt: skip
+    print(f"table: {os.path.join(out, 'table.md')}")
+    return 0
+  if not args.workdir:
+    raise HindsightError("--workdir is required (or --sources a,b,c to compare sources)")
+  from hindsight.rl.trainer import results_text, train_and_evaluate
+
+  results = train_and_evaluate(load_config(args.config, overrides), args.workdir)
+  print(results_text(results, os.path.join(args.workdir, "results.json")))
+  return 0

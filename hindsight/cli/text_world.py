@@ -1,0 +1,56 @@
+"""`hindsight text-world serve | prompts | exact`: the text world, a local model whose credit is
+exact (docs/text.md)."""
+
+from __future__ import annotations
+
+from hindsight.cli.parser import Parser
+
+NAME = "text-world"
+HELP = "the text world: a local model with exact credit"
+
+
+def add_parser(sub):
+  tw = sub.add_parser(NAME, help=HELP)
+  tw_sub = tw.add_subparsers(dest="world_command", required=True, parser_class=Parser)
+  tws = tw_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-text-world)")
+  tws.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+  tws.add_argument("--port", type=int, default=8100, help="port")
+  twp = tw_sub.add_parser("prompts", help="write N problems as prompt-only traces (JSONL)")
+  twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
+  twp.add_argument("--seed", type=int, default=0, help="seed of the problems")
+  twp.add_argument("--max-count", type=int, default=0,
+                   help="box counts 1 .. N (the small LM's); 0: the world's 3 .. 59")  # fmt: skip
+  twp.add_argument("--out", required=True, help="output JSONL file")
+  twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
+  twe.add_argument("dir", help="a `hindsight label --env text:...` output against the world")
+  twe.add_argument("--out", required=True, help="output JSON (per-trace exact labels, z-scores)")
+  return tw
+
+
+def run(args) -> int:
+  from hindsight.text import world
+
+  if args.world_command == "serve":
+    from hindsight.text.server import serve_world
+
+    serve_world(args.host, args.port)
+    return 0
+  if args.world_command == "prompts":
+    from hindsight.errors import HindsightError
+    from hindsight.text.trace import write_traces
+
+    if args.episodes < 1:
+      raise HindsightError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.max_count < 0:
+      raise HindsightError(f"--max-count must be >= 0, got {args.max_count}")
+    counts = (1, args.max_count + 1) if args.max_count else world.COUNTS
+    write_traces(args.out, world.prompt_traces(args.seed, args.episodes, counts))
+    print(f"prompts: {args.out}")
+    return 0
+  from hindsight.files import write_json
+  from hindsight.text.exact import compare_to_exact, exact_summary_text
+
+  report = compare_to_exact(args.dir)
+  write_json(args.out, report)
+  print(exact_summary_text(report))
+  return 0

@@ -1,0 +1,141 @@
+"""The step encoder: how the credit model reads what each step of an episode shows.
+
+A step encoder is one observation kind (discrete ids, float vectors, text) behind one
+protocol, in three parts:
+
+  record   a frozen dataclass of what it learned from the training split (the number of
+           ids; the features' mean and std; the tokenizer): the `encoder` of a checkpoint's
+           DataSpec (`to_json` / `from_json`), so a checkpoint alone rebuilds it;
+  host     what it reads of an `Episode` and how: its episode format (`episode_format`, a
+           `data.formats` name), the checks of its input with one-line errors, and the
+           padded arrays of a batch (`features`, NumPy);
+  device   the nnx module that maps a batch to one vector per step, [B, T, W] (`module`).
+
+`CreditModel` and the drift harness's history models take the encoder from the DataSpec, and
+nothing else in the package asks what kind the data is. A new kind is one module with a class
+that meets `StepEncoder` and a `register_encoder` call (docs/training.md, "Your own step
+encoder").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class StepEncoder(Protocol):
+  """One observation kind (module docstring). Instances are the record: frozen and equal
+  when they would encode alike.
+
+  kind: the registry's name of the kind (`register_encoder`), stored with the record.
+  episode_format: the format of its episodes given as JSON (`data.formats`; "arrays" is
+    the export format, which `Episode.parse` reads itself).
+  legacy_params: for checkpoints saved before encoders were modules (format 2): each of
+    the model's old top-level parameter names -> the path of the same parameters inside
+    the encoder's module.
+  """
+
+  kind: ClassVar[str]
+  episode_format: ClassVar[str]
+  legacy_params: ClassVar[Mapping[str, tuple]]
+
+  # -- choosing and fitting it, on the training split (host) ------------------------------
+  @classmethod
+  def matches(cls, example: Mapping[str, Any]) -> bool:
+    """Whether a decoded label-dataset example is of this kind."""
+    ...
+
+  @classmethod
+  def fit(cls, examples: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> StepEncoder:
+    """The record fitted on the training split's decoded examples; `options` are the
+    training config's choices for it (a text tokenizer's kind and vocabulary)."""
+    ...
+
+  # -- its record in a checkpoint ---------------------------------------------------------
+  def to_json(self) -> dict[str, Any]:
+    """The record as JSON types (without `kind`, which the DataSpec adds)."""
+    ...
+
+  @classmethod
+  def from_json(cls, record: Mapping[str, Any]) -> StepEncoder:
+    """The record `to_json` wrote."""
+    ...
+
+  def describe(self) -> str:
+    """What it reads, in a few words for messages (`vector observations [7]`)."""
+    ...
+
+  @property
+  def signature(self) -> tuple:
+    """What its inputs must be: models whose encoders share it read the same episodes
+    (a fine-tune's labels, a served model's reload)."""
+    ...
+
+  # -- host: reading episodes -------------------------------------------------------------
+  def check_observations(self, observations: np.ndarray, n: int, where: str) -> np.ndarray:
+    """An export-format episode's observations of n steps, checked (a one-line
+    HindsightError naming `where`) and as the model reads them."""
+    ...
+
+  def reads_observation(self, dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an environment whose observation has this dtype and shape fits it."""
+    ...
+
+  def shape(self, episodes: Sequence[Any]) -> Hashable:
+    """The shape key of a batch of these episodes beyond its rows and steps (a text step's
+    token bucket), or None: batches of one key share a compiled program."""
+    ...
+
+  def shapes(self) -> list[Hashable]:
+    """Every shape key a scored batch may have (what `Predictor.warmup` compiles)."""
+    ...
+
+  def features(self, episodes: Sequence[Any], pad: int, shape: Hashable = None) -> dict:
+    """The batch fields its module reads, NumPy [B, T, ...] over episodes padded to `pad`
+    steps (None rows: padding) at shape key `shape` (None: the training shape)."""
+    ...
+
+  # -- device ---------------------------------------------------------------------------
+  def module(self, width: int, *, rngs, hidden: int | None = None):
+    """The nnx module: batch (its `features` fields) -> float [B, T, width]. `hidden`: the
+    width of a hidden layer where the kind has one (None: a single linear map)."""
+    ...
+
+
+_ENCODERS: dict[str, type] = {}
+
+
+def register_encoder(cls: type) -> type:
+  """Class decorator: adds a step encoder to the registry under `cls.kind`. A dataset's kind
+  is detected in registration order (`detect_encoder`); a kind registered later that reads
+  the same data is chosen by name (the training config's `data.encoder`)."""
+  _ENCODERS[cls.kind] = cls
+  return cls
+
+
+def encoder_class(kind: str) -> type:
+  """The encoder registered as `kind`; a one-line error naming the known ones."""
+  from hindsight.errors import HindsightError
+
+  if kind not in _ENCODERS:
+    raise HindsightError(
+      f"step encoder '{kind}' is unknown (known: {', '.join(_ENCODERS)}); a checkpoint of a "
+      "kind a plug-in adds needs that plug-in installed"
+    )
+  return _ENCODERS[kind]
+
+
+def detect_encoder(example: Mapping[str, Any]) -> type | None:
+  """The encoder class whose kind a decoded dataset example is (the first registered that
+  matches), or None."""
+  for cls in _ENCODERS.values():
+    if cls.matches(example):
+      return cls
+  return None
+
+
+def registered_encoders() -> tuple[str, ...]:
+  return tuple(_ENCODERS)
