@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 
 import hindsight
-from hindsight.labeling.config import TextOptions
+from hindsight.text.options import TextOptions
 
 # family -> (env spec, LabelJob keyword arguments beyond env, episodes and config).
 JOBS = {
@@ -41,10 +41,9 @@ CONFIG_FIELDS = ("replacement", "exact")
 
 def _digest(labels, root: str) -> str:
   h = hashlib.sha256()
-  # The metadata's paths are under the run's own folder: hashed relative to it.
-  h.update(
-    json.dumps(dict(labels.metadata), sort_keys=True, default=str).replace(root, "").encode()
-  )
+  # The metadata as stored; its paths are under the run's own folder: hashed relative to it.
+  stored = dict(labels.info.metadata)
+  h.update(json.dumps(stored, sort_keys=True, default=str).replace(root, "").encode())
   for example in labels:
     for name in sorted(example):
       value = np.asarray(example[name])
@@ -67,7 +66,7 @@ def _job(family: str, root: str, stack: contextlib.ExitStack) -> hindsight.Label
     path = os.path.join(root, "prompts.jsonl")
     write_traces(path, world.prompt_traces(0, 6))
     spec = f"text:{path}"
-    kw["text"] = TextOptions(endpoint=url, model=world.MODEL_NAME)
+    kw["options"] = TextOptions(endpoint=url, model=world.MODEL_NAME)
   return hindsight.LabelJob(
     env=spec, episodes=6, config=hindsight.LabelConfig(num_rollouts=K, **config), seed=3, **kw
   )
