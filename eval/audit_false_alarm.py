@@ -64,12 +64,13 @@ def main(argv=None) -> dict:
   )
   base.check()
   predictor, _, spec, labeler, _ = prepare_audit(base)
+  engine = labeler.labeler  # the functional environment's (`audit.backend.RolloutSteps`)
   tolerance = tolerance_of(base, predictor)
   tic = time.perf_counter()
   fired, firing, draws = 0, [], []
   for a in tqdm(range(args.audits), desc="audits", unit="audit"):
     cfg = dataclasses.replace(base, seed=a)
-    pool = pool_lib.from_env(labeler, spec, args.episodes, a)
+    pool = pool_lib.from_env(engine, spec, args.episodes, a)
     res = audit_pool(cfg, predictor, labeler, pool, tolerance)
     draws.append(res.draws.size)
     if res.trace.first is not None:
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
   lo, hi = clopper_pearson(fired, args.audits)
   check_cfg = dataclasses.replace(base, seed=10_000, budget=args.check_budget)
   check = audit_pool(
-    check_cfg, predictor, labeler, pool_lib.from_env(labeler, spec, 2048, 10_000), tolerance
+    check_cfg, predictor, labeler, pool_lib.from_env(engine, spec, 2048, 10_000), tolerance
   )
   t = check.trace
   result = {

@@ -31,22 +31,24 @@ import time
 
 import numpy as np
 
+from hindsight.model.encoders import TextEncoder, VectorEncoder
 from hindsight.model.predictor import Predictor
 from hindsight.serving import Client
 
 
 def _trajectory(spec, steps: int, rng) -> dict:
-  if spec.text:  # a text model: the text world's sentences, in the trace format
+  enc = spec.encoder
+  if isinstance(enc, TextEncoder):  # a text model: the text world's sentences, as traces
     from hindsight.text import world
 
     sentences = [s.text for t in world.sample_traces(int(rng.integers(1 << 30)), 8)
                  for s in t.steps]  # fmt: skip
     return {"steps": [sentences[int(i)] for i in rng.integers(0, len(sentences), steps)],
             "outcome": 1.0}  # fmt: skip
-  if spec.obs_kind == "vector":
-    obs = rng.normal(size=(steps, spec.obs_dim)).round(3).tolist()
+  if isinstance(enc, VectorEncoder):
+    obs = rng.normal(size=(steps, enc.dim)).round(3).tolist()
   else:
-    obs = rng.integers(0, spec.obs_dim, steps).tolist()
+    obs = rng.integers(0, enc.num_ids, steps).tolist()
   return {
     "observations": obs,
     "actions": rng.integers(0, spec.num_actions, steps).tolist(),

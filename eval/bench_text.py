@@ -29,11 +29,12 @@ import time
 import httpx
 import numpy as np
 
-from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
+from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
 from hindsight.text import world
 from hindsight.text.client import CompletionCache, CompletionClient, Draw, Sampling
 from hindsight.text.exact import compare_to_exact
+from hindsight.text.options import TextOptions
 from hindsight.text.trace import write_traces
 
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     rmse = {}
     for K in (16, 64):
       options = TextOptions(endpoint=url, model=world.MODEL_NAME, concurrency=16)
-      job = LabelJob(f"text:{prompts}", args.traces, LabelConfig(num_rollouts=K), text=options)
+      job = LabelJob(f"text:{prompts}", args.traces, LabelConfig(num_rollouts=K), options=options)
       tic = time.perf_counter()
       path = run_label_job(job, os.path.join(work, f"labels{K}"), progress=False)
       seconds = time.perf_counter() - tic

@@ -67,7 +67,7 @@ def test_bench_model_smoke():
   )
   params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert report["model_params"] == params
-  assert report["spec"] == {"obs": "vector[7]", "actions": 10, "T": 20}
+  assert report["spec"] == {"obs": "vector observations [7]", "actions": 10, "T": 20}
   # Env steps trained per optimizer step: the real (unpadded) steps of one batch of 8
   # episodes of 10 to 20 steps.
   per_step = report["train_env_steps_per_s"] / report["train_steps_per_s"]

@@ -119,7 +119,7 @@ def test_a_steady_stream_never_recompiles(run):
     for n in rng.integers(1, MAX_STEPS + 1, count):
       eps.append(
         {
-          "observations": rng.integers(0, spec.obs_dim, n),
+          "observations": rng.integers(0, spec.encoder.num_ids, n),
           "actions": rng.integers(0, spec.num_actions, n),
           "rewards": rng.normal(size=n),
         }
@@ -454,7 +454,8 @@ def test_readme_policy_gradient_example_runs(run, episodes):
   exec(code.replace('"runs/demo"', repr(run)), namespace)
   w = np.asarray(namespace["params"]["w"])
   spec = namespace["spec"]
-  assert w.shape == (spec.obs_dim, spec.num_actions)
+  width = namespace["width"]
+  assert w.shape == (width, spec.num_actions)
   # From w = 0 the policy is uniform, so the loss's gradient is, in closed form,
   # g[d, a] = -(1/N) sum_steps credit * x_d * (1[a_t = a] - 1/A), with the credit the
   # Predictor's mean; Adam's first step moves each weight by -lr sign(g).
@@ -463,7 +464,7 @@ def test_readme_policy_gradient_example_runs(run, episodes):
   for tr, sc in zip(namespace["trajectories"], Predictor.load(run).score(
       namespace["trajectories"]), strict=True):  # fmt: skip
     for obs, a, c in zip(tr["observations"], tr["actions"], sc["mean"], strict=True):
-      x = np.eye(spec.obs_dim)[obs] if spec.obs_kind == "discrete" else np.asarray(obs)
+      x = np.eye(width)[obs] if namespace["discrete"] else np.asarray(obs)
       g -= c * np.outer(x, np.eye(spec.num_actions)[a] - 1.0 / spec.num_actions)
       steps += 1
   g /= steps
@@ -601,7 +602,7 @@ def test_long_episodes_are_scored_fewer_to_a_call_with_the_same_answers(run):
   spec = predictor.spec
   rng = np.random.default_rng(3)
   eps = [
-    {"observations": rng.integers(0, spec.obs_dim, n),
+    {"observations": rng.integers(0, spec.encoder.num_ids, n),
      "actions": rng.integers(0, spec.num_actions, n), "rewards": rng.normal(size=n)}
     for n in rng.integers(65, 129, 20)
   ]  # fmt: skip

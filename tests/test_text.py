@@ -18,11 +18,12 @@ import pytest
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.data import open_labels
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig, LabelJob, TextOptions
+from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
 from hindsight.text import world
 from hindsight.text.client import Budget, CompletionCache, CompletionClient, Draw, Sampling
 from hindsight.text.exact import compare_to_exact
+from hindsight.text.options import TextOptions
 from hindsight.text.server import running_world
 from hindsight.text.similarity import Similarity
 from hindsight.text.thought_anchors import import_thought_anchors
@@ -46,7 +47,7 @@ def _served(url: str) -> dict:
 def _job(path, episodes, url, K=16, replacement="policy", **text):
   options = TextOptions(endpoint=url, model=world.MODEL_NAME, **text)
   return LabelJob(f"text:{path}", episodes, LabelConfig(num_rollouts=K, replacement=replacement),
-                  chunk_size=4, text=options)  # fmt: skip
+                  chunk_size=4, options=options)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

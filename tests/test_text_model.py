@@ -4,6 +4,7 @@ text world's exact credit where it exists."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -15,10 +16,12 @@ from scipy import stats
 from hindsight.data import open_labels
 from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig, TextOptions
+from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.job import LabelJob, run_label_job
+from hindsight.model.encoders import TextEncoder
 from hindsight.model.encoders.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from hindsight.text import world
+from hindsight.text.options import TextOptions
 from hindsight.text.server import running_world
 from hindsight.text.trace import write_traces
 from tests.conftest import run_cli
@@ -58,7 +61,7 @@ def text_run(tmp_path_factory):
   write_traces(str(prompts), world.prompt_traces(0, 96))
   with running_world() as url:
     job = LabelJob(f"text:{prompts}", 96, LabelConfig(num_rollouts=8), chunk_size=32,
-                   text=TextOptions(endpoint=url, model=world.MODEL_NAME))  # fmt: skip
+                   options=TextOptions(endpoint=url, model=world.MODEL_NAME))  # fmt: skip
     labels = run_label_job(job, str(root / "labels"), progress=False)
   workdir = str(root / "model")
   got = run_cli("train", "--config", "text:smoke", "--labels", labels, "--workdir", workdir,
@@ -72,9 +75,9 @@ def test_the_checkpoint_restores_the_tokenizer_and_scores_the_trace_format(text_
   from hindsight.model.predictor import Predictor
 
   predictor = Predictor.load(text_run["workdir"])
-  spec = predictor.spec
-  assert spec.text and spec.max_step_tokens == 2 * spec.step_tokens
-  tok = Tokenizer.from_json(spec.tokenizer)
+  encoder = predictor.spec.encoder
+  assert isinstance(encoder, TextEncoder) and encoder.max_step_tokens == 2 * encoder.step_tokens
+  tok = Tokenizer.from_json(encoder.tokenizer)
   assert tok.kind == "bpe" and tok.vocab_size == 512
   labels = open_labels(text_run["labels"])
   ex = labels[0]
@@ -117,7 +120,7 @@ def test_bad_text_input_is_one_line(text_run):
   from hindsight.model.predictor import Predictor
 
   predictor = Predictor.load(text_run["workdir"])
-  limit = predictor.spec.max_step_tokens
+  limit = predictor.spec.encoder.max_step_tokens
   cases = [
     ({"steps": ["Fine. ", "   "], "outcome": 1}, "step 1 is empty"),
     ({"steps": ["word " * (4 * limit)], "outcome": 1}, f"longer than the {limit}"),
@@ -174,28 +177,33 @@ def test_score_and_serve_take_text_traces(text_run, tmp_path):
 
 @TEXT_MODEL
 def test_the_text_eval_against_the_exact_credit(text_run):
+  from hindsight.drift import DriftConfig, run_drift
   from hindsight.model.predictor import training_run
-  from hindsight.text.evaluate import evaluate_text_run
   from hindsight.text.exact import exact_labels
 
-  report = evaluate_text_run(text_run["workdir"], bootstrap=50, progress=False)
-  assert report["reference"]["kind"] == "exact"
+  # One drift report for every run: the harness, with the text plug-in's reference.
+  report = run_drift(DriftConfig(checkpoint=text_run["workdir"], bootstrap=50, progress=False))
+  assert report["reference"]["kind"] == "exact DP" and report["cost_unit"] == "completions"
   # The report's label row, recomputed here from the dataset and the world's DP.
   labels = open_labels(training_run(text_run["workdir"])["labels"])
   ids = training_run(text_run["workdir"])["test"]
   truth = np.concatenate([exact_labels(labels[i], "policy")["credit"] for i in ids])
   label = np.concatenate([np.asarray(labels[i]["credit"], float) for i in ids])
   rho = stats.spearmanr(label, truth).statistic
-  assert report["metrics"]["training labels"]["spearman"]["value"] == pytest.approx(rho)
+  m = report["headline"]
+  assert m["training labels (MC, K=8)"]["spearman"]["value"] == pytest.approx(rho)
   # A Bayes observer of the text (the competence hidden) is closer to the truth than K = 8
   # labels, and the model trained on those labels beats them (it averages their noise).
-  m = report["metrics"]
   assert m["Bayes observer of the text"]["spearman"]["value"] > 0.9
-  assert m["credit model"]["mae"]["value"] < m["training labels"]["mae"]["value"]
-  assert report["k_star"]["credit model"]["value"] > 8
+  assert m["model (point)"]["mae"]["value"] < m["training labels (MC, K=8)"]["mae"]["value"]
+  assert report["k_star"]["model (point)"]["value"] > 8
+  assert report["equivalent_rollouts"]["k"] == report["k_star"]["model (point)"]
   # The learned PRM reads the text too (trained on outcomes only): a signal on every step.
-  assert np.isfinite(m["learned PRM (text)"]["spearman"]["value"])
-  assert (text_run["workdir"] + "/drift/report.md") and report["top3_recall"]["credit model"] > 0
+  assert np.isfinite(m["learned PRM"]["spearman"]["value"])
+  assert report["top_recall"]["model (point)"] > 0
+  with open(os.path.join(report["out"], "report.md")) as f:
+    page = f.read()
+  assert "completions per step" in page and "Bayes observer of the text" in page
 
 
 def test_the_observer_is_the_truth_when_the_competence_is_known():
@@ -299,8 +307,9 @@ def test_text_demo_smoke_runs_the_whole_path(tiny_lm, tmp_path):
                "--max-tokens", "40", "--smoke"])  # fmt: skip
   assert code == 0
   report = json.loads((work / "model" / "drift" / "report.json").read_text())
-  assert report["reference"]["kind"] == "resample" and report["reference"]["completions"] > 0
-  assert np.isfinite(report["metrics"]["credit model"]["mae"]["value"])
+  assert report["reference"]["kind"] == "MC relabel" and report["reference"]["completions"] > 0
+  assert report["reference"]["rollouts"] == 8 and report["cost_unit"] == "completions"
+  assert np.isfinite(report["headline"]["model (point)"]["mae"]["value"])
 
 
 class _Offset:

@@ -298,7 +298,7 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path, monkeypatch):
   for key in ("spearman", "pearson", "mae", "summary", "per_tag", "label_reliability"):
     assert key in on_disk
   assert on_disk["episodes"] == {"train": 50, "validation": 7, "test": 7}
-  assert on_disk["data_spec"]["obs_kind"] == "discrete"
+  assert on_disk["data_spec"]["encoder"]["kind"] == "discrete"
   assert np.isfinite(on_disk["mae"]) and on_disk["mae"] == report["mae"]
   # It learned something: its MAE beats the best constant's, and it ranks the ~130 test
   # steps (a constant ranks nothing; chance would give Spearman 0 +- 0.09; it reaches 0.44).

@@ -53,13 +53,14 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
   from hindsight.config_io import load_config
-  from hindsight.labeling.config import LabelConfig, TextOptions
+  from hindsight.drift import DriftConfig, run_drift
+  from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
   from hindsight.lm.config import LMTrainConfig
   from hindsight.lm.server import running_lm
   from hindsight.lm.train import train_lm
   from hindsight.text import world
-  from hindsight.text.evaluate import evaluate_text_run
+  from hindsight.text.options import TextOptions
   from hindsight.text.trace import write_traces
   from hindsight.training import run_training
 
@@ -96,7 +97,8 @@ def run(args) -> int:
     with stage("sample and label traces through the endpoint"):
       job = LabelJob(
         f"text:{prompts}", args.traces, LabelConfig(num_rollouts=args.rollouts),
-        seed=args.seed, text=TextOptions(endpoint=url, model=model, max_tokens=args.max_tokens),
+        seed=args.seed,
+        options=TextOptions(endpoint=url, model=model, max_tokens=args.max_tokens),
       )  # fmt: skip
       labels = run_label_job(job, os.path.join(W, "labels"))
     with stage("train the credit model"):
@@ -106,10 +108,11 @@ def run(args) -> int:
       config.train.eval_every = min(250, args.credit_steps)
       run_training(config, os.path.join(W, "model"))
     with stage("drift report against a resampled reference"):
-      report = evaluate_text_run(
-        os.path.join(W, "model"), episodes=args.reference_traces, reference="resample",
-        rollouts=args.reference_rollouts, endpoint=url, seed=args.seed,
-      )  # fmt: skip
+      report = run_drift(DriftConfig(
+        checkpoint=os.path.join(W, "model"), episodes=args.reference_traces,
+        reference="resample", reference_rollouts=args.reference_rollouts, endpoint=url,
+        seed=args.seed,
+      ))  # fmt: skip
   with open(os.path.join(report["out"], "report.md")) as f:
     print(f.read())
   print("stage timings:")

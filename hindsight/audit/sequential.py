@@ -186,3 +186,73 @@ def drift_alarm(
   return AlarmTrace(
     g_lo, g_hi, c_hi, gap_fired, cov_fired, first, reason, s_fired, s_lo, s_hi, names
   )
+
+
+def spent_alpha(alpha: float, index: int) -> float:
+  """The error budget of the index-th (0, 1, 2, ...) of a run's repeated tests: alpha /
+  ((index + 1) (index + 2)), which sums to alpha over any number of them. Tests that each
+  hold their share hold together with probability >= 1 - alpha, however long the run: the
+  union bound over an unbounded sequence of reads (RL's evaluation points, `rl.refresh`)."""
+  return alpha / ((index + 1) * (index + 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceBounds:
+  """Each slice's confidence sequence of its mean after its last draw: names [m], lower,
+  upper, mean and count [m] (`slice_sequences`)."""
+
+  names: tuple[str, ...]
+  lower: np.ndarray
+  upper: np.ndarray
+  mean: np.ndarray
+  count: np.ndarray
+
+  def as_dict(self) -> dict[str, list]:
+    """{name: [mean, lower, upper, count]} (plain floats, for a run's history)."""
+    return {
+      n: [float(self.mean[j]), float(self.lower[j]), float(self.upper[j]), int(self.count[j])]
+      for j, n in enumerate(self.names)
+    }
+
+  @classmethod
+  def from_dict(cls, d: dict[str, list]) -> SliceBounds:
+    names = tuple(d)
+    col = lambda i: np.array([d[n][i] for n in names], np.float64)  # noqa: E731
+    return cls(names, col(1), col(2), col(0), col(3).astype(np.int64))
+
+
+def slice_sequences(
+  x: np.ndarray,
+  slices: np.ndarray,
+  names,
+  ranges: np.ndarray,
+  alpha: float,
+  min_draws: int = 2,
+) -> SliceBounds:
+  """The empirical-Bernstein confidence sequence (`eb_confidence_sequence`) of the mean of
+  each slice's own draws, in the order given: x [n] the draws, slices int [n] their slice,
+  ranges [m, 2] the range every draw of slice j can take (known before the draws), alpha the
+  budget of the whole family, alpha / m for each slice (a union bound), so every slice's
+  sequence holds at every time together with probability >= 1 - alpha. Slices with fewer
+  than `min_draws` draws are left out."""
+  x, slices = np.asarray(x, np.float64), np.asarray(slices)
+  keep = [j for j in range(len(names)) if np.sum(slices == j) >= min_draws]
+  m = max(len(keep), 1)
+  lower, upper, mean, count = [], [], [], []
+  for j in keep:
+    xs = x[slices == j]
+    lo, hi = float(ranges[j][0]), float(ranges[j][1])
+    if not hi > lo:
+      hi = lo + 1e-9
+    cs_lo, cs_hi = eb_confidence_sequence(xs, lo, hi, alpha / m)
+    lower.append(cs_lo[-1])
+    upper.append(cs_hi[-1])
+    mean.append(xs.mean())
+    count.append(xs.size)
+  return SliceBounds(
+    tuple(str(names[j]) for j in keep),
+    np.asarray(lower, np.float64),
+    np.asarray(upper, np.float64),
+    np.asarray(mean, np.float64),
+    np.asarray(count, np.int64),
+  )

@@ -60,7 +60,7 @@ def markdown(report: dict) -> str:
     f"Reference: {ref['kind']}"
     + (f" at K={ref['rollouts']}" if ref["kind"] != "exact DP" else "")
     + _noise_line(ref)
-    + _check_line(ref["check"]),
+    + _check_line(ref.get("check")),
     "",
     "## Headline: every signal against the reference (95% bootstrap CIs over episodes)",
     "",
@@ -81,16 +81,29 @@ def markdown(report: dict) -> str:
     cost = f"the model {e['model_seconds_per_step'] * 1e6:.3g} us per step" + (
       f" and {flops:.3g} FLOPs per step." if flops else "."
     )
+    unit = r.get("cost_unit", "env steps")
     if e.get("undefined"):
       text = f"K is undefined: {e['undefined']}. For comparison, {cost}"
     else:
       text = (
         f"The model's error against the reference equals that of a Monte Carlo label with "
         f"**K = {_fmt(e['k'], '.1f')}** branches (training labels: K = {e['label_rollouts']}). "
-        f"Such a label costs {e['env_steps_per_step']:.3g} environment steps per step "
-        f"({e['env_steps_per_step_per_rollout']:.3g} per branch, three arms); {cost}"
+        f"Such a label costs {e['env_steps_per_step']:.3g} {_unit_words(unit)} per step "
+        f"({e['env_steps_per_step_per_rollout']:.3g} per branch"
+        + (", three arms); " if unit == "env steps" else "); ")
+        + cost
       )
     lines += ["", "## Equivalent rollouts", "", text]
+  if "k_star" in r:
+    lines += ["", "Every signal's equivalent rollouts (K*, the same measure):", ""]
+    lines += [f"- {name}: {_fmt(k, '.1f')}" for name, k in r["k_star"].items()]
+    if "k_star_share_of_observer" in r:
+      lines.append(f"- the model reaches {r['k_star_share_of_observer']:.0%} of the observer's K*")
+  if "top_recall" in r:
+    k = r["top_recall"]["k"]
+    lines += ["", f"Top-{k} recall over episodes of more than {k} steps (the {k} steps of "
+              "largest |credit| found again):", ""]  # fmt: skip
+    lines += [f"- {name}: {v:.3f}" for name, v in r["top_recall"].items() if name != "k"]
   c = r["calibration"]
   lines += [
     "",
@@ -170,12 +183,9 @@ def markdown(report: dict) -> str:
         f"| {name} | {s['bias_db']:.1f} | {s['bias_floor_db']:.1f} | {s['variance']:.3g} | "
         f"{s['snr_db']:.1f} |"
       )
-  lines += [
-    "",
-    f"Total {r['seconds']['total']} s. Plots: scatter.png, reliability.png, tags.png, "
-    "slices.png, gradient.png.",
-    "",
-  ]
+  plots = ["scatter.png", "reliability.png", "tags.png", "slices.png"]
+  plots += ["gradient.png"] if "gradient" in r else []
+  lines += ["", f"Total {r['seconds']['total']} s. Plots: {', '.join(plots)}.", ""]
   return "\n".join(lines)
 
 
@@ -204,7 +214,13 @@ def _noise_line(ref: dict) -> str:
   return f"; its RMS stderr / credit spread = {ratio:.3f} (sample stderrs; {share}). "
 
 
-def _check_line(check: dict) -> str:
+def _unit_words(unit: str) -> str:
+  return "environment steps" if unit == "env steps" else unit
+
+
+def _check_line(check: dict | None) -> str:
+  if check is None:
+    return ""
   if check.get("steps", 1) == 0:
     return (
       f"Check ({check['kind']}): undefined (no step of the check pass has a sample stderr to "

@@ -38,6 +38,7 @@ def _signals(main, k_label: int) -> dict[str, str]:
       rows[name] = col
   if "rudder" in cols:
     rows["RUDDER (return decomposition)"] = "rudder"
+  rows.update(main.rows)  # a backend's own (`EpisodeSet.add_row`)
   return rows
 
 
@@ -48,7 +49,21 @@ def _valid(cols: dict, names) -> np.ndarray:
   return ok
 
 
-def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds) -> dict:
+def build_report(
+  cfg,
+  predictor,
+  main,
+  shift_sets,
+  k_label,
+  k_ref,
+  score_seconds,
+  k_star_of_every_signal: bool = False,
+  top_k: int = 0,
+) -> dict:
+  """Every number of report.json (module docstring) over the steps where the reference and
+  every signal are defined. k_star_of_every_signal: also the equivalent rollouts of every
+  signal but the labels and MC progress (`k_star`); top_k > 0: each signal's top-k recall
+  over episodes of more than k steps (`top_recall`)."""
   cols = main.cols
   rows = _signals(main, k_label)
   ok = _valid(cols, rows.values())
@@ -100,11 +115,14 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
     # a conservative bound, not a noise level (its branches all tied), so it counts 0.
     ref_var = np.where(cols["ref_credit_bounded"][ok].astype(bool), 0.0, np.square(ref_se))
 
-    def k_star(idx):
-      sel = steps.gather(idx)
-      return [dm.equivalent_rollouts(model_e2[sel], label_e2[sel], ref_var[sel], k_label)]
+    def k_star_of(e2):
+      def stat(idx):
+        sel = steps.gather(idx)
+        return [dm.equivalent_rollouts(e2[sel], label_e2[sel], ref_var[sel], k_label)]
 
-    v, lo, hi, _ = dm.bootstrap(steps.num_episodes, k_star, n_boot, seed)
+      return dm.bootstrap(steps.num_episodes, stat, n_boot, seed)
+
+    v, lo, hi, _ = k_star_of(model_e2)
     per_step_env = float(np.sum(main.rollout_steps)) / max(int(main.mask.sum()), 1) / k_ref
     out["equivalent_rollouts"] = {
       "k": dm.Estimate(float(v[0]), float(lo[0]), float(hi[0])).as_dict(),
@@ -117,6 +135,20 @@ def build_report(cfg, predictor, main, shift_sets, k_label, k_ref, score_seconds
       "model_flops_per_step": _flops_per_step(predictor, main),
     }
 
+    if k_star_of_every_signal:
+      # Every signal's K* but the labels' (K_L by definition) and MC progress (a different
+      # quantity): an observer of the trace, say, is a ceiling for the model's.
+      out["k_star"] = {}
+      for name, x in signals.items():
+        if rows[name] in ("label_credit",) or rows[name].endswith("_progress"):
+          continue
+        v, lo, hi, _ = k_star_of(np.square(x - ref))
+        out["k_star"][name] = dm.Estimate(float(v[0]), float(lo[0]), float(hi[0])).as_dict()
+
+  if top_k:
+    out["top_recall"] = {"k": top_k} | {
+      name: dm.top_k_recall(x, ref, episode, top_k) for name, x in signals.items()
+    }
   out["slices"] = _slices(main, shift_sets, ok, n_boot, seed)
   out["per_tag"] = _per_tag(cols, rows, ok, steps, n_boot, seed)
   out["tag_means"] = _tag_means(cols, rows, ok, steps, n_boot, seed)

@@ -107,6 +107,9 @@ def register(family: EnvFamily, *, replace: bool = False) -> EnvFamily:
   return family
 
 
+register_family = register  # the name the flat API (`hindsight.register_family`) gives it
+
+
 def registered_families() -> tuple[EnvFamily, ...]:
   """Every registered family, in registration order (every plug-in loaded first, so the
   families they add are there too)."""

@@ -256,3 +256,20 @@ def confusion(pred_klass: np.ndarray, ref_klass: np.ndarray, num_classes: int) -
   m = np.zeros((num_classes, num_classes), np.int64)
   np.add.at(m, (ref_klass.astype(int), pred_klass.astype(int)), 1)
   return m
+
+
+def top_k_recall(pred: np.ndarray, ref: np.ndarray, episode: np.ndarray, k: int = 3) -> float:
+  """Mean over episodes of more than k steps of |top-k(|pred|) & top-k(|ref|)| / k, the
+  top k of each by |credit| within the episode (thought-anchors' frugal variant reports
+  97.7% of this); flat steps with `episode` [N] their episode ids. NaN without such an
+  episode."""
+  hits = []
+  for e in np.unique(episode):
+    sel = episode == e
+    p, r = np.abs(pred[sel]), np.abs(ref[sel])
+    if r.size <= k:
+      continue
+    top_p = set(np.argsort(-p, kind="stable")[:k].tolist())
+    top_r = set(np.argsort(-r, kind="stable")[:k].tolist())
+    hits.append(len(top_p & top_r) / k)
+  return float(np.mean(hits)) if hits else float("nan")

@@ -9,7 +9,7 @@ From Python: `read_traces` / `write_traces` and `chunk_text` (the format), `load
 `CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, the text
 world (`hindsight.text.world`, `running_world` serves it from a thread), the tokenizer
 (`Tokenizer`, `train_bpe`), a trace as the credit model reads it (`parse_text_episode`) and
-the text eval (`evaluate_text_run`).
+the drift harness's backend of text runs (`open_text`: `hindsight eval` on a text run).
 """
 
 from hindsight._lazy import lazy_exports
@@ -33,7 +33,7 @@ _HOMES = {
   "Tokenizer": "hindsight.model.encoders.tokenizer",
   "train_bpe": "hindsight.model.encoders.tokenizer",
   "parse_text_episode": "hindsight.text.episodes",
-  "evaluate_text_run": "hindsight.text.evaluate",
+  "open_text": "hindsight.text.evaluate",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)
 __all__ = sorted(_HOMES)

@@ -14,7 +14,9 @@ JAX-free: only the registrations happen here; each piece is imported when it is 
 
 from __future__ import annotations
 
+from hindsight.audit.backend import AuditBackend, register_audit_backend
 from hindsight.data.formats import register_format
+from hindsight.drift.backend import DriftBackend, register_drift_backend
 from hindsight.envs.families import EnvFamily, register
 from hindsight.labeling.source import SourceEntry, register_label_source
 from hindsight.text.options import TextOptions
@@ -34,6 +36,21 @@ def _parse_trace(episode, spec, where: str):
   return parse_text_episode(episode, spec, where)
 
 
+def _open_eval(cfg, run, predictor, out: str):
+  from hindsight.text.evaluate import open_text
+
+  return open_text(cfg, run, predictor, out)
+
+
+def _prepare_audit(cfg, predictor, metadata, out: str):
+  from hindsight.text.audit import prepare_text_audit
+
+  return prepare_text_audit(cfg, predictor, metadata, out)
+
+
 register(EnvFamily(FAMILY, "text:FILE.jsonl"))
 register_label_source(FAMILY, SourceEntry(_text_source, options=TextOptions))
 register_format(FAMILY, _parse_trace)
+register_drift_backend(FAMILY, DriftBackend(_open_eval))
+# Resampled steps have no environment trajectories to write as a label dataset.
+register_audit_backend(FAMILY, AuditBackend(_prepare_audit, writes_labels=False))
