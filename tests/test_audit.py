@@ -389,7 +389,8 @@ def test_audit_shift_fine_tune_shrinks_the_gap(tabular_run, shifted_mdp, tmp_pat
   out = tmp_path / "audit"
   budget = 2_000_000
   run_audit(AuditConfig(checkpoint=tabular_run, env=spec, episodes=256, budget=budget,
-                        rollouts=16, gap_tolerance=0.002, out=str(out), progress=False))  # fmt: skip
+                        rollouts=16, gap_tolerance=0.002, out=str(out),
+                        progress=False))  # fmt: skip
   report = json.loads((out / "report.json").read_text())
   assert 0 < report["spent_env_steps"] <= budget
   assert (out / "report.md").is_file() and (out / "alarm.png").is_file()
