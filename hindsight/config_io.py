@@ -24,6 +24,8 @@ LEGACY_CONFIG_NAMES = {
   "credit.replacement": "label.replacement",
   "ppo.gae_lambda": "gae.lambda_",
   "ppo.value_coef": "gae.value_coef",
+  "refresh.tolerance": "eval.tolerance",
+  "refresh.alpha": "eval.alpha",
 }
 
 

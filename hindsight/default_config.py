@@ -34,6 +34,9 @@ def base_config() -> ConfigDict:
   c.data.validation_fraction = 0.1  # share of episodes held out for checkpoint selection
   c.data.test_fraction = 0.1  # share of episodes held out for the report
   c.data.num_buckets = 4  # length buckets (padded shapes, so compiled programs)
+  # The step encoder (hindsight.model.encoders): "" = the data's kind (discrete ids, float
+  # vectors, text steps), or a registered kind by name (a plug-in's own).
+  c.data.encoder = ""
   c.data.batch_size = 32  # episodes per global batch (a multiple of the device count)
 
   c.model = ConfigDict()

@@ -311,12 +311,14 @@ def _load_data(config: ConfigDict, workdir: str) -> _Data:
   reader = EpisodeReader(labels)
   fractions = (config.data.validation_fraction, config.data.test_fraction)
   splits = split_episodes(len(labels), fractions, int(config.seed))
-  # Text traces: the tokenizer the model reads with (`data.tokenizer`, configs/text.py).
-  tokenizer = {
-    "kind": config.data.get("tokenizer", "bpe"),
+  # The step encoder: the data's kind, or the one `data.encoder` names, fitted with the
+  # config's options for it (text: `data.tokenizer`, `data.vocab_size`, configs/text.py).
+  options = {
+    "tokenizer": config.data.get("tokenizer", "bpe"),
     "vocab_size": int(config.data.get("vocab_size", 512)),
   }
-  lengths, spec = reader.scan(splits["train"], labels.metadata.horizon or None, tokenizer)
+  horizon = labels.metadata.horizon or None
+  lengths, spec = reader.scan(splits["train"], horizon, config.data.get("encoder", ""), options)
   init = None
   if config.init_from:
     init = _init_model(config, spec)

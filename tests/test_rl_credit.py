@@ -205,31 +205,63 @@ def test_a_refit_moves_the_heads_to_a_new_policys_labels():
 
 
 def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
-  """The warning's test (`rl.refresh.sliced_shift_test`): a model off by 0.3 on one tag from
-  the start does not fire it (the one-sample audit test does); the same model after the gap
-  on another tag moved by 0.1 does, naming that tag; and its bound is tolerance + z se of
-  the difference, Bonferroni over the tags, to the digit."""
-  from scipy import stats
+  """The warning's test (`rl.refresh.shift_test`, on the audit's confidence sequences): a
+  model off by 0.3 on one tag from the start does not fire it (the gap test does); the same
+  model after the gap on another tag moved by 0.2 does, naming that tag; and it fires
+  exactly when the two points' sequences are further apart than the tolerance."""
+  from hindsight.audit.sequential import SliceBounds, slice_sequences
+  from hindsight.rl.refresh import gap_test, shift_alpha, shift_test
 
-  from hindsight.rl.refresh import slice_stats, sliced_gap_test, sliced_shift_test
-
-  names, slices = ("a", "b"), np.repeat([0, 1], 400)
-  noise = jax.random.normal(jax.random.key(0), (3, 800)) * 0.1
+  names, slices = ("a", "b"), np.repeat([0, 1], 2000)
+  ranges = np.array([[-1.0, 1.0], [-1.0, 1.0]])
+  noise = np.asarray(jax.random.normal(jax.random.key(0), (3, 4000))) * 0.05
   off = np.where(slices == 0, 0.3, 0.0)
-  first, same, moved = np.asarray(noise) + np.stack([off, off, off + 0.1 * (slices == 1)])
-  before = slice_stats(first, slices, names)
-  assert sliced_gap_test(same, slices, names, 0.02, 0.05)["fired"]
-  assert not sliced_shift_test(slice_stats(same, slices, names), before, 0.02, 0.05)["fired"]
-  shift = sliced_shift_test(slice_stats(moved, slices, names), before, 0.02, 0.05)
+  first, same, moved = noise + np.stack([off, off, off + 0.2 * (slices == 1)])
+  before = slice_sequences(first, slices, names, ranges, shift_alpha(0.05, 0))
+  audit = gap_test(same, slices, names, ranges, 0.02, 0.05, 1)
+  assert audit["fired"] and audit["slice"] == "a" and audit["lower"] > 0.02, audit
+  now = slice_sequences(same, slices, names, ranges, shift_alpha(0.05, 1))
+  assert not shift_test(now, before, 0.02)["fired"]
+  shift = shift_test(slice_sequences(moved, slices, names, ranges, shift_alpha(0.05, 1)),
+                     before, 0.02)  # fmt: skip
   assert shift["fired"] and shift["slice"] == "b", shift
-  assert abs(shift["gap"] - shift["before"] - 0.1) < 0.03, shift
-  # the bound: two tags, so z at alpha / 4
-  then = {"a": [0.0, 0.2, 50], "b": [0.0, 0.1, 80]}
-  se = np.sqrt(0.3**2 / 60 + 0.2**2 / 50)
-  edge = 0.02 + stats.norm.ppf(1 - 0.05 / 4) * se
-  for delta, fires in ((edge - 1e-6, False), (edge + 1e-6, True)):
-    now = {"a": [delta, 0.3, 60], "b": [0.0, 0.1, 80]}
-    assert sliced_shift_test(now, then, 0.02, 0.05)["fired"] is fires, delta
+  assert abs(shift["gap"] - shift["before"] - 0.2) < 0.01, shift
+  # the rule, to the digit: apart = max(lo_now - hi_then, lo_then - hi_now) > tolerance
+  then = SliceBounds(("a",), np.array([-0.01]), np.array([0.01]), np.array([0.0]), np.array([9]))
+  for apart, fires in ((0.02 - 1e-9, False), (0.02 + 1e-9, True)):
+    lo = 0.01 + apart
+    now = SliceBounds(("a",), np.array([lo]), np.array([lo + 0.02]), np.array([lo + 0.01]),
+                      np.array([9]))  # fmt: skip
+    assert shift_test(now, then, 0.02)["fired"] is fires, apart
+
+
+def test_the_drift_tests_are_anytime_valid_over_a_run():
+  """A model whose gaps never move (each tag's mean exactly on the tolerance's edge for the
+  gap test, and constant for the shift test) fires neither test at any of a run's 20 points
+  in more than alpha of 300 runs: the error budget spent over the points (`spent_alpha`)
+  holds over the whole run, not per point, and the ranges hold whatever the draws."""
+  from hindsight.audit.sequential import slice_sequences
+  from hindsight.rl.refresh import gap_test, shift_alpha, shift_test
+
+  names, slices = ("a", "b"), np.repeat([0, 1], 150)
+  ranges = np.array([[-1.0, 1.0], [-1.0, 1.0]])
+  alpha, tolerance = 0.1, 0.05
+  rng = np.random.default_rng(1)
+  gap_fired = shift_fired = 0
+  for _ in range(300):
+    # gaps in {tolerance - 0.5, tolerance + 0.5}: mean exactly the tolerance, sd 0.5
+    draw = lambda: tolerance + 0.5 * rng.choice([-1.0, 1.0], slices.size)  # noqa: E731
+    before = slice_sequences(draw(), slices, names, ranges, shift_alpha(alpha, 0))
+    gap = shift = False
+    for i in range(1, 21):
+      g = draw()
+      gap |= gap_test(g, slices, names, ranges, tolerance, alpha, i - 1)["fired"]
+      now = slice_sequences(g, slices, names, ranges, shift_alpha(alpha, i))
+      shift |= shift_test(now, before, tolerance)["fired"]
+    gap_fired += gap
+    shift_fired += shift
+  # Binomial(300, <= 0.1): above 0.1 + 3 sd (0.152) is not sampling noise.
+  assert gap_fired / 300 <= 0.152 and shift_fired / 300 <= 0.152, (gap_fired, shift_fired)
 
 
 def test_the_experiment_reads_leads_collapses_and_budgets_off_the_curves():

@@ -64,14 +64,13 @@ class EpisodeReader:
     return self._cache[i]
 
   def scan(
-    self, train: np.ndarray, horizon: int | None, encoder: dict | None = None
+    self, train: np.ndarray, horizon: int | None, encoder: str = "", options: dict | None = None
   ) -> tuple[np.ndarray, DataSpec]:
     """One pass over every episode: lengths [N] and the DataSpec of the training split.
-    The step encoder is the one whose kind the data is (`model.encoders.detect_encoder`), or
-    the kind `encoder["kind"]` names, fitted on the training split with the other
-    `encoder` options (a text tokenizer's `kind` and `vocab_size`: default a 512-id BPE)."""
-    options = dict(encoder or {})
-    named = options.pop("encoder", "") or ""
+    The step encoder is the kind `encoder` names, or ("") the one whose kind the data is
+    (`model.encoders.detect_encoder`), fitted on the training split with `options` (a text
+    tokenizer's `tokenizer` and `vocab_size`: default a 512-id BPE)."""
+    options = dict(options or {})
     lengths = np.zeros(len(self), np.int64)
     in_train = np.zeros(len(self), bool)
     in_train[train] = True
@@ -84,7 +83,7 @@ class EpisodeReader:
         credits.append(np.asarray(ex["credit"], np.float64))
         actions_max = max(actions_max, int(np.max(ex["actions"], initial=0)))
     meta = self.labels.metadata
-    cls = encoder_class(named) if named else detect_encoder(examples[0])
+    cls = encoder_class(encoder) if encoder else detect_encoder(examples[0])
     if cls is None:
       first = np.asarray(examples[0]["observations"])
       raise HindsightError(

@@ -58,6 +58,11 @@ def base_config() -> ConfigDict:
   c.eval.every = 10  # updates between evaluation points (checkpoint, reference labels)
   c.eval.episodes = 128  # fresh episodes of the current policy per evaluation (per seed)
   c.eval.rollouts = 32  # the reference labeler's K (independent keys)
+  # The drift tests of sources with a model (rl.refresh): per-tag |mean gap| beyond this is
+  # drift, at every evaluation point (its change since update 0 raises credit_drift) and in
+  # the audits of sources kept current; each test's false-alarm probability over a whole run.
+  c.eval.tolerance = 0.02
+  c.eval.alpha = 0.05
 
   c.progress = True  # console progress bar
   return c

@@ -6,11 +6,12 @@ Per seed: success rate, mean trace length, mean return, the share of the valid s
 each reference class (KLASS_NAMES: decorative, load_bearing, harmful, undetermined, by the
 labels' own rule at the labeler's tolerance and confidence) and in each environment tag
 (on `reasoning` the tags are the planted roles), and, for sources with a model
-(`CreditSource.credit_prediction`), its drift from the reference: mean gap (prediction -
-reference credit), MAE and Spearman over the valid steps, the per-tag test of those gaps
-(`rl.refresh.sliced_gap_test`: does the model describe this policy's credit?) and the
-per-tag test of their change since update 0 (`rl.refresh.sliced_shift_test`), whose firing
-is the `credit_drift` warning: the policy has left the model's support. A metric that is
+(`CreditSource.probe`), its drift from the reference: mean gap (prediction - reference
+credit), MAE and Spearman over the valid steps, the per-tag test of those gaps
+(`rl.refresh.gap_test`: does the model describe this policy's credit?) and the per-tag test
+of their change since update 0 (`rl.refresh.shift_test`), both with the audit's confidence
+sequences, anytime-valid over the run's points; the second's firing is the `credit_drift`
+warning: the policy has left the model's support. A metric that is
 undefined is null with the reason beside it (`spearman_note`: the reference credit is
 constant, ...), and `warnings` lists what voids the point's class shares (most reference
 steps undetermined) or its episodes (a fitted horizon that cuts them), and `credit_drift`.
@@ -25,12 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from hindsight.audit.sequential import SliceBounds, slice_sequences
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
-from hindsight.rl.refresh import slice_stats, sliced_gap_test, sliced_shift_test, tag_slices
+from hindsight.rl.refresh import gap_ranges, gap_test, shift_alpha, shift_test, tag_slices
 from hindsight.rl.task import Task
 
 # Above this share of undetermined reference steps the class shares say nothing.
@@ -89,13 +91,15 @@ def evaluate_point(
   drift_test=(0.02, 0.05),
   probe=None,
   before: dict | None = None,
+  index: int = 0,
 ):
   """The measurements of the module docstring for one seed (plain floats); score: the
   source's jitted prediction (`CreditSource.probe`: sources with a model), model_state its
   state, drift_test (tolerance, alpha) the per-tag tests (`rl.refresh`), and before the
   per-tag gap statistics of the run's first point (`drift.tags` of update 0), against which
   `credit_drift` tests this point's; probe: the source's `Probe`, whose `consequence` the
-  warning says."""
+  warning says; index: the point's place in the run (0 at update 0), which spends the
+  tests' error budget (`rl.refresh`)."""
   traj, labels, batch = jax.device_get(sampler(params, keys))
   mask = np.asarray(traj.mask)
   n_valid = max(int(mask.sum()), 1)
@@ -118,24 +122,33 @@ def evaluate_point(
     slices, names = tag_slices(env, labels)
     ok = np.isfinite(ref)
     gaps, slices = (pred - ref)[ok], slices[mask][ok]
-    # how far the model is from this policy's credit, per tag (its own error included) ...
-    audit = sliced_gap_test(gaps, slices, names, *drift_test)
-    audit.pop("excess")
-    out["drift"]["audit"] = audit
-    out["drift"]["tags"] = slice_stats(gaps, slices, names)
-    if before is not None:
-      # ... and whether that distance has moved since the first point: the policy has left
-      # the states and actions the model described as it did then
-      shift = sliced_shift_test(out["drift"]["tags"], before, *drift_test)
-      shift.pop("excess")
-      out["drift"]["shift"] = shift
-      if shift["fired"]:
-        warnings["credit_drift"] = (
-          f"the credit model's gap on '{shift['slice']}' steps moved from "
-          f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the reference "
-          f"(tolerance {drift_test[0]:g}, alpha {drift_test[1]:g}): the policy has left the "
-          f"model's support: {probe.consequence}"
-        )  # fmt: skip
+    _, bounds = jax.device_get(sampler.labeler.step_info(traj))
+    width = (bounds[..., 1] - bounds[..., 0])[mask][ok]
+    if not np.isfinite(width).all():
+      # The sequences need every gap in a known range: without return bounds, no test.
+      out["drift"]["audit"] = {"fired": False, "undefined": "no return range"}
+    else:
+      tolerance, alpha = drift_test
+      ranges = gap_ranges(pred[ok], width, slices, len(names))
+      # how far the model is from this policy's credit, per tag (its own error included) ...
+      audit = gap_test(gaps, slices, names, ranges, tolerance, alpha, index)
+      audit.pop("tags")
+      out["drift"]["audit"] = audit
+      now = slice_sequences(gaps, slices, names, ranges, shift_alpha(alpha, index))
+      out["drift"]["tags"] = now.as_dict()
+      if before is not None:
+        # ... and whether that distance has moved since the first point: the policy has
+        # left the states and actions the model described as it did then
+        shift = shift_test(now, SliceBounds.from_dict(before), tolerance)
+        out["drift"]["shift"] = shift
+        if shift["fired"]:
+          warnings["credit_drift"] = (
+            f"the credit model's gap on '{shift['slice']}' steps moved from "
+            f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the "
+            f"reference, its confidence sequences {shift['apart']:.3f} apart (tolerance "
+            f"{tolerance:g}, alpha {alpha:g} over the run): the policy has left the model's "
+            f"support: {probe.consequence}"
+          )  # fmt: skip
   undetermined = out["klass_share"]["undetermined"]
   if undetermined > UNDETERMINED_WARNING:
     fix = ("set return_range=LO:HI: without bounds a tied step has no finite stderr"

@@ -1,29 +1,35 @@
-"""Keeping a source's model current while the policy it describes learns
-(`learned_current`, `credit_cv_current`).
+"""RL's drift tests: does a source's model still describe the policy that now samples?
 
-At every evaluation point each seed audits its own model: fresh episodes of the current
-policy are labeled (`CreditSource.audit_size`: refresh.episodes at K = refresh.rollouts
-unless the source says otherwise; charged to the run), and the model's gaps g =
-prediction - label are tested per tag, because a signed mean over all steps lets opposite
-drifts cancel (the answer over-credited, decorative steps under-credited). For each of the
-m tags with >= 2 steps, a two-sided z-test at alpha / m (Bonferroni, so one audit's
-false-alarm probability is at most alpha):
+Both questions are asked per tag (a signed mean over all steps lets opposite drifts cancel:
+the answer over-credited, decorative steps under-credited) with the audit's confidence
+sequences (`audit.sequential`): each tag's empirical-Bernstein confidence sequence of its mean
+gap g = prediction - reference credit over the point's steps, in the order they were sampled,
+within the range every gap of the tag can take (the point's own predictions, known before
+any label, widened by the environment's return bounds). A run asks again at every evaluation
+point, so the error budget is spent over the repeated tests (`spent_alpha`: alpha / ((i + 1)
+(i + 2)) for the i-th), and each question's false-alarm probability over a whole run is at
+most alpha, however many points it has and whenever it is read:
 
-  fire  iff  |mean_tag g| > tolerance + z_{1 - alpha / 2m} sd_tag(g) / sqrt(n_tag)
+  gap_test    does the model describe this policy's credit? Fires when some tag's sequence
+              lies entirely outside [-tolerance, +tolerance] (the audits of sources kept
+              current, `rl.sources.refresh`, and every evaluation point's `drift.audit`).
+  shift_test  has the gap moved since update 0? Fires when some tag's sequence now and its
+              sequence at update 0 are further apart than the tolerance (half of alpha for
+              update 0's, the other half spent over the later points): a model that never fit
+              a tag has the same gap before and after, so only a change fires. Its firing is
+              the `credit_drift` warning.
 
-sd includes the labels' own noise, so a noisier label widens the test instead of firing
-it. This is a fixed-sample test per audit, not an anytime-valid sequence across audits:
-over a run of A audits the false alarms add up to at most A alpha, and each one costs only
-a refit. When it fires, the model is fitted again from its current parameters on the
-audited labels (`CreditSource.refit`; the credit model through
-`model.fit.fit_credit_model(init=...)`), and its new state replaces the old one in the
-running update (an argument of the compiled chunk: nothing recompiles).
+The sequences assume independent draws; a point's steps come in whole episodes, whose steps
+are correlated, as the fixed-sample z-tests these replace assumed too. The range term of a
+bounded, distribution-free sequence makes these tests slower to fire than a z-test at the
+same tolerance (docs/rl.md, "Hack detection", measures by how much).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+
+from hindsight.audit.sequential import SliceBounds, slice_sequences, spent_alpha
 
 
 def tag_slices(env, labels) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -34,54 +40,55 @@ def tag_slices(env, labels) -> tuple[np.ndarray, tuple[str, ...]]:
   return np.zeros(np.shape(labels["credit"]), int), ("all",)
 
 
-def slice_stats(gaps: np.ndarray, slices: np.ndarray, names) -> dict:
-  """name -> [mean, sd (ddof 1), n] of the gaps of each slice with >= 2 of them."""
-  out = {}
-  for s in np.unique(slices):
-    g = gaps[slices == s]
-    if g.size >= 2:
-      out[names[int(s)]] = [float(g.mean()), float(g.std(ddof=1)), int(g.size)]
+def gap_ranges(pred: np.ndarray, width: np.ndarray, slices: np.ndarray, m: int) -> np.ndarray:
+  """[m, 2]: the range every gap of each slice can take, pred - credit with |credit| <= the
+  step's return range width (a difference of two returns in it): [min pred - W, max pred + W]
+  over the slice's steps, W their largest width. pred, width, slices: [n] flat steps."""
+  out = np.zeros((m, 2))
+  for j in range(m):
+    sel = slices == j
+    if sel.any():
+      w = float(np.max(width[sel]))
+      out[j] = float(np.min(pred[sel])) - w, float(np.max(pred[sel])) + w
   return out
 
 
-def _worst(effects: dict, tolerance: float, alpha: float) -> dict:
-  """{fired, slice, excess} of the slice whose |effect| most exceeds tolerance + z se, over
-  effects {name: (effect, se)}, z at alpha / 2m for the m slices (Bonferroni)."""
-  z = stats.norm.ppf(1 - alpha / (2 * max(len(effects), 1)))
-  worst = {"fired": False, "slice": "", "excess": -np.inf}
-  for name, (effect, se) in effects.items():
-    excess = abs(effect) - (tolerance + z * se)
-    if excess > worst["excess"]:
-      worst = {"fired": bool(excess > 0), "slice": name, "excess": float(excess)}
-  return worst
+def gap_test(
+  gaps: np.ndarray, slices: np.ndarray, names, ranges: np.ndarray, tolerance: float,
+  alpha: float, index: int,
+) -> dict:  # fmt: skip
+  """The gap test of the module docstring at the index-th read of the run: {fired, slice (the
+  worst tag), gap (its mean), lower, upper (its sequence), tags (every tag's [mean, lower,
+  upper, count])}."""
+  bounds = slice_sequences(gaps, slices, names, ranges, spent_alpha(alpha, index))
+  excess = np.maximum(bounds.lower - tolerance, -tolerance - bounds.upper)
+  out = {"fired": False, "slice": "", "gap": 0.0, "lower": None, "upper": None,
+         "tags": bounds.as_dict()}  # fmt: skip
+  if len(bounds.names):
+    j = int(np.argmax(excess))
+    out.update(fired=bool(excess[j] > 0), slice=bounds.names[j], gap=float(bounds.mean[j]),
+               lower=float(bounds.lower[j]), upper=float(bounds.upper[j]))  # fmt: skip
+  return out
 
 
-def sliced_gap_test(
-  gaps: np.ndarray, slices: np.ndarray, names, tolerance: float, alpha: float
-) -> dict:
-  """The per-slice test of the module docstring: {fired, slice (the worst), gap, excess}."""
-  per = slice_stats(gaps, slices, names)
-  worst = _worst({k: (m, sd / np.sqrt(n)) for k, (m, sd, n) in per.items()}, tolerance, alpha)
-  worst["gap"] = per[worst["slice"]][0] if worst["slice"] else 0.0
-  return worst
+def shift_test(now: SliceBounds, before: SliceBounds, tolerance: float) -> dict:
+  """The shift test of the module docstring over the tags both points have: {fired, slice
+  (the worst), gap (now), before (at update 0), apart (the sequences' distance)}."""
+  out = {"fired": False, "slice": "", "gap": 0.0, "before": 0.0, "apart": 0.0}
+  worst = -np.inf
+  for j, name in enumerate(now.names):
+    if name not in before.names:
+      continue
+    i = before.names.index(name)
+    apart = max(now.lower[j] - before.upper[i], before.lower[i] - now.upper[j])
+    if apart - tolerance > worst:
+      worst = apart - tolerance
+      out.update(fired=bool(apart > tolerance), slice=name, gap=float(now.mean[j]),
+                 before=float(before.mean[i]), apart=float(apart))  # fmt: skip
+  return out
 
 
-def sliced_shift_test(now: dict, before: dict, tolerance: float, alpha: float) -> dict:
-  """Has the gap moved? Per slice present in both `slice_stats`, a two-sample z-test of
-  the change in mean gap, Bonferroni over the m slices at alpha:
-
-    fire  iff  |mean_now - mean_before| > tolerance + z_{1 - alpha / 2m}
-                                                     sqrt(sd_now^2 / n_now + sd_before^2 / n_before)
-
-  A model that never fit some slice has the same gap before and after, so only a change
-  fires: the policy has moved where the model describes it otherwise. {fired, slice (the
-  worst), gap (now), before (its gap then), excess}."""
-  shared = [k for k in now if k in before]
-  effects = {}
-  for k in shared:
-    (m1, s1, n1), (m0, s0, n0) = now[k], before[k]
-    effects[k] = (m1 - m0, float(np.sqrt(s1**2 / n1 + s0**2 / n0)))
-  worst = _worst(effects, tolerance, alpha)
-  k = worst["slice"]
-  worst["gap"], worst["before"] = (now[k][0], before[k][0]) if k else (0.0, 0.0)
-  return worst
+def shift_alpha(alpha: float, index: int) -> float:
+  """The budget of one point's tag sequences in the shift test: alpha / 2 for update 0's
+  (index 0), the other half spent over the later points (index 1, 2, ...)."""
+  return alpha / 2 if index == 0 else spent_alpha(alpha / 2, index - 1)

@@ -166,18 +166,18 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   reference = LabeledSampler(task, label_config(config, config.eval.rollouts))
   probe = source.probe()
   score = None if probe is None else jax.jit(probe.predict)
-  drift_test = (float(config.refresh.tolerance), float(config.refresh.alpha))
+  drift_test = (float(config.eval.tolerance), float(config.eval.alpha))
 
   def measure(update: int) -> dict:
     seeds = []
     for i in range(S):
       k = point_keys(keys[i], EVAL_STREAM, update, int(config.eval.episodes))
       model_state = _row(aux, i) if score is not None else None
-      first = (
-        history["points"][0]["seeds"][i]["drift"]["tags"] if update and score is not None else None
-      )
+      first = None
+      if update and score is not None:
+        first = history["points"][0]["seeds"][i]["drift"].get("tags")
       seeds.append(evaluate_point(reference, _row(ts.params, i), k, score, model_state,
-                                   drift_test, probe, first))  # fmt: skip
+                                   drift_test, probe, first, update // every))  # fmt: skip
     return {"update": update, "policy_steps": list(history["policy_steps"]),
             "credit_steps": list(history["credit_steps"]), "seeds": seeds}  # fmt: skip
 

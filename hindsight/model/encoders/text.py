@@ -95,12 +95,11 @@ class TextEncoder:
     return bool(len(example.get("step_text", ())))
 
   @classmethod
-  def of_texts(cls, texts: Sequence[str], options: Mapping[str, Any] | None = None):
-    """The record for training steps `texts`: a BPE of options["vocab_size"] ids trained on
-    them (options["kind"] "bpe", the default) or bytes, the token bucket of the longest step
+  def of_texts(cls, texts: Sequence[str], tokenizer: str = "bpe", vocab_size: int = 512):
+    """The record for training steps `texts`: a BPE of `vocab_size` ids trained on them
+    (`tokenizer` "bpe") or bytes ("bytes"), the token bucket of the longest step
     (`step_tokens`) and twice that as the longest step it reads."""
-    options = {"kind": "bpe", "vocab_size": 512, **(options or {})}
-    tok = make_tokenizer(options["kind"], texts, int(options["vocab_size"]))
+    tok = make_tokenizer(tokenizer, texts, int(vocab_size))
     longest = max(ids.size for ids in tok.encode_batch(texts))
     step = token_bucket(longest)
     return cls(tok.to_json(), step, 2 * step)
@@ -108,7 +107,7 @@ class TextEncoder:
   @classmethod
   def fit(cls, examples: Sequence[Mapping[str, Any]], options: Mapping[str, Any]):
     texts = [as_text(t) for e in examples for t in e.get("step_text", ())]
-    return cls.of_texts(texts, {k: options[k] for k in ("kind", "vocab_size") if k in options})
+    return cls.of_texts(texts, options.get("tokenizer", "bpe"), options.get("vocab_size", 512))
 
   def to_json(self) -> dict[str, Any]:
     return {

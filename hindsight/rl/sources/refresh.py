@@ -17,7 +17,7 @@ from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
 from hindsight.rl.measure import LabeledSampler, point_keys
-from hindsight.rl.refresh import sliced_gap_test, tag_slices
+from hindsight.rl.refresh import gap_ranges, gap_test, tag_slices
 from hindsight.rl.sources.base import (
   ConfigNode,
   CreditSource,
@@ -30,15 +30,10 @@ AUDIT_STREAM = 3  # the audits' keys: fold_in(seed key, 3), then the update (rl.
 
 
 def _refresh_config() -> ConfigDict:
-  """learned_current, credit_cv_current: audits at every evaluation point; every source with a
-  model: the drift tests of every evaluation point (`rl.measure`)."""
+  """learned_current, credit_cv_current: audits at every evaluation point."""
   c = ConfigDict()
   c.episodes = 32  # fresh episodes of the current policy labeled per audit
-  c.rollouts = 16  # their K
-  # per-tag |mean gap| beyond this is drift: in the audits, and in every evaluation point's
-  # tests against the reference (its change since update 0 raises credit_drift)
-  c.tolerance = 0.02
-  c.alpha = 0.05  # false-alarm probability of one test (split over the tags)
+  c.rollouts = 16  # their K (each audit's test: eval.tolerance and eval.alpha)
   c.steps = 300  # fine-tuning steps when the alarm fires (from the current model)
   return c
 
@@ -82,17 +77,25 @@ class Refreshing(CreditSource):
       self._score = jax.jit(self.credit_prediction())
     keys = point_keys(seed_key, AUDIT_STREAM, update, episodes)
     traj, labels, batch = jax.device_get(self._auditor(policy_params, keys))
+    _, bounds = jax.device_get(self._auditor.labeler.step_info(traj))
     mask = np.asarray(traj.mask)
     credit = np.asarray(labels["credit"])
     ok = mask & np.isfinite(credit)
     pred = np.asarray(self._score(aux, traj, batch))
     slices, names = tag_slices(self.task.env, labels)
-    cfg = self.config.refresh
-    record = sliced_gap_test(
-      (pred - credit)[ok], slices[ok], names, float(cfg.tolerance), float(cfg.alpha)
-    )
-    record["env_steps"] = int(mask.sum() + credit_arm_steps(np.asarray(labels["arm_steps"])))
-    record.pop("excess")
+    cfg = self.config.eval
+    width = (bounds[..., 1] - bounds[..., 0])[ok]
+    env_steps = int(mask.sum() + credit_arm_steps(np.asarray(labels["arm_steps"])))
+    if not np.isfinite(width).all():  # no return range: no test, no refit
+      return None, {"fired": False, "undefined": "no return range", "env_steps": env_steps,
+                    "fine_tuned": False}  # fmt: skip
+    # The audits after every chunk are the run's repeated tests: the i-th spends its share.
+    index = update // int(self.config.eval.every) - 1
+    ranges = gap_ranges(pred[ok], width, slices[ok], len(names))
+    record = gap_test((pred - credit)[ok], slices[ok], names, ranges, float(cfg.tolerance),
+                      float(cfg.alpha), index)  # fmt: skip
+    record.pop("tags")
+    record["env_steps"] = env_steps
     new = self.refit(aux, traj, labels, batch, seed) if record["fired"] else None
     record["fine_tuned"] = record["fired"]
     return new, record
