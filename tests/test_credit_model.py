@@ -205,3 +205,48 @@ def test_mixed_labels_append_the_first_episodes_of_another_dataset(synthetic_lab
   )  # fmt: skip
   with pytest.raises(HindsightError, match="replacement 'uniform' differs"):
     open_training_labels(synthetic_labels, "other", 5)
+
+
+def test_a_step_encoder_of_ones_own_trains_scores_and_reloads(tabular_run, tmp_path, monkeypatch):
+  """docs/training.md's example, run as written: a new observation kind is one module and
+  its registration. The model trains with it (`data.encoder`), its checkpoint records it, the
+  Predictor reads episodes through it, and without it registered the checkpoint is refused in
+  one line naming the kind."""
+  import sys
+
+  from conftest import page_file
+
+  from hindsight.config_io import load_config
+  from hindsight.model import encoders
+  from hindsight.model.encoders import base
+  from hindsight.model.predictor import Predictor
+  from hindsight.training import train_and_evaluate
+
+  monkeypatch.setattr(base, "_ENCODERS", dict(base._ENCODERS))
+  (tmp_path / "my_encoders.py").write_text(page_file("docs/training.md", "my_encoders.py"))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_encoders", raising=False)
+  import my_encoders
+
+  labels = os.path.join(tabular_run, "labels")
+  config = load_config("configs/tabular.py:smoke", [
+    f"data.labels_dir={labels}", "data.encoder=transition", "train.steps=20",
+    "train.eval_every=10",
+  ])  # fmt: skip
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)
+  predictor = Predictor.load(workdir)
+  assert isinstance(predictor.spec.encoder, my_encoders.TransitionEncoder)
+  episode = {"observations": [0, 1, 2, 1], "actions": [0, 1, 0, 1], "rewards": [0, 0, 0, 1.0]}
+  scores = predictor.score([episode])[0]
+  assert scores["credit"].shape == (4,) and np.isfinite(scores["mean"]).all()
+  # Its module read the previous ids too: the same step after another one scores otherwise.
+  other = predictor.score([{**episode, "observations": [3, 1, 2, 1]}])[0]
+  assert other["mean"][1] != scores["mean"][1]
+  with pytest.raises(HindsightError, match="'observations' must be 4 int ids"):
+    predictor.score([{**episode, "observations": [0.5, 1, 2, 1]}])
+  del base._ENCODERS["transition"]
+  with pytest.raises(HindsightError, match="step encoder 'transition' is unknown") as err:
+    Predictor.load(workdir)
+  assert "\n" not in str(err.value)
+  assert "transition" not in encoders.registered_encoders()

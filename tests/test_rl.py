@@ -370,3 +370,46 @@ def test_a_fitted_horizon_that_cuts_the_policys_episodes_is_said(tmp_path):
   cuts = [s["cut_share"] for p in results["curve"] for s in p["seeds"]]
   assert cuts[0] == 0.0 and max(cuts) > 0
   assert f"the fitted horizon {results['horizon']} cuts" in proc.stderr
+
+
+def test_a_source_with_a_loss_term_of_its_own_is_one_module(tmp_path, monkeypatch):
+  """docs/rl.md's second example, run as written: a source that brings its own per-seed state
+  (theta_0), its own loss term (a KL to it) and its own config node is one module; the
+  trainer composes them without naming it. Four updates of the outcome move the policy; the
+  same updates with the term move it less far from where it started."""
+  from conftest import page_file
+
+  from hindsight.rl.config import check_config
+  from hindsight.rl.sources import base
+
+  monkeypatch.setattr(base, "_SOURCES", dict(base._SOURCES))
+  monkeypatch.setattr(base, "_NODES", dict(base._NODES))
+  (tmp_path / "my_trust.py").write_text(page_file("docs/rl.md", "my_trust.py"))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_trust", raising=False)
+
+  def kl_from_start(source: str, beta: float | None = None) -> float:
+    c = tiny(source, ppo__entropy=0.0)
+    check_config(c)  # adds the node of a source registered after the config was made
+    if beta is not None:
+      c.trust.beta = beta
+    programs = Programs(prepare(make_task(c), c), c)
+    ts = programs.place(programs.init(seed_keys(c)))
+    aux = programs.place(jax.tree.map(lambda x: jnp.stack([x] * 2), programs.source.aux))
+    task = programs.task
+    start = jax.tree.map(lambda x: np.array(x[0]), ts.params)
+    after, _ = programs.chunk(ts, aux, 4)
+    moved = jax.tree.map(lambda x: x[0], after.params)
+    states = jax.vmap(task.env.reset, (0, None))(jax.random.split(jax.random.key(1), 64),
+                                                 task.env_params)  # fmt: skip
+    logits = lambda p: jax.vmap(task.policy.logits, (None, 0, None))(p, states, task.env_params)  # noqa: E731
+    logp, logq = jax.nn.log_softmax(logits(moved)), jax.nn.log_softmax(logits(start))
+    return float(jnp.mean(jnp.sum(jnp.exp(logp) * (logp - logq), -1)))
+
+  free = kl_from_start("outcome")
+  held = kl_from_start("my_trust:trusted_outcome", beta=30.0)
+  assert free > 0 and held < 0.5 * free, (free, held)
+  c = tiny("my_trust:trusted_outcome")
+  check_config(c)
+  assert c.trust.beta == 1.0  # the node the module registered, at its default
+  sys.modules.pop("my_trust", None)

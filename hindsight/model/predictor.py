@@ -224,6 +224,8 @@ class Predictor:
         model_cfg = ModelConfig(**record["model_config"])
         spec = DataSpec.from_json(json.dumps(record["data_spec"]))
         legacy = int(record.get("format", MODEL_FORMAT)) < 3
+      except HindsightError:
+        raise  # a record that reads but names what is not here (a step encoder's kind)
       except (ValueError, KeyError, TypeError) as e:
         raise HindsightError(f"{path}: unreadable ({type(e).__name__})") from None
       graphdef, abstract = model_graph(model_cfg, spec)

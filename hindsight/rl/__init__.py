@@ -8,7 +8,10 @@ with), the credit model kept current as they move, and the experiment that measu
 from hindsight._lazy import lazy_exports
 
 _HOMES = {
+  "ConfigNode": "hindsight.rl.sources",
   "CreditSource": "hindsight.rl.sources",
+  "Terms": "hindsight.rl.sources",
+  "register_config_node": "hindsight.rl.sources",
   "register_source": "hindsight.rl.sources",
   "registered_sources": "hindsight.rl.sources",
   "base_config": "hindsight.rl.config",

@@ -117,9 +117,13 @@ def register_encoder(cls: type) -> type:
 
 
 def encoder_class(kind: str) -> type:
-  """The encoder registered as `kind`; a one-line error naming the known ones."""
+  """The encoder registered as `kind` (loading the plug-in of that name if needed); a
+  one-line error naming the known ones."""
+  from hindsight import plugins
   from hindsight.errors import HindsightError
 
+  if kind not in _ENCODERS:
+    plugins.load(kind)
   if kind not in _ENCODERS:
     raise HindsightError(
       f"step encoder '{kind}' is unknown (known: {', '.join(_ENCODERS)}); a checkpoint of a "
