@@ -28,7 +28,6 @@ from hindsight.audit import (
 from hindsight.audit import pool as pool_lib
 from hindsight.audit.report import build_report
 from hindsight.audit.runner import audit_pool
-from hindsight.audit.sequential import SliceTerms
 from hindsight.data import open_labels
 from hindsight.drift import DriftConfig, run_drift
 from hindsight.envs import make
@@ -36,6 +35,7 @@ from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler, episode_key
+from hindsight.metrics.sequential import SliceTerms
 from hindsight.model.batching import EpisodeReader
 from hindsight.model.predictor import Predictor
 
@@ -206,7 +206,7 @@ def test_slice_alarm_sees_drift_that_cancels_and_keeps_alpha_at_the_boundary():
   # The rate above is far under alpha (confidence sequences are conservative), so it would
   # survive a lost alpha split: check the split itself. Each slice's sequence runs at
   # alpha / (3 m), the union bound over the three families and the m slices.
-  from hindsight.audit.sequential import eb_confidence_sequence
+  from hindsight.metrics.sequential import eb_confidence_sequence
 
   trace = drift_alarm(g, np.ones(g.size), (-1.0, 1.0), (0.0, 1.0), cfg, sl)
   m, final = len(sl.names), trace.final_slice_bounds()

@@ -209,7 +209,7 @@ def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
   model off by 0.3 on one tag from the start does not fire it (the gap test does); the same
   model after the gap on another tag moved by 0.2 does, naming that tag; and it fires
   exactly when the two points' sequences are further apart than the tolerance."""
-  from hindsight.audit.sequential import SliceBounds, slice_sequences
+  from hindsight.metrics.sequential import SliceBounds, slice_sequences
   from hindsight.rl.refresh import gap_test, shift_alpha, shift_test
 
   names, slices = ("a", "b"), np.repeat([0, 1], 2000)
@@ -240,7 +240,7 @@ def test_the_drift_tests_are_anytime_valid_over_a_run():
   gap test, and constant for the shift test) fires neither test at any of a run's 20 points
   in more than alpha of 300 runs: the error budget spent over the points (`spent_alpha`)
   holds over the whole run, not per point, and the ranges hold whatever the draws."""
-  from hindsight.audit.sequential import slice_sequences
+  from hindsight.metrics.sequential import slice_sequences
   from hindsight.rl.refresh import gap_test, shift_alpha, shift_test
 
   names, slices = ("a", "b"), np.repeat([0, 1], 150)

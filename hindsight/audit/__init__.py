@@ -4,10 +4,10 @@ and the audited steps as labels to repair the model with (`hindsight audit`)."""
 from hindsight._lazy import lazy_exports
 
 _HOMES = {
-  "AlarmConfig": "hindsight.audit.sequential",
+  "AlarmConfig": "hindsight.metrics.sequential",
   "AuditConfig": "hindsight.audit.config",
-  "drift_alarm": "hindsight.audit.sequential",
-  "eb_confidence_sequence": "hindsight.audit.sequential",
+  "drift_alarm": "hindsight.metrics.sequential",
+  "eb_confidence_sequence": "hindsight.metrics.sequential",
   "run_audit": "hindsight.audit.runner",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES)

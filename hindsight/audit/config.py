@@ -53,7 +53,7 @@ class AuditConfig:
       raise HindsightError(f"gap_tolerance must be >= 0 (0: the default), got {self.gap_tolerance}")
     # The alarm's other settings, checked before any work (the tolerance may still be 0).
     from hindsight.audit.design import check_shares
-    from hindsight.audit.sequential import AlarmConfig
+    from hindsight.metrics.sequential import AlarmConfig
 
     alarm = AlarmConfig(self.gap_tolerance or 1.0, self.alpha, self.coverage_level,
                         self.coverage_tolerance)  # fmt: skip

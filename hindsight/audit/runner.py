@@ -8,7 +8,7 @@
      saved state (`Labeler.label_steps`; `block` draws per call while even their worst
      case fits the budget, then one at a time), until the next draw could overrun the budget
      of env steps (a step t of a horizon-H environment costs at most 2 K (H - t));
-  4. the alarm (`audit.sequential`) is evaluated after every draw: the confidence sequences
+  4. the alarm (`metrics.sequential`) is evaluated after every draw: the confidence sequences
      of the mean gap g = predicted mean - rollout credit (terms w g), of the model's interval
      coverage (terms w 1[covered]) and of each tag's own mean gap (terms w g 1[tag] / p_tag,
      so opposite drifts on two tags cannot cancel); it may be read at any time with
@@ -44,7 +44,6 @@ from hindsight.audit.backend import (
 )
 from hindsight.audit.config import AUDIT_SALT, AuditConfig
 from hindsight.audit.design import mixture_design, outcome_signal
-from hindsight.audit.sequential import AlarmConfig, SliceTerms, drift_alarm
 from hindsight.data.labels import open_labels
 from hindsight.envs.families import family_of
 from hindsight.errors import HindsightError, make_dir
@@ -52,6 +51,7 @@ from hindsight.files import atomic_savez
 from hindsight.labeling.config import LabelConfig, make_labeled
 from hindsight.labeling.engine import Labeler
 from hindsight.metrics.drift import pit
+from hindsight.metrics.sequential import AlarmConfig, SliceTerms, drift_alarm
 from hindsight.model.predictor import Predictor, training_run
 from hindsight.progress import CompileAwareBar
 
@@ -254,7 +254,7 @@ def _terms(cfg, steps, design, draws: Draws, ties: np.ndarray, tolerance: float)
 
 
 def _slice_terms(steps, s, weighted_gap, lowest, highest) -> SliceTerms:
-  """The per-tag terms of the slice alarm (`audit.sequential`): x = w g 1[tag] / p_tag for
+  """The per-tag terms of the slice alarm (`metrics.sequential`): x = w g 1[tag] / p_tag for
   every tag holding at least MIN_SLICE_SHARE of the pool (rarer tags would spend the error
   budget on confidence sequences too wide to ever fire), each with its range over the pool
   (0 included: a draw from another slice contributes 0)."""

@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from hindsight.audit.sequential import SliceBounds, slice_sequences
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.labeling.config import LabelConfig
 from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
+from hindsight.metrics.sequential import SliceBounds, slice_sequences
 from hindsight.rl.refresh import gap_ranges, gap_test, shift_alpha, shift_test, tag_slices
 from hindsight.rl.task import Task
 

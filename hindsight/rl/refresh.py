@@ -2,7 +2,7 @@
 
 Both questions are asked per tag (a signed mean over all steps lets opposite drifts cancel:
 the answer over-credited, decorative steps under-credited) with the audit's confidence
-sequences (`audit.sequential`): each tag's empirical-Bernstein confidence sequence of its mean
+sequences (`metrics.sequential`): each tag's empirical-Bernstein confidence sequence of its mean
 gap g = prediction - reference credit over the point's steps, in the order they were sampled,
 within the range every gap of the tag can take (the point's own predictions, known before
 any label, widened by the environment's return bounds). A run asks again at every evaluation
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hindsight.audit.sequential import SliceBounds, slice_sequences, spent_alpha
+from hindsight.metrics.sequential import SliceBounds, slice_sequences, spent_alpha
 
 
 def tag_slices(env, labels) -> tuple[np.ndarray, tuple[str, ...]]:

@@ -1,4 +1,4 @@
-"""Anytime-valid confidence sequences: the audit's drift alarm may be read after every step.
+"""Anytime-valid confidence sequences: the audit's alarm and RL's drift tests, read at every step.
 
 A confidence sequence (CS) for a mean mu is a sequence of intervals C_1, C_2, ... with
 P(mu in C_t for every t) >= 1 - alpha: unlike a fixed-n interval it stays valid however long
