@@ -62,6 +62,17 @@ def load_all() -> None:
     load(name)
 
 
+class Registry(dict):
+  """A registry a plug-in may add to: name -> what was registered, in registration order.
+  `lookup` of a name it does not hold loads the plug-in of that name first (`load`)."""
+
+  def lookup(self, name: str, default=None):
+    """The value registered as `name` (after loading its plug-in), else `default`."""
+    if name and name not in self:
+      load(name)
+    return self.get(name, default)
+
+
 def import_function(spec: str, flag: str):
   """(module, FN) of `flag MODULE:FN`; a one-line error if either cannot be had."""
   module_name, _, name = spec.partition(":")

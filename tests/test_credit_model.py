@@ -220,9 +220,10 @@ def test_a_step_encoder_of_ones_own_trains_scores_and_reloads(tabular_run, tmp_p
   from hindsight.model import encoders
   from hindsight.model.encoders import base
   from hindsight.model.predictor import Predictor
+  from hindsight.plugins import Registry
   from hindsight.training import train_and_evaluate
 
-  monkeypatch.setattr(base, "_ENCODERS", dict(base._ENCODERS))
+  monkeypatch.setattr(base, "_ENCODERS", Registry(base._ENCODERS))
   (tmp_path / "my_encoders.py").write_text(page_file("docs/training.md", "my_encoders.py"))
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.delitem(sys.modules, "my_encoders", raising=False)

@@ -119,8 +119,9 @@ def test_the_installed_package_runs_the_examples(tmp_path):
   run("python", "example.py")
 
   # `hindsight eval` on the example's run: its 7 test episodes, the gradient table of its
-  # own MDP (key_corridor), baselines sized to its 51 training episodes.
-  proc = run("hindsight", "eval", "--run", "runs/corridor", "--no-progress")
+  # own MDP (key_corridor, on 128 episodes), baselines sized to its 51 training episodes.
+  proc = run("hindsight", "eval", "--run", "runs/corridor", "--no-progress",
+             "--gradient-episodes", "128", "--bootstrap", "200")  # fmt: skip
   assert "Spearman vs reference" in proc.stdout
   report = json.loads((user / "runs" / "corridor" / "drift" / "report.json").read_text())
   assert report["reference"]["kind"] == "exact DP" and report["steps"] > 0

@@ -3,6 +3,7 @@ what results.json says it is, and the unbiased sources' gradient is the exact on
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -204,7 +205,8 @@ def test_a_refit_moves_the_heads_to_a_new_policys_labels():
   assert after < 0.85 * before, (before, after)
 
 
-def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
+@pytest.mark.parametrize("boundary", ["asymptotic", "bounded"])
+def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit(boundary):
   """The warning's test (`rl.refresh.shift_test`, on the audit's confidence sequences): a
   model off by 0.3 on one tag from the start does not fire it (the gap test does); the same
   model after the gap on another tag moved by 0.2 does, naming that tag; and it fires
@@ -217,13 +219,13 @@ def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
   noise = np.asarray(jax.random.normal(jax.random.key(0), (3, 4000))) * 0.05
   off = np.where(slices == 0, 0.3, 0.0)
   first, same, moved = noise + np.stack([off, off, off + 0.2 * (slices == 1)])
-  before = slice_sequences(first, slices, names, ranges, shift_alpha(0.05, 0))
-  audit = gap_test(same, slices, names, ranges, 0.02, 0.05, 1)
+  sequences = functools.partial(slice_sequences, names=names, ranges=ranges, boundary=boundary)
+  before = sequences(first, slices, alpha=shift_alpha(0.05, 0))
+  audit = gap_test(same, slices, names, ranges, 0.02, 0.05, 1, boundary)
   assert audit["fired"] and audit["slice"] == "a" and audit["lower"] > 0.02, audit
-  now = slice_sequences(same, slices, names, ranges, shift_alpha(0.05, 1))
+  now = sequences(same, slices, alpha=shift_alpha(0.05, 1))
   assert not shift_test(now, before, 0.02)["fired"]
-  shift = shift_test(slice_sequences(moved, slices, names, ranges, shift_alpha(0.05, 1)),
-                     before, 0.02)  # fmt: skip
+  shift = shift_test(sequences(moved, slices, alpha=shift_alpha(0.05, 1)), before, 0.02)
   assert shift["fired"] and shift["slice"] == "b", shift
   assert abs(shift["gap"] - shift["before"] - 0.2) < 0.01, shift
   # the rule, to the digit: apart = max(lo_now - hi_then, lo_then - hi_now) > tolerance
@@ -235,11 +237,32 @@ def test_credit_drift_fires_on_a_moved_gap_not_on_a_model_that_never_fit():
     assert shift_test(now, then, 0.02)["fired"] is fires, apart
 
 
-def test_the_drift_tests_are_anytime_valid_over_a_run():
+def test_a_return_range_far_wider_than_the_gaps_blinds_only_the_bounded_sequences():
+  """Gaps that may lie anywhere in a range 13 wide (key_to_door's apple steps) but spread
+  by 0.1: a move of 0.2 at 600 steps, which the asymptotic sequences see, stays inside the
+  bounded ones' margin."""
+  from hindsight.metrics.sequential import slice_sequences
+  from hindsight.rl.refresh import shift_alpha, shift_test
+
+  names, slices = ("apple",), np.zeros(600, int)
+  ranges = np.array([[-6.5, 6.5]])
+  noise = np.asarray(jax.random.normal(jax.random.key(1), (2, 600))) * 0.1
+  fired = {}
+  for boundary in ("asymptotic", "bounded"):
+    seq = functools.partial(slice_sequences, names=names, ranges=ranges, boundary=boundary)
+    before = seq(noise[0], slices, alpha=shift_alpha(0.05, 0))
+    fired[boundary] = shift_test(seq(noise[1] + 0.2, slices, alpha=shift_alpha(0.05, 1)),
+                                 before, 0.02)["fired"]  # fmt: skip
+  assert fired == {"asymptotic": True, "bounded": False}, fired
+
+
+@pytest.mark.parametrize("boundary", ["asymptotic", "bounded"])
+def test_the_drift_tests_are_anytime_valid_over_a_run(boundary):
   """A model whose gaps never move (each tag's mean exactly on the tolerance's edge for the
   gap test, and constant for the shift test) fires neither test at any of a run's 20 points
   in more than alpha of 300 runs: the error budget spent over the points (`spent_alpha`)
-  holds over the whole run, not per point, and the ranges hold whatever the draws."""
+  holds over the whole run, not per point, for either sequence (the bounded one whatever
+  the draws; the asymptotic one at 150 draws per tag of a two-point distribution)."""
   from hindsight.metrics.sequential import slice_sequences
   from hindsight.rl.refresh import gap_test, shift_alpha, shift_test
 
@@ -251,12 +274,13 @@ def test_the_drift_tests_are_anytime_valid_over_a_run():
   for _ in range(300):
     # gaps in {tolerance - 0.5, tolerance + 0.5}: mean exactly the tolerance, sd 0.5
     draw = lambda: tolerance + 0.5 * rng.choice([-1.0, 1.0], slices.size)  # noqa: E731
-    before = slice_sequences(draw(), slices, names, ranges, shift_alpha(alpha, 0))
+    before = slice_sequences(draw(), slices, names, ranges, shift_alpha(alpha, 0),
+                             boundary=boundary)  # fmt: skip
     gap = shift = False
     for i in range(1, 21):
       g = draw()
-      gap |= gap_test(g, slices, names, ranges, tolerance, alpha, i - 1)["fired"]
-      now = slice_sequences(g, slices, names, ranges, shift_alpha(alpha, i))
+      gap |= gap_test(g, slices, names, ranges, tolerance, alpha, i - 1, boundary)["fired"]
+      now = slice_sequences(g, slices, names, ranges, shift_alpha(alpha, i), boundary=boundary)
       shift |= shift_test(now, before, tolerance)["fired"]
     gap_fired += gap
     shift_fired += shift

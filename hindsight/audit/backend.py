@@ -85,7 +85,7 @@ class AuditBackend:
   writes_labels: bool = True
 
 
-_BACKENDS: dict[str, AuditBackend] = {}
+_BACKENDS: plugins.Registry = plugins.Registry()  # family -> AuditBackend
 
 
 def register_audit_backend(family: str, backend: AuditBackend) -> None:
@@ -97,6 +97,4 @@ def audit_backend(env_spec: str, default: AuditBackend) -> AuditBackend:
   """The backend of the family of `env_spec` (loading its plug-in if needed), else
   `default` (the functional environments')."""
   name, _ = split_spec(env_spec)
-  if name and name not in _BACKENDS:
-    plugins.load(name)
-  return _BACKENDS.get(name, default)
+  return _BACKENDS.lookup(name, default)

@@ -20,7 +20,7 @@ from hindsight import plugins
 from hindsight.errors import HindsightError
 
 ARRAYS = "arrays"  # the export format, parsed by `Episode.parse` itself
-_PARSERS: dict[str, Callable[[Any, Any, str], Any]] = {}
+_PARSERS: plugins.Registry = plugins.Registry()  # name -> parse
 
 
 def register_format(name: str, parse: Callable[[Any, Any, str], Any]) -> None:
@@ -31,8 +31,7 @@ def register_format(name: str, parse: Callable[[Any, Any, str], Any]) -> None:
 
 def format_parser(name: str) -> Callable[[Any, Any, str], Any]:
   """The parser of format `name` (loading the plug-in of that name if needed)."""
-  if name not in _PARSERS:
-    plugins.load(name)
-  if name not in _PARSERS:
+  parse = _PARSERS.lookup(name)
+  if parse is None:
     raise HindsightError(f"episodes of format '{name}': no parser is registered for it")
-  return _PARSERS[name]
+  return parse

@@ -97,7 +97,7 @@ class DriftBackend:
   open: Callable[..., Evaluation]
 
 
-_BACKENDS: dict[str, DriftBackend] = {}
+_BACKENDS: plugins.Registry = plugins.Registry()  # family -> DriftBackend
 
 
 def register_drift_backend(family: str, backend: DriftBackend) -> None:
@@ -109,6 +109,4 @@ def drift_backend(env_spec: str, default: DriftBackend) -> DriftBackend:
   """The backend of the family of `env_spec` (loading its plug-in if needed), else
   `default` (the functional environments')."""
   name, _ = split_spec(env_spec)
-  if name and name not in _BACKENDS:
-    plugins.load(name)
-  return _BACKENDS.get(name, default)
+  return _BACKENDS.lookup(name, default)

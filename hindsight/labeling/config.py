@@ -68,6 +68,19 @@ class LabelConfig:
     """The fields, for a `label` config node (`hindsight.default_config.label_node`)."""
     return dataclasses.asdict(self)
 
+  def metadata_fields(self) -> dict:
+    """The dataset metadata's fields this config fills (`LabelMetadata`; `from_metadata`
+    reads them back): every writer of a label dataset (the job, the audit) passes these."""
+    return {
+      "replacement": self.replacement,
+      "rollouts": self.num_rollouts,
+      "exact": self.exact,
+      "gamma": self.gamma,
+      "decorative_tolerance": self.decorative_tolerance,
+      "confidence": self.confidence,
+      "stratify": self.stratify,
+    }
+
   @classmethod
   def from_metadata(cls, meta: LabelMetadata, num_rollouts: int | None = None) -> LabelConfig:
     """The config a label dataset was made with (its metadata), optionally at another K."""

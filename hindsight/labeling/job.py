@@ -252,25 +252,18 @@ def _finish(
 def job_metadata(job: LabelJob, info, described: dict) -> LabelMetadata:
   """The dataset's metadata: the job's description and label config, and what its source
   says of the episodes (`SourceInfo`)."""
-  config = job.config
   return LabelMetadata(
     job=json.dumps(described, sort_keys=True),
     env=job.env,
     env_name=info.env_name,
     policy=info.policy,
-    replacement=config.replacement,
-    rollouts=config.num_rollouts,
-    exact=config.exact,
     seed=job.seed,
-    gamma=config.gamma,
+    **job.config.metadata_fields(),
     horizon=info.horizon,
     num_actions=info.num_actions,
     null_action=-1 if info.null_action is None else info.null_action,
     success_threshold=info.success_threshold,
     success_from_return=info.success_from_return,
-    decorative_tolerance=config.decorative_tolerance,
-    confidence=config.confidence,
-    stratify=config.stratify,
     tag_names=tuple(info.tag_names),
     agent_names=tuple(info.agent_names),
     shapley_permutations=info.permutations,

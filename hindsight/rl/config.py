@@ -63,6 +63,9 @@ def base_config() -> ConfigDict:
   # the audits of sources kept current; each test's false-alarm probability over a whole run.
   c.eval.tolerance = 0.02
   c.eval.alpha = 0.05
+  # Their confidence sequences: "asymptotic" (width from the gaps' spread) or "bounded"
+  # (exact within the return range, which on most environments is far wider than the gaps).
+  c.eval.boundary = "asymptotic"
 
   c.progress = True  # console progress bar
   return c
@@ -132,6 +135,11 @@ def check_config(c: ConfigDict) -> None:
     raise HindsightError(
       f"ppo.updates ({p.updates}) must be a multiple of eval.every ({c.eval.every})"
     )
+  from hindsight.metrics.sequential import BOUNDARIES
+
+  if c.eval.boundary not in BOUNDARIES:
+    raise HindsightError(f"eval.boundary must be one of {', '.join(BOUNDARIES)}, got "
+                         f"{c.eval.boundary!r}")  # fmt: skip
   if c.label.num_rollouts < 2 or c.eval.rollouts < 2:
     raise HindsightError("label.num_rollouts and eval.rollouts must be >= 2")
   for node in config_nodes():

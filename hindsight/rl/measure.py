@@ -88,14 +88,14 @@ def evaluate_point(
   keys,
   score=None,
   model_state=None,
-  drift_test=(0.02, 0.05),
+  drift_test=(0.02, 0.05, "asymptotic"),
   probe=None,
   before: dict | None = None,
   index: int = 0,
 ):
   """The measurements of the module docstring for one seed (plain floats); score: the
   source's jitted prediction (`CreditSource.probe`: sources with a model), model_state its
-  state, drift_test (tolerance, alpha) the per-tag tests (`rl.refresh`), and before the
+  state, drift_test (tolerance, alpha, boundary) the per-tag tests (`rl.refresh`), and before the
   per-tag gap statistics of the run's first point (`drift.tags` of update 0), against which
   `credit_drift` tests this point's; probe: the source's `Probe`, whose `consequence` the
   warning says; index: the point's place in the run (0 at update 0), which spends the
@@ -122,19 +122,24 @@ def evaluate_point(
     slices, names = tag_slices(env, labels)
     ok = np.isfinite(ref)
     gaps, slices = (pred - ref)[ok], slices[mask][ok]
-    _, bounds = jax.device_get(sampler.labeler.step_info(traj))
-    width = (bounds[..., 1] - bounds[..., 0])[mask][ok]
-    if not np.isfinite(width).all():
-      # The sequences need every gap in a known range: without return bounds, no test.
+    tolerance, alpha, boundary = drift_test
+    ranges = None
+    if boundary == "bounded":
+      _, bounds = jax.device_get(sampler.labeler.step_info(traj))
+      width = (bounds[..., 1] - bounds[..., 0])[mask][ok]
+      if np.isfinite(width).all():
+        ranges = gap_ranges(pred[ok], width, slices, len(names))
+    if boundary == "bounded" and ranges is None:
+      # The bounded sequences need every gap in a known range: without return bounds, no test.
       out["drift"]["audit"] = {"fired": False, "undefined": "no return range"}
     else:
-      tolerance, alpha = drift_test
-      ranges = gap_ranges(pred[ok], width, slices, len(names))
       # how far the model is from this policy's credit, per tag (its own error included) ...
-      audit = gap_test(gaps, slices, names, ranges, tolerance, alpha, index)
+      audit = gap_test(gaps, slices, names, ranges, tolerance, alpha, index, boundary)
       audit.pop("tags")
       out["drift"]["audit"] = audit
-      now = slice_sequences(gaps, slices, names, ranges, shift_alpha(alpha, index))
+      now = slice_sequences(
+        gaps, slices, names, ranges, shift_alpha(alpha, index), boundary=boundary
+      )
       out["drift"]["tags"] = now.as_dict()
       if before is not None:
         # ... and whether that distance has moved since the first point: the policy has

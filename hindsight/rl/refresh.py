@@ -2,13 +2,12 @@
 
 Both questions are asked per tag (a signed mean over all steps lets opposite drifts cancel:
 the answer over-credited, decorative steps under-credited) with the audit's confidence
-sequences (`metrics.sequential`): each tag's empirical-Bernstein confidence sequence of its mean
-gap g = prediction - reference credit over the point's steps, in the order they were sampled,
-within the range every gap of the tag can take (the point's own predictions, known before
-any label, widened by the environment's return bounds). A run asks again at every evaluation
-point, so the error budget is spent over the repeated tests (`spent_alpha`: alpha / ((i + 1)
-(i + 2)) for the i-th), and each question's false-alarm probability over a whole run is at
-most alpha, however many points it has and whenever it is read:
+sequences (`metrics.sequential`): each tag's confidence sequence of its mean gap g =
+prediction - reference credit over the point's steps, in the order they were sampled. A run
+asks again at every evaluation point, so the error budget is spent over the repeated tests
+(`spent_alpha`: alpha / ((i + 1) (i + 2)) for the i-th), and each question's false-alarm
+probability over a whole run is at most alpha, however many points it has and whenever it is
+read:
 
   gap_test    does the model describe this policy's credit? Fires when some tag's sequence
               lies entirely outside [-tolerance, +tolerance] (the audits of sources kept
@@ -19,10 +18,13 @@ most alpha, however many points it has and whenever it is read:
               a tag has the same gap before and after, so only a change fires. Its firing is
               the `credit_drift` warning.
 
-The sequences assume independent draws; a point's steps come in whole episodes, whose steps
-are correlated, as the fixed-sample z-tests these replace assumed too. The range term of a
-bounded, distribution-free sequence makes these tests slower to fire than a z-test at the
-same tolerance (docs/rl.md, "Hack detection", measures by how much).
+The sequence (`eval.boundary`): "asymptotic" (the default), the Gaussian-mixture sequence
+whose width follows the gaps' spread; or "bounded", the empirical-Bernstein sequence in the
+range every gap of the tag can take (the point's own predictions, known before any label,
+widened by the environment's return bounds), exact whatever the gaps' distribution but, with
+a return range far wider than the gaps (key_to_door's), blind to every drift RL produces
+(docs/rl.md, "Hack detection"). Both assume independent draws; a point's steps come in whole
+episodes, whose steps are correlated, as the fixed-sample z-tests these replace assumed too.
 """
 
 from __future__ import annotations
@@ -54,13 +56,15 @@ def gap_ranges(pred: np.ndarray, width: np.ndarray, slices: np.ndarray, m: int) 
 
 
 def gap_test(
-  gaps: np.ndarray, slices: np.ndarray, names, ranges: np.ndarray, tolerance: float,
-  alpha: float, index: int,
+  gaps: np.ndarray, slices: np.ndarray, names, ranges: np.ndarray | None, tolerance: float,
+  alpha: float, index: int, boundary: str = "asymptotic",
 ) -> dict:  # fmt: skip
   """The gap test of the module docstring at the index-th read of the run: {fired, slice (the
   worst tag), gap (its mean), lower, upper (its sequence), tags (every tag's [mean, lower,
-  upper, count])}."""
-  bounds = slice_sequences(gaps, slices, names, ranges, spent_alpha(alpha, index))
+  upper, count])}. ranges: `gap_ranges` (read by the "bounded" sequence only)."""
+  bounds = slice_sequences(
+    gaps, slices, names, ranges, spent_alpha(alpha, index), boundary=boundary
+  )
   excess = np.maximum(bounds.lower - tolerance, -tolerance - bounds.upper)
   out = {"fired": False, "slice": "", "gap": 0.0, "lower": None, "upper": None,
          "tags": bounds.as_dict()}  # fmt: skip

@@ -166,7 +166,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   reference = LabeledSampler(task, label_config(config, config.eval.rollouts))
   probe = source.probe()
   score = None if probe is None else jax.jit(probe.predict)
-  drift_test = (float(config.eval.tolerance), float(config.eval.alpha))
+  drift_test = (float(config.eval.tolerance), float(config.eval.alpha), str(config.eval.boundary))
 
   def measure(update: int) -> dict:
     seeds = []

@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from hindsight import plugins
+
 
 @runtime_checkable
 class StepEncoder(Protocol):
@@ -105,7 +107,7 @@ class StepEncoder(Protocol):
     ...
 
 
-_ENCODERS: dict[str, type] = {}
+_ENCODERS: plugins.Registry = plugins.Registry()  # kind -> encoder class
 
 
 def register_encoder(cls: type) -> type:
@@ -119,17 +121,15 @@ def register_encoder(cls: type) -> type:
 def encoder_class(kind: str) -> type:
   """The encoder registered as `kind` (loading the plug-in of that name if needed); a
   one-line error naming the known ones."""
-  from hindsight import plugins
   from hindsight.errors import HindsightError
 
-  if kind not in _ENCODERS:
-    plugins.load(kind)
-  if kind not in _ENCODERS:
+  cls = _ENCODERS.lookup(kind)
+  if cls is None:
     raise HindsightError(
       f"step encoder '{kind}' is unknown (known: {', '.join(_ENCODERS)}); a checkpoint of a "
       "kind a plug-in adds needs that plug-in installed"
     )
-  return _ENCODERS[kind]
+  return cls
 
 
 def detect_encoder(example: Mapping[str, Any]) -> type | None:

@@ -86,14 +86,16 @@ class Refreshing(CreditSource):
     cfg = self.config.eval
     width = (bounds[..., 1] - bounds[..., 0])[ok]
     env_steps = int(mask.sum() + credit_arm_steps(np.asarray(labels["arm_steps"])))
-    if not np.isfinite(width).all():  # no return range: no test, no refit
-      return None, {"fired": False, "undefined": "no return range", "env_steps": env_steps,
-                    "fine_tuned": False}  # fmt: skip
+    ranges = None
+    if cfg.boundary == "bounded":
+      if not np.isfinite(width).all():  # no return range: no test, no refit
+        return None, {"fired": False, "undefined": "no return range", "env_steps": env_steps,
+                      "fine_tuned": False}  # fmt: skip
+      ranges = gap_ranges(pred[ok], width, slices[ok], len(names))
     # The audits after every chunk are the run's repeated tests: the i-th spends its share.
     index = update // int(self.config.eval.every) - 1
-    ranges = gap_ranges(pred[ok], width, slices[ok], len(names))
     record = gap_test((pred - credit)[ok], slices[ok], names, ranges, float(cfg.tolerance),
-                      float(cfg.alpha), index)  # fmt: skip
+                      float(cfg.alpha), index, str(cfg.boundary))  # fmt: skip
     record.pop("tags")
     record["env_steps"] = env_steps
     new = self.refit(aux, traj, labels, batch, seed) if record["fired"] else None
