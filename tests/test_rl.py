@@ -215,6 +215,11 @@ def test_bad_configs_are_one_line(tmp_path, tabular_run):
   assert proc.stderr.strip().startswith(
     "hindsight: error: --config.source needs a value: --config.source=VALUE"
   ), proc.stderr
+  proc = run_cli("rl", "--config", "rl_reasoning:smoke", "--workdir", tmp_path / "a",
+                 "--config.eval.boundary=normal")  # fmt: skip
+  assert proc.returncode == 2 and proc.stderr.strip() == (
+    "hindsight: error: eval.boundary must be one of bounded, asymptotic, got 'normal'"
+  ), proc.stderr
   proc = run_cli("rl", "--config", "rl_nothing", "--workdir", tmp_path / "a")
   assert proc.returncode == 2 and "no shipped config of that name" in proc.stderr
   assert "rl_cartpole" in proc.stderr, proc.stderr

@@ -32,7 +32,7 @@ from hindsight.labeling.engine import Labeler
 from hindsight.labeling.rollout import episode_length, sample_episode
 from hindsight.labeling.trajectories import trajectory_batch
 from hindsight.metrics.sequential import SliceBounds, slice_sequences
-from hindsight.rl.refresh import gap_ranges, gap_test, shift_alpha, shift_test, tag_slices
+from hindsight.rl.refresh import bounded_ranges, gap_test, shift_alpha, shift_test, tag_slices
 from hindsight.rl.task import Task
 
 # Above this share of undetermined reference steps the class shares say nothing.
@@ -123,13 +123,10 @@ def evaluate_point(
     ok = np.isfinite(ref)
     gaps, slices = (pred - ref)[ok], slices[mask][ok]
     tolerance, alpha, boundary = drift_test
-    ranges = None
-    if boundary == "bounded":
-      _, bounds = jax.device_get(sampler.labeler.step_info(traj))
-      width = (bounds[..., 1] - bounds[..., 0])[mask][ok]
-      if np.isfinite(width).all():
-        ranges = gap_ranges(pred[ok], width, slices, len(names))
-    if boundary == "bounded" and ranges is None:
+    valid = mask & np.isfinite(np.asarray(labels["credit"]))
+    ranges, testable = bounded_ranges(boundary, sampler.labeler, traj, pred[ok], valid, slices,
+                                      len(names))  # fmt: skip
+    if not testable:
       # The bounded sequences need every gap in a known range: without return bounds, no test.
       out["drift"]["audit"] = {"fired": False, "undefined": "no return range"}
     else:

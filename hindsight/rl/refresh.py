@@ -55,6 +55,24 @@ def gap_ranges(pred: np.ndarray, width: np.ndarray, slices: np.ndarray, m: int) 
   return out
 
 
+def bounded_ranges(
+  boundary: str, labeler, traj, pred: np.ndarray, valid: np.ndarray, slices, m: int
+) -> tuple[np.ndarray | None, bool]:
+  """(ranges, testable) of the tests on `traj`'s steps `valid` (bool [E, H]; pred and slices
+  [n] over those steps, in order): the "bounded" sequences' `gap_ranges`, from the labeler's
+  return bounds (testable False where a step has none: no test); None for the asymptotic
+  ones, which need no range."""
+  if boundary != "bounded":
+    return None, True
+  import jax
+
+  _, bounds = jax.device_get(labeler.step_info(traj))
+  width = (bounds[..., 1] - bounds[..., 0])[valid]
+  if not np.isfinite(width).all():
+    return None, False
+  return gap_ranges(pred, width, slices, m), True
+
+
 def gap_test(
   gaps: np.ndarray, slices: np.ndarray, names, ranges: np.ndarray | None, tolerance: float,
   alpha: float, index: int, boundary: str = "asymptotic",

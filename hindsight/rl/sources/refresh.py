@@ -17,7 +17,7 @@ from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
 from hindsight.rl.measure import LabeledSampler, point_keys
-from hindsight.rl.refresh import gap_ranges, gap_test, tag_slices
+from hindsight.rl.refresh import bounded_ranges, gap_test, tag_slices
 from hindsight.rl.sources.base import (
   ConfigNode,
   CreditSource,
@@ -77,21 +77,18 @@ class Refreshing(CreditSource):
       self._score = jax.jit(self.credit_prediction())
     keys = point_keys(seed_key, AUDIT_STREAM, update, episodes)
     traj, labels, batch = jax.device_get(self._auditor(policy_params, keys))
-    _, bounds = jax.device_get(self._auditor.labeler.step_info(traj))
     mask = np.asarray(traj.mask)
     credit = np.asarray(labels["credit"])
     ok = mask & np.isfinite(credit)
     pred = np.asarray(self._score(aux, traj, batch))
     slices, names = tag_slices(self.task.env, labels)
     cfg = self.config.eval
-    width = (bounds[..., 1] - bounds[..., 0])[ok]
     env_steps = int(mask.sum() + credit_arm_steps(np.asarray(labels["arm_steps"])))
-    ranges = None
-    if cfg.boundary == "bounded":
-      if not np.isfinite(width).all():  # no return range: no test, no refit
-        return None, {"fired": False, "undefined": "no return range", "env_steps": env_steps,
-                      "fine_tuned": False}  # fmt: skip
-      ranges = gap_ranges(pred[ok], width, slices[ok], len(names))
+    ranges, testable = bounded_ranges(str(cfg.boundary), self._auditor.labeler, traj, pred[ok],
+                                      ok, slices[ok], len(names))  # fmt: skip
+    if not testable:  # no return range: no test, no refit
+      return None, {"fired": False, "undefined": "no return range", "env_steps": env_steps,
+                    "fine_tuned": False}  # fmt: skip
     # The audits after every chunk are the run's repeated tests: the i-th spends its share.
     index = update // int(self.config.eval.every) - 1
     record = gap_test((pred - credit)[ok], slices[ok], names, ranges, float(cfg.tolerance),
