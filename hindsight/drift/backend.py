@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from hindsight import plugins
 from hindsight.envs.families import split_spec
-from hindsight.files import atomic_savez
+from hindsight.errors import make_dir
+from hindsight.files import atomic_savez, sha256_file
 
 # Caches that hold episodes carry their layout in the key: an older layout (fresh sets
 # without the trajectory's `success`) is recomputed, never read.
@@ -40,6 +41,16 @@ class Cache:
   directory: str
   digest: str
   config: Any
+
+  @classmethod
+  def of_run(cls, cfg, run, out: str, config: Any) -> Cache:
+    """A report's cache: `--cache` (default OUT/cache), keyed by the run's label dataset
+    (its checksums) and `config`."""
+    return cls(
+      directory=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
+      digest=sha256_file(os.path.join(run.labels.path, "hindsight_checksums.json")),
+      config=config,
+    )
 
   def cached(self, name: str, compute: Callable[[], dict], **key) -> dict:
     """compute() once; later runs load the arrays it returned."""

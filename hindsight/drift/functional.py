@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import numpy as np
@@ -28,8 +27,7 @@ from hindsight.drift.sets import EpisodeSet, Run, training_labels
 from hindsight.envs import make
 from hindsight.envs.families import family_of
 from hindsight.envs.tabular import TabularEnv
-from hindsight.errors import HindsightError, make_dir
-from hindsight.files import sha256_file
+from hindsight.errors import HindsightError
 from hindsight.labeling import trajectories as tr
 from hindsight.labeling.config import LabelConfig, make_labeled
 from hindsight.labeling.engine import Labeler
@@ -81,7 +79,7 @@ class FunctionalEvaluation:
     cfg = self.cfg
     if cfg.env is None:
       ids = test_ids(cfg, self.run)
-      main, traj = self._test_split_set(ids)
+      main, traj = self.test_split_set(ids)
       check_seed = self.seed
     else:
       ids = np.arange(cfg.episodes or 256)
@@ -113,7 +111,7 @@ class FunctionalEvaluation:
 
   # -- the sets -----------------------------------------------------------------------------
 
-  def _test_split_set(self, ids: np.ndarray):
+  def test_split_set(self, ids: np.ndarray):
     """The run's test episodes with their training labels and the reference: the DP where
     tabular, else the regenerated trajectories relabeled at K_ref with independent keys.
     Returns (EpisodeSet, Trajectory of the episodes)."""
@@ -137,18 +135,12 @@ class FunctionalEvaluation:
     return EpisodeSet(self.env, episodes, reference, train_labels), traj
 
   def _fresh_set(self, spec: str, ids: np.ndarray):
-    """Fresh episodes of `spec` (--env), sampled and labeled as the reference."""
+    """Fresh episodes of `spec` (--env), sampled and labeled as the reference; with the
+    Trajectory of the first `check_episodes` of them (for the reference's check)."""
     seed = self.cfg.seed + SHIFT_SEED_OFFSET
-
-    def compute():
-      labeler = self.labeler(exact_if_tabular=True)
-      t, lab = tr.sample_and_label(labeler, seed, ids.size, self.cfg.progress, f"{spec} reference")
-      return keep(lab) | tr.trajectory_arrays(self.environment, t)
-
-    got = self.cache.cached("fresh", compute, env=spec, seed=seed, n=int(ids.size))
+    main = self._sampled_set("fresh", spec, self.environment, self.policy, seed, ids.size)
     m = min(self.cfg.check_episodes, ids.size)
-    traj = tr.sample_trajectories(self.labeler(), seed, np.arange(m))
-    return EpisodeSet(spec, tr.episodes_from_arrays(self.environment, got), got, None), traj
+    return main, tr.sample_trajectories(self.labeler(), seed, np.arange(m))
 
   def _check_reference(self, main, traj, ids, seed: int) -> dict:
     """The reference's honesty on its first `check_episodes` episodes: an independent MC
@@ -176,14 +168,20 @@ class FunctionalEvaluation:
   def _shift_set(self, spec: str, j: int, n: int):
     """n fresh episodes of a shifted environment (an OOD slice), labeled as the reference."""
     env, policy = make(spec)
-    seed = self.cfg.seed + SHIFT_SEED_OFFSET + 1 + j
+    return self._sampled_set(
+      "shift", spec, env, policy, self.cfg.seed + SHIFT_SEED_OFFSET + 1 + j, n
+    )
+
+  def _sampled_set(self, name: str, spec: str, env, policy, seed: int, n: int) -> EpisodeSet:
+    """n episodes of `env` under `policy` sampled from `seed` and labeled as the reference
+    (the DP where tabular), cached as `name`."""
 
     def compute():
       labeler = self.labeler(env, policy, exact_if_tabular=True)
       t, lab = tr.sample_and_label(labeler, seed, n, self.cfg.progress, f"{spec} reference")
       return keep(lab) | tr.trajectory_arrays(env, t)
 
-    got = self.cache.cached("shift", compute, env=spec, seed=seed, n=n)
+    got = self.cache.cached(name, compute, env=spec, seed=seed, n=int(n))
     return EpisodeSet(spec, tr.episodes_from_arrays(env, got), got, None)
 
 
@@ -202,11 +200,7 @@ def open_functional(cfg: DriftConfig, run: Run, predictor, out: str) -> Function
     raise HindsightError(f"reference exact: {cfg.env or meta.env} is not a tabular MDP")
   k_ref = cfg.reference_rollouts or _auto_rollouts(run.labels, run.test_ids[:256], run.base, cfg)
   ref_cfg = ref_lib.reference_config(run.base, k_ref)
-  cache = Cache(
-    directory=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
-    digest=sha256_file(os.path.join(run.labels.path, "hindsight_checksums.json")),
-    config=dataclasses.asdict(ref_cfg),
-  )
+  cache = Cache.of_run(cfg, run, out, dataclasses.asdict(ref_cfg))
   return FunctionalEvaluation(cfg, run, cfg.env or meta.env, env, policy, ref_cfg, meta.seed,
                               cache)  # fmt: skip
 

@@ -70,7 +70,7 @@ def reference_credit(
   cfg.check()
   run = open_run(checkpoint)
   ev: FunctionalEvaluation = open_functional(cfg, run, None, _default_out(run))
-  return ev._test_split_set(test_ids(cfg, run))[0]
+  return ev.test_split_set(test_ids(cfg, run))[0]
 
 
 def run_drift(cfg: DriftConfig) -> dict:

@@ -37,9 +37,8 @@ from hindsight.credit.estimators import classify, z_value
 from hindsight.data.labels import as_text
 from hindsight.drift.backend import Cache
 from hindsight.drift.config import DriftConfig
-from hindsight.drift.sets import EpisodeSet, Run, training_labels
-from hindsight.errors import HindsightError, make_dir
-from hindsight.files import sha256_file
+from hindsight.drift.sets import EpisodeSet, Run, pad_fields, training_labels
+from hindsight.errors import HindsightError
 
 REFERENCE_SEED_OFFSET = 0x5EED  # the reference's seed: labels' seed + this (no shared draws)
 TOP_K = 3
@@ -117,21 +116,6 @@ def resampled_reference(
   return [by_id[t.id] for t in traces], ref.metadata.completions or 0
 
 
-def _padded(per_trace: list[dict], names, H: int) -> dict:
-  """Fields of each trace [T] -> [n, H] (NaN-padded floats, flags False, klass undetermined
-  past the end)."""
-  out = {}
-  for name in names:
-    first = np.asarray(per_trace[0][name])
-    flag = first.dtype == bool
-    block = np.zeros((len(per_trace), H), bool) if flag else np.full((len(per_trace), H), np.nan)
-    for i, fields in enumerate(per_trace):
-      v = np.asarray(fields[name])
-      block[i, : v.size] = v
-    out[name] = block
-  return out
-
-
 @dataclasses.dataclass
 class TextEvaluation:
   """The `drift.backend.Evaluation` of a run trained on text traces (module docstring)."""
@@ -181,8 +165,9 @@ class TextEvaluation:
         cfg.progress,
       )  # fmt: skip
       spent = self.completions / max(sum(len(f["credit"]) for f in fields), 1)
-    reference = _padded(fields, ("credit", "credit_stderr", "credit_bounded", "klass", "progress",
-                                 "progress_stderr", "phi_hard"), H)  # fmt: skip
+    names = ("credit", "credit_stderr", "credit_bounded", "klass", "progress",
+             "progress_stderr", "phi_hard")  # fmt: skip
+    reference = pad_fields([{k: np.asarray(f[k]) for k in names} for f in fields], H)
     reference["klass"] = np.nan_to_num(reference["klass"], nan=3).astype(np.int64)
     # What a label of each trace cost, in completions (`drift.report`'s cost per step).
     reference["rollout_steps"] = spent * np.array([len(e["actions"]) for e in examples])
@@ -229,9 +214,5 @@ def open_text(cfg: DriftConfig, run: Run, predictor, out: str) -> TextEvaluation
   if kind == "resample" and not cfg.endpoint:
     raise HindsightError("reference resample needs --endpoint URL (the model's server)")
   rollouts = meta.rollouts if kind == "exact" else (cfg.reference_rollouts or DEFAULT_ROLLOUTS)
-  cache = Cache(
-    directory=make_dir(cfg.cache or os.path.join(out, "cache"), "--cache"),
-    digest=sha256_file(os.path.join(labels.path, "hindsight_checksums.json")),
-    config={"reference": kind, "rollouts": rollouts},
-  )
+  cache = Cache.of_run(cfg, run, out, {"reference": kind, "rollouts": rollouts})
   return TextEvaluation(cfg, run, meta.env, examples, kind, rollouts, cache, out)

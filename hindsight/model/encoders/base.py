@@ -107,6 +107,32 @@ class StepEncoder(Protocol):
     ...
 
 
+class ArrayObservations:
+  """What the kinds that read the export format's `observations` array (discrete, vector)
+  share: a batch has no shape beyond its rows and steps, and its feature is the
+  observations, padded (`padded_observations`)."""
+
+  def shape(self, episodes) -> None:
+    del episodes
+
+  def shapes(self) -> list:
+    return [None]
+
+
+def padded_observations(
+  episodes: Sequence[Any], pad: int, trailing: tuple[int, ...], dtype, transform=None
+) -> np.ndarray:
+  """[B, pad, *trailing] of dtype: each episode's first `pad` observations (`transform`ed
+  where given), zeros after its end and on None rows."""
+  out = np.zeros((len(episodes), pad, *trailing), dtype)
+  for row, ep in enumerate(episodes):
+    if ep is not None:
+      n = min(len(ep), pad)
+      obs = ep.observations[:n]
+      out[row, :n] = obs if transform is None else transform(obs)
+  return out
+
+
 _ENCODERS: plugins.Registry = plugins.Registry()  # kind -> encoder class
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from hindsight.errors import HindsightError
-from hindsight.model.encoders.base import register_encoder
+from hindsight.model.encoders.base import ArrayObservations, padded_observations, register_encoder
 
 
 class DiscreteModule(nnx.Module):
@@ -31,7 +31,7 @@ class DiscreteModule(nnx.Module):
 
 @register_encoder
 @dataclasses.dataclass(frozen=True)
-class DiscreteEncoder:
+class DiscreteEncoder(ArrayObservations):
   """A `StepEncoder` of int ids (module docstring). num_ids: how many ids it embeds."""
 
   num_ids: int
@@ -76,20 +76,10 @@ class DiscreteEncoder:
   def reads_observation(self, dtype, shape: tuple[int, ...]) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.integer)) and len(shape) == 0
 
-  def shape(self, episodes) -> None:
-    del episodes
-
-  def shapes(self) -> list:
-    return [None]
-
   def features(self, episodes: Sequence[Any], pad: int, shape=None) -> dict:
     del shape
-    obs = np.zeros((len(episodes), pad), np.int32)
-    for row, ep in enumerate(episodes):
-      if ep is not None:
-        n = min(len(ep), pad)
-        obs[row, :n] = np.clip(ep.observations[:n], 0, self.num_ids - 1)
-    return {"observations": obs}
+    clamp = lambda obs: np.clip(obs, 0, self.num_ids - 1)  # noqa: E731
+    return {"observations": padded_observations(episodes, pad, (), np.int32, clamp)}
 
   def module(self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None) -> DiscreteModule:
     del hidden  # an embedding has no hidden layer

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from hindsight.errors import HindsightError
-from hindsight.model.encoders.base import register_encoder
+from hindsight.model.encoders.base import ArrayObservations, padded_observations, register_encoder
 from hindsight.model.variables import Constant
 
 
@@ -48,7 +48,7 @@ class VectorModule(nnx.Module):
 
 @register_encoder
 @dataclasses.dataclass(frozen=True)
-class VectorEncoder:
+class VectorEncoder(ArrayObservations):
   """A `StepEncoder` of float features (module docstring).
 
   dim: D; mean, std: per-feature statistics of the training split (std floored at 1e-6).
@@ -112,20 +112,9 @@ class VectorEncoder:
     floating = not jnp.issubdtype(dtype, jnp.integer)
     return floating and (shape[-1] if shape else 1) == self.dim
 
-  def shape(self, episodes) -> None:
-    del episodes
-
-  def shapes(self) -> list:
-    return [None]
-
   def features(self, episodes: Sequence[Any], pad: int, shape=None) -> dict:
     del shape
-    obs = np.zeros((len(episodes), pad, self.dim), np.float32)
-    for row, ep in enumerate(episodes):
-      if ep is not None:
-        n = min(len(ep), pad)
-        obs[row, :n] = ep.observations[:n]
-    return {"observations": obs}
+    return {"observations": padded_observations(episodes, pad, (self.dim,), np.float32)}
 
   def module(self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None) -> VectorModule:
     return VectorModule(self, width, hidden, rngs=rngs)
