@@ -77,10 +77,16 @@ class Draws:
 def prepare_audit(cfg: AuditConfig):
   """(predictor, label config, env spec, step labeler, pool) of an audit (nothing written),
   by the backend of the family the model's labels came from (`audit.backend`)."""
+  return _prepare(cfg)[1:]
+
+
+def _prepare(cfg: AuditConfig):
+  """(the audit's backend, then what `prepare_audit` returns)."""
   predictor = Predictor.load(cfg.checkpoint, cfg.step)
   run = training_run(cfg.checkpoint)
   meta = open_labels(run["labels"]).metadata
-  return predictor, *audit_backend(meta.env, FUNCTIONAL).prepare(cfg, predictor, meta, cfg.out)
+  backend = audit_backend(meta.env, FUNCTIONAL)
+  return backend, predictor, *backend.prepare(cfg, predictor, meta, cfg.out)
 
 
 def _prepare_functional(cfg: AuditConfig, predictor, meta, out: str):
@@ -315,8 +321,7 @@ def run_audit(cfg: AuditConfig) -> dict:
   """The whole audit; returns the report (also written under cfg.out)."""
   cfg.check()
   tic = time.perf_counter()
-  predictor, label_cfg, spec, labeler, pool = prepare_audit(cfg)
-  backend = audit_backend(spec, FUNCTIONAL)
+  backend, predictor, label_cfg, spec, labeler, pool = _prepare(cfg)
   tolerance = tolerance_of(cfg, predictor)
   AlarmConfig(tolerance, cfg.alpha, cfg.coverage_level, cfg.coverage_tolerance).check()
   out = make_dir(cfg.out, "--out")

@@ -133,8 +133,9 @@ class TextAuditLabeler:
             "rollout_steps": cost}  # fmt: skip
 
 
-def prepare_text_audit(cfg, predictor, meta: dict, out: str):
-  """(label config, env spec, labeler, pool) of an audit of a text model (`audit.runner`)."""
+def prepare_text_audit(cfg, predictor, meta, out: str):
+  """(label config, env spec, labeler, pool) of an audit of a text model (`audit.runner`),
+  from its labels' metadata `meta` (`LabelMetadata`)."""
   from hindsight.audit.pool import Pool
   from hindsight.data.episode import Episode
   from hindsight.text.trace import read_traces, write_traces
