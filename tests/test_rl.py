@@ -79,6 +79,37 @@ def test_learner_starts_as_its_prior_and_the_labeler_branches_it():
   np.testing.assert_array_equal(credit_only["arm_steps"], arms * np.array([1, 1, 0]))
 
 
+def test_a_masked_label_under_rolls_only_the_chosen_steps_and_labels_them_bit_for_bit():
+  """`label_under(..., step_mask=M)`: the credit of the steps in M is the unmasked
+  labeler's bit for bit (also with few lanes), and the env steps spent are exactly those
+  of M's steps: the sum, over the steps of M, of what each step alone costs."""
+  env, scripted = make("reasoning")
+  policy = NeuralPolicy(env, prior=scripted, features=competence_features(env))
+  labeler = Labeler(env, policy, LabelConfig(num_rollouts=4))
+  keys = jax.random.split(jax.random.key(1), 6)
+  traj = labeler.sample(keys)
+  theta = policy.default_params()
+  fn = jax.jit(
+    functools.partial(labeler.label_under, credit_only=True), static_argnames="num_lanes"
+  )
+  full = fn(theta, traj, keys)
+  mask = np.asarray(traj.mask)
+  chosen = mask & np.asarray(jax.random.bernoulli(jax.random.key(2), 0.3, mask.shape))
+  assert 0 < chosen.sum() < mask.sum()
+  for lanes in (None, 32):
+    part = fn(theta, traj, keys, step_mask=jnp.asarray(chosen), num_lanes=lanes)
+    for name in ("credit", "credit_stderr"):
+      np.testing.assert_array_equal(np.asarray(part[name])[chosen], np.asarray(full[name])[chosen])
+  alone = np.zeros(mask.shape[0], np.int64)  # [E]: each chosen step labeled by itself
+  for t in range(mask.shape[1]):
+    one = np.zeros(mask.shape, bool)
+    one[:, t] = chosen[:, t]
+    alone += np.asarray(fn(theta, traj, keys, step_mask=jnp.asarray(one))["arm_steps"]).sum(1)
+  spent = np.asarray(part["arm_steps"]).sum(1)
+  np.testing.assert_array_equal(spent, alone)
+  assert spent.sum() < 0.6 * np.asarray(full["arm_steps"]).sum()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", registered_sources())
 def test_every_source_beats_the_random_policy_it_starts_from(source, tmp_path):

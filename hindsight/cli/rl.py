@@ -27,8 +27,10 @@ def add_parser(sub):
                   help="checkpoints, TensorBoard, results.json (required without --sources; "
                   "with them default runs/rl/ENV)")  # fmt: skip
   rl.add_argument("--sources", default="",
-                  help="comma-separated credit sources to train and compare, or 'all' "
-                  "(default: the config's source alone)")  # fmt: skip
+                  help="comma-separated credit sources to train and compare, or 'all'; "
+                  "NAME@FIELD=VALUE[@...] runs a source at settings of its own (e.g. "
+                  "pp_credit@pp.rho=0.05) as a row of its own (default: the config's source "
+                  "alone)")  # fmt: skip
   return rl
 
 

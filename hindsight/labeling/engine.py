@@ -327,14 +327,18 @@ class Labeler:
       banned = banned.at[:, :, 1].set(klass_t[:, None])
     return firsts, words[..., :2], banned, q, undefined & traj.mask, keep_share
 
-  def _rollout(self, traj: Trajectory, firsts, key_words, banned, policy_params: PyTree):
+  def _rollout(
+    self, traj: Trajectory, firsts, key_words, banned, policy_params: PyTree, step_mask=None,
+    num_lanes: int = _LANES,
+  ):  # fmt: skip
     """Branch returns G, step counts (both [E, H, K, n_arms]) and success [E, H, K, n_arms]
     (env.success of the branch's final state with the episode return it implies, R_{<t} +
     gamma^t G), from the branch starts of `_branch_starts` (batched over E episodes).
 
-    All branches of the batch go through one work queue (`roll_branches`), the longest
-    first: branch ids run over [E, H, K, n_arms]; the queue takes them start step by start
-    step and skips those that start after their episode has ended.
+    All branches of the batch go through one work queue (`roll_branches`, `num_lanes`
+    lanes), the longest first: branch ids run over [E, H, K, n_arms]; the queue takes them
+    start step by start step and skips those that start after their episode has ended, and
+    with `step_mask` (bool [E, H]) those of the steps it leaves out (G = 0 and 0 steps there).
     """
     E, H, K, n = firsts.shape
     gamma = self.config.gamma
@@ -343,7 +347,8 @@ class Labeler:
     discounts = gamma ** jnp.arange(H, dtype=jnp.float32)
     offsets = jnp.cumsum(discounts * traj.rewards, axis=1) - discounts * traj.rewards  # R_{<t}
     ids = jnp.arange(B, dtype=jnp.int32).reshape(E, H, K, n)
-    rolled = jnp.broadcast_to(~starts.done[:, :, None, None], ids.shape)
+    live = ~starts.done if step_mask is None else ~starts.done & step_mask
+    rolled = jnp.broadcast_to(live[:, :, None, None], ids.shape)
     time_major = jnp.swapaxes(ids, 0, 1).reshape(-1)
     keep = jnp.swapaxes(rolled, 0, 1).reshape(-1)
     count = keep.sum()
@@ -375,7 +380,7 @@ class Labeler:
       order,
       count,
       success0,
-      num_lanes=_LANES,
+      num_lanes=num_lanes,
       gamma=gamma,
       use_banned=self.config.replacement == "policy_no_repeat" and not self.config.exact,
     )
@@ -389,7 +394,13 @@ class Labeler:
     return out
 
   def label_under(
-    self, policy_params: PyTree, traj: Trajectory, keys: jax.Array, credit_only: bool = False
+    self,
+    policy_params: PyTree,
+    traj: Trajectory,
+    keys: jax.Array,
+    credit_only: bool = False,
+    step_mask: jax.Array | None = None,
+    num_lanes: int | None = None,
   ) -> dict:
     """`label` as a pure, unjitted function of the policy's parameters too: the labels of
     trajectories (leaves [E, H, ...], keys [E]) under pi_{policy_params}, for a caller's own
@@ -400,6 +411,12 @@ class Labeler:
     credit_only: roll the keep and replace arms alone (a third fewer branch steps) and
     return only credit, credit_stderr and credit_bounded [E, H], bit for bit those of the
     full labels (the same branches, keys and estimator), and arm_steps with 0 for phi.
+    step_mask: bool [E, H], the steps to label (None: all). No branch of another step rolls, so
+    the env steps spent follow the steps chosen; the labels of the chosen steps are bit for
+    bit the unmasked ones (a branch's keys and result depend on its own (t, k) only), and
+    those of the others are meaningless (mask them out).
+    num_lanes: the branch work queue's lanes (default 4,096): about the branches that roll,
+    so a sparse `step_mask` does not step thousands of idle lanes.
     """
     if credit_only and self.config.exact:
       raise HindsightError("credit_only needs Monte Carlo labels (exact takes credit from DP)")
@@ -407,7 +424,10 @@ class Labeler:
     firsts, key_words, banned, q, undefined, keep_share = starts
     if credit_only:
       firsts, banned = firsts[..., :2], banned[..., :2]
-    G, steps, success = self._rollout(traj, firsts, key_words, banned, policy_params)
+    lanes = _LANES if num_lanes is None else int(num_lanes)
+    G, steps, success = self._rollout(
+      traj, firsts, key_words, banned, policy_params, step_mask=step_mask, num_lanes=lanes
+    )
     arm_steps = steps.sum((1, 2)).astype(jnp.int32)  # [E, n_arms]
     if credit_only:
       # The credit reads the keep and replace arms only; the replace arm stands in for the

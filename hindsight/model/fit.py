@@ -32,6 +32,24 @@ def _programs(config: ProgramsConfig, spec: DataSpec):
   return train_programs(config, spec, make_mesh(1, 1, jax.devices()[:1]))
 
 
+@functools.cache
+def _fit_loop(config: ProgramsConfig, spec: DataSpec):
+  """fn(state, data, rows [steps, B], keys [steps]) -> state: the train steps in one
+  compiled scan over the data on the device (no host round trip per step); compiled once
+  per (config, spec, data shape)."""
+  programs = _programs(config, spec)
+
+  def run(state, data, rows, keys):
+    def step(state, xs):
+      r, k = xs
+      state, _ = programs.train_step(state, jax.tree.map(lambda v: v[r], data), k)
+      return state, None
+
+    return jax.lax.scan(step, state, (rows, keys))[0]
+
+  return jax.jit(run, donate_argnums=0)
+
+
 def fit_credit_model(
   batch: dict,
   spec: DataSpec,
@@ -41,12 +59,16 @@ def fit_credit_model(
   batch_size: int = 32,
   learning_rate: float = 1e-3,
   init: nnx.State | None = None,
+  rows_from: np.ndarray | None = None,
 ) -> Predictor:
   """A Predictor of the model trained for `steps` AdamW steps on `batch` (trajectory_batch
   with labels, leaves [N, H, ...]); `init`: the model state to start from (fine-tuning; its
-  architecture must be `model_config`'s on `spec`), else a fresh initialisation."""
+  architecture must be `model_config`'s on `spec`), else a fresh initialisation.
+  rows_from: the rows minibatches are drawn from (default all N): a caller that fits again
+  and again on batches of one shape, some rows unlabelled, compiles once."""
   host = jax.tree.map(np.asarray, jax.device_get(batch))
-  n = host["mask"].shape[0]
+  pool = np.arange(host["mask"].shape[0]) if rows_from is None else np.asarray(rows_from)
+  n = len(pool)
   config = ProgramsConfig(
     model=model_config,
     optim=OptimConfig(learning_rate=learning_rate, warmup_steps=min(100, steps // 10)),
@@ -61,10 +83,10 @@ def fit_credit_model(
     nnx.update(parts["model"], init)
     state = nnx.state(parts)
   rows = jax.random.randint(jax.random.fold_in(key, 1), (max(steps, 0), batch_size), 0, n)
-  rows = np.asarray(rows)
-  for i in range(steps):
-    minibatch = {k: jnp.asarray(v[rows[i]]) for k, v in host.items()}
-    state, _ = programs.train_step(state, minibatch, jax.random.fold_in(key, 2 + i))
+  if steps > 0:
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(key, 2 + jnp.arange(steps))
+    data = {k: jnp.asarray(v) for k, v in host.items()}
+    state = _fit_loop(config, spec)(state, data, jnp.asarray(pool)[rows], keys)
   model = nnx.merge(programs.graphdef, state)["model"]
   graphdef, model_state = nnx.split(model)
   return Predictor(graphdef, model_state, spec, model_config, step=int(steps))

@@ -22,7 +22,7 @@ from scipy import stats
 
 # The reference's undetermined share above which its class shares say nothing (no table
 # presents a tie as a finding): the trainer warns at the same level (rl.measure).
-from hindsight.rl.measure import UNDETERMINED_WARNING
+from hindsight.rl.measure import UNDETERMINED_WARNING, decorative_tags_of
 
 
 def mean_ci(values) -> tuple[float, float, float] | None:
@@ -45,11 +45,6 @@ def decorative_share(seed: dict, decorative_tags) -> float:
   if decorative_tags and "tag_share" in seed:
     return float(sum(seed["tag_share"].get(t, 0.0) for t in decorative_tags))
   return float(seed["klass_share"]["decorative"])
-
-
-def decorative_tags_of(env) -> list[str]:
-  """The planted decorative tags of an environment (reasoning's), else none."""
-  return [t for t in ("restate", "verify", "search_unused") if t in env.tag_names]
 
 
 # A collapse: final success more than this below the start's. The warning's lead is
@@ -146,8 +141,30 @@ def summarize(results: dict, decorative_tags) -> dict:
       # kind -> message at the last update, as the run's results.json says them
       "warnings": r.get("warnings", {}),
       "lead": warning_lead(r) if drift else None,
+      **chunk_means(r),
     }
   return rows
+
+
+# What a source that learns from its own labels records per chunk (pp_credit), averaged
+# over a seed's chunks, then over seeds.
+CHUNK_FIELDS = ("label_share", "explained_variance", "rectifier_share", "lam")
+
+
+def chunk_means(result: dict) -> dict:
+  """field -> (mean, lo, hi) over seeds of each seed's mean over the run's chunks, for the
+  CHUNK_FIELDS the source's between-chunk records carry; {} for the other sources."""
+  chunks = result.get("refreshes") or []
+  out = {}
+  for field in CHUNK_FIELDS:
+    per_seed = []
+    for i in range(len(result["seeds"])):
+      values = [c["seeds"][i].get(field) for c in chunks if c["seeds"][i]]
+      values = [v for v in values if v is not None]
+      per_seed.append(float(np.mean(values)) if values else None)
+    if any(v is not None for v in per_seed):
+      out[field] = mean_ci(per_seed)
+  return out
 
 
 def _ci(v, fmt=".3f") -> str:
@@ -234,6 +251,18 @@ def markdown(
       "so its class shares measure nothing. A return range (--config.return_range=LO:HI) "
       "bounds tied steps; more eval.rollouts narrow the rest.",
     ]
+  own = {n: r for n, r in rows.items() if r.get("label_share")}
+  if own:
+    lines += ["", "Sources that label a share of their own steps (pp_credit), per chunk of "
+              "updates, mean over chunks and seeds: the share of valid steps labelled, the "
+              "model's explained variance on those fresh labels (against noisy labels: a "
+              "lower bound), the weight lam on the model, and the rectifier's share of the "
+              "signal's variance:", "",
+              "| source | labelled share | explained variance | lam | rectifier share |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for n, r in own.items():
+      lines.append(f"| {n} | {_ci(r['label_share'])} | {_ci(r.get('explained_variance'))} "
+                   f"| {_ci(r.get('lam'))} | {_ci(r.get('rectifier_share'))} |")  # fmt: skip
   if notes:
     lines += ["", "Warnings:", *notes]
   return "\n".join(lines) + "\n"
@@ -291,23 +320,33 @@ def plot(path: str, results: dict, decorative_tags) -> None:
 
 def plot_budget(path: str, results: dict) -> None:
   """Success against total env steps per run (policy + credit, labels and audits
-  included), every source on one axis: as each run pays (left), and with each source's
-  model of the initial policy shared by the experiment's seeds, charged once between them
-  (right)."""
+  included), every source on one axis: as each run pays (left), with each source's model
+  of the initial policy shared by the experiment's seeds, charged once between them
+  (middle), and against policy updates, equal policy samples (right)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   seeds = len(next(iter(results.values()))["seeds"])
-  fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
-  for ax, share in zip(axes, (1, seeds), strict=True):
+  fig, axes = plt.subplots(1, 3, figsize=(19, 4.8), sharey=True)
+  for ax, share in zip(axes[:2], (1, seeds), strict=True):
     _curves(ax, results, lambda s: s["success"], share)
     ax.set_xlabel(
       "total env steps per run (policy + credit, labels and audits included)"
       if share == 1
       else f"the same, the model of the initial policy shared by {share} runs"
     )
+  # Against policy updates (equal policy samples): how a user whose policy's samples are
+  # the expensive part (a language model) reads it.
+  styles = _styles(list(results))
+  for name, r in results.items():
+    updates = np.array([p["update"] for p in r["curve"]])
+    cis = np.array([mean_ci([s["success"] for s in p["seeds"]]) for p in r["curve"]])
+    dashed = "--" if r.get("learned") else "-"
+    axes[2].plot(updates, cis[:, 0], dashed, marker=".", ms=4, label=name, **styles[name])
+    axes[2].fill_between(updates, cis[:, 1], cis[:, 2], alpha=0.12, **styles[name])
+  axes[2].set_xlabel("policy updates (equal policy samples)")
   axes[0].set_ylabel("success (reference, fresh episodes)")
   axes[0].legend(fontsize=7, ncol=2)
   fig.tight_layout()
@@ -334,13 +373,15 @@ def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str
 
   if not sources:
     raise HindsightError("sources: name at least one credit source")
-  for name in sources:
-    source_class(name)  # a one-line error naming the registered ones
+  for entry in sources:
+    source_class(entry.split("@")[0])  # a one-line error naming the registered ones
   base = load_config(spec, overrides)
   results = {}
-  for name in sources:
-    config = load_config(spec, [*overrides, f"source={name}"])
-    results[name] = train_and_evaluate(config, os.path.join(out, name))
+  for entry in sources:
+    # NAME or NAME@FIELD=VALUE[@...]: a source at settings of its own (a row of its own)
+    name, *settings = entry.split("@")
+    config = load_config(spec, [*overrides, *settings, f"source={name}"])
+    results[entry] = train_and_evaluate(config, os.path.join(out, entry))
   env = make_task(base).env
   tags = decorative_tags_of(env)
   rows = summarize(results, tags)

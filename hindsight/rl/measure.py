@@ -39,6 +39,12 @@ from hindsight.rl.task import Task
 UNDETERMINED_WARNING = 0.5
 
 
+def decorative_tags_of(env) -> list[str]:
+  """The planted decorative tags of an environment (reasoning's), else none: the
+  decorative share counts them rather than the reference's decorative class."""
+  return [t for t in ("restate", "verify", "search_unused") if t in env.tag_names]
+
+
 EVAL_STREAM = 2  # the evaluation points' keys (the audits of `rl.sources.refresh` take 3)
 
 
@@ -143,7 +149,7 @@ def evaluate_point(
         # left the states and actions the model described as it did then
         shift = shift_test(now, SliceBounds.from_dict(before), tolerance)
         out["drift"]["shift"] = shift
-        if shift["fired"]:
+        if shift["fired"] and probe.warns:
           warnings["credit_drift"] = (
             f"the credit model's gap on '{shift['slice']}' steps moved from "
             f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the "
@@ -152,7 +158,9 @@ def evaluate_point(
             f"support: {probe.consequence}"
           )  # fmt: skip
   undetermined = out["klass_share"]["undetermined"]
-  if undetermined > UNDETERMINED_WARNING:
+  # Where the environment plants its decorative steps (reasoning), the decorative share is
+  # read off the tags, not the reference's classes: nothing reported rests on them.
+  if undetermined > UNDETERMINED_WARNING and not decorative_tags_of(env):
     fix = ("set return_range=LO:HI: without bounds a tied step has no finite stderr"
            if not sampler.task.bounded else "more eval.rollouts narrow the intervals")  # fmt: skip
     warnings["undetermined"] = (

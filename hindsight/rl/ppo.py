@@ -176,6 +176,7 @@ class Programs:
       "loss": losses.mean(),
       "policy_steps": policy_steps,
       "credit_steps": credit_steps,
+      "record": terms.record,  # for the source, between chunks
     }
     new = ts.replace(
       params=trained[0],

@@ -220,6 +220,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         start = time.perf_counter()
         ts, metrics = programs.chunk(ts, aux, every)
         metrics = jax.device_get(metrics)
+        chunk_records = metrics.pop("record")  # the source's, leaves [S, n, ...]
         for i in range(S):
           history["policy_steps"][i] += int(np.sum(metrics["policy_steps"][i], dtype=np.int64))
           history["credit_steps"][i] += int(np.sum(metrics["credit_steps"][i], dtype=np.int64))
@@ -229,17 +230,21 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         for i in range(S):
           new_state, record = source.between_chunks(
             _row(aux, i), _row(ts.params, i), keys[i], done,
-            seed=int(config.seed) * 1000 + done * S + i,
+            seed=int(config.seed) * 1000 + done * S + i, record=_row(chunk_records, i),
           )  # fmt: skip
           if new_state is not None:
             aux = programs.place(_set_row(aux, i, new_state))
           if record is not None:
             history["credit_steps"][i] += record["env_steps"]
-            records.append(record)
-        if records:
+          records.append(record)
+        if any(r is not None for r in records):
           history["refreshes"].append({"update": done, "seeds": records})
         history["wall_seconds"] += time.perf_counter() - start
-        history["points"].append(measure(done))
+        point = measure(done)
+        for seed_point, record in zip(point["seeds"], records, strict=False):
+          if record is not None:  # the source's own alarm
+            seed_point["warnings"].update(record.get("warnings", {}))
+        history["points"].append(point)
         board.point(done, history["points"][-1])
         save(done)
         last = history["points"][-1]["seeds"]
@@ -248,7 +253,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         kinds = warn(history["points"][-1])
         if kinds:
           postfix["warning"] = kinds
-        bar.set_postfix(postfix)
+        # the count first: the figures are the point at the count the bar then shows
+        bar.set_postfix(postfix, refresh=False)
         bar.update(every)
   finally:
     board.close()
@@ -267,7 +273,8 @@ def summarize(config: ConfigDict, history: dict, learned: bool, horizon: int) ->
     row["policy_env_steps"] = history["policy_steps"][i]
     row["credit_env_steps"] = history["credit_steps"][i]
     seeds.append(row)
-  refires = [sum(r["seeds"][i]["fired"] for r in history["refreshes"]) for i in range(len(seeds))]
+  refires = [sum(bool((r["seeds"][i] or {}).get("fired")) for r in history["refreshes"])
+             for i in range(len(seeds))]  # fmt: skip
   return {
     "env": config.env,
     "source": config.source,
@@ -277,6 +284,8 @@ def summarize(config: ConfigDict, history: dict, learned: bool, horizon: int) ->
     "setup_seconds": history["setup_seconds"],
     "seeds": seeds,
     "refreshes_fired": refires if history["refreshes"] else None,
+    # per chunk, each seed's record of what its source did between chunks (rl.sources)
+    "refreshes": history["refreshes"],
     "curve": [
       {
         "update": p["update"],

@@ -9,6 +9,8 @@ this package registers the ones that ship with hindsight, in the order docs/rl.m
   learned_trust
   credit_cv, credit_cv_current,  action_values.py  per-action credit heads around the
   anchored, credit_gated                         outcome
+  pp_credit                    prediction_powered.py  the credit model, rectified by MC
+                                                 credit on a few steps it chooses
 """
 
 import importlib
@@ -28,7 +30,14 @@ from hindsight.rl.sources.base import (
 )
 
 # The modules of the shipped sources, imported (so registered) in this order.
-BUILTIN_MODULES = ("outcome", "monte_carlo", "prm", "learned", "action_values")
+BUILTIN_MODULES = (
+  "outcome",
+  "monte_carlo",
+  "prm",
+  "learned",
+  "action_values",
+  "prediction_powered",
+)
 for _module in BUILTIN_MODULES:
   importlib.import_module(f"{__name__}.{_module}")
 

@@ -64,22 +64,27 @@ def label_config(config: ConfigDict, rollouts: int | None = None) -> LabelConfig
 @struct.dataclass
 class Terms:
   """What a source gives one update: advantages A [E, H] (0 on padding), the env steps its
-  credit spent (int32 []), and per-step data [E, H, ...] its `loss` reads (minibatched with
-  the episodes; {} for most)."""
+  credit spent (int32 []), per-step data [E, H, ...] its `loss` reads (minibatched with
+  the episodes; {} for most), and what the host reads after the chunk (`record`, handed to
+  `between_chunks` stacked over the chunk's updates: the labels it bought; {} for most)."""
 
   advantages: jax.Array
   credit_steps: jax.Array
   data: dict = struct.field(default_factory=dict)
+  record: dict = struct.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
   """What every evaluation point holds against the reference (`rl.measure`): the source's
   own estimate of each taken step's credit, predict(aux, traj, batch) -> [E, H] (traceable),
-  and what a drift of it costs a policy trained on it (said in the `credit_drift` warning)."""
+  what a drift of it costs a policy trained on it (said in the `credit_drift` warning), and
+  whether the reference's shift test raises that warning (False: the source has an alarm of
+  its own, which a run can have without a reference; the reference then only measures)."""
 
   predict: Callable
   consequence: str
+  warns: bool = True
 
 
 HACKABLE = "a policy trained on it can be hacked"
@@ -144,12 +149,14 @@ class CreditSource:
 
   # -- between update chunks, on the host --------------------------------------------------
 
-  def between_chunks(self, aux, policy_params, seed_key, update: int, seed: int):
+  def between_chunks(self, aux, policy_params, seed_key, update: int, seed: int, record=None):
     """(new aux or None, record or None) for one seed after `update` updates: a source that
     keeps its model current audits it on fresh labels of the current policy and refits it
-    (`rl.sources.refresh`); the record says what happened and what it cost (`env_steps`).
-    Nothing by default."""
-    del aux, policy_params, seed_key, update, seed
+    (`rl.sources.refresh`), or learns from the labels its updates bought (`record`: the
+    `Terms.record` of the chunk's updates, leaves [n, E, H, ...], host arrays); the record
+    it returns says what happened, what it cost (`env_steps`) and any `warnings` (kind ->
+    message) the run should raise at this point. Nothing by default."""
+    del aux, policy_params, seed_key, update, seed, record
     return None, None
 
   def probe(self) -> Probe | None:

@@ -137,6 +137,37 @@ def check_credit_model(predictor: Predictor, task: Task, where: str) -> None:
     )
 
 
+def credit_model(task: Task, config: ConfigDict, episodes: int | None = None):
+  """(the credit model a learned source starts from, the env steps it cost): loaded from
+  credit.model, or fitted (`credit.model_steps` steps, width `credit.model_width`) on the
+  `initial_labels` of credit.model_episodes (or `episodes`) episodes at K =
+  credit.model_rollouts. episodes = 0: an untrained model (its initialisation, its
+  observation statistics from 64 unlabelled episodes, charged), for a source that learns
+  only from the labels it buys along the run."""
+  if config.credit.model:
+    predictor = Predictor.load(config.credit.model)
+    check_credit_model(predictor, task, f"credit.model {config.credit.model}")
+    steps = 0
+  else:
+    if episodes == 0:
+      labeler = Labeler(task.env, task.policy, label_config(config, 2))
+      keys = jax.vmap(episode_key, (None, 0))(config.seed + 104729, jnp.arange(64))
+      traj = jax.jit(labeler.sample_under)(task.policy.default_params(), keys)
+      labels, steps = None, int(np.asarray(traj.mask).sum())
+    else:
+      traj, labels, steps = initial_labels(
+        task, config, config.credit.model_rollouts, seed_offset=104729, episodes=episodes
+      )
+    batch = trajectory_batch(task.env, traj, labels)
+    spec = batch_spec(task.env, jax.device_get(batch), label_config(config, 2))
+    model_cfg = ModelConfig(width=int(config.credit.model_width), depth=1, num_heads=2)
+    fit_steps = 0 if episodes == 0 else int(config.credit.model_steps)
+    predictor = fit_credit_model(batch, spec, model_cfg, fit_steps, seed=config.seed)
+  if predictor.members:
+    raise HindsightError("credit.model: an ensemble cannot be fine-tuned; give one run")
+  return predictor, steps
+
+
 @register_source
 class Learned(CreditSource):
   name = "learned"
@@ -144,23 +175,8 @@ class Learned(CreditSource):
 
   def prepare(self, progress: bool = False) -> None:
     del progress
-    task, config = self.task, self.config
-    if config.credit.model:
-      predictor = Predictor.load(config.credit.model)
-      check_credit_model(predictor, task, f"credit.model {config.credit.model}")
-    else:
-      traj, labels, self.setup_steps = initial_labels(
-        task, config, config.credit.model_rollouts, seed_offset=104729
-      )
-      batch = trajectory_batch(task.env, traj, labels)
-      spec = batch_spec(task.env, jax.device_get(batch), label_config(config, 2))
-      model_cfg = ModelConfig(width=int(config.credit.model_width), depth=1, num_heads=2)
-      predictor = fit_credit_model(
-        batch, spec, model_cfg, int(config.credit.model_steps), seed=config.seed
-      )
-    if predictor.members:
-      raise HindsightError("credit.model: an ensemble cannot be fine-tuned; give one run")
-    self.predictor, self.aux = predictor, predictor.state
+    self.predictor, self.setup_steps = credit_model(self.task, self.config)
+    self.aux = self.predictor.state
 
   def signal(self, aux, policy_params, traj, key):
     del policy_params, key

@@ -68,9 +68,10 @@ class Refreshing(CreditSource):
     `labeling.trajectories.trajectory_batch`). Runs on the host between update chunks."""
     raise NotImplementedError(f"source '{self.name}' cannot be refit")
 
-  def between_chunks(self, aux, policy_params, seed_key, update: int, seed: int):
+  def between_chunks(self, aux, policy_params, seed_key, update: int, seed: int, record=None):
     """The audit of one seed's model after `update` updates and, when it fires, its refit:
     (the refit state or None, {fired, slice, gap, env_steps (charged), fine_tuned})."""
+    del record
     episodes, rollouts = self.audit_size()
     if getattr(self, "_auditor", None) is None:
       self._auditor = LabeledSampler(self.task, label_config(self.config, rollouts))
