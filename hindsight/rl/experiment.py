@@ -148,7 +148,7 @@ def summarize(results: dict, decorative_tags) -> dict:
 
 # What a source that learns from its own labels records per chunk (pp_credit), averaged
 # over a seed's chunks, then over seeds.
-CHUNK_FIELDS = ("label_share", "explained_variance", "rectifier_share", "lam")
+CHUNK_FIELDS = ("label_share", "explained_variance", "rectifier_share", "noise_share", "lam")
 
 
 def chunk_means(result: dict) -> dict:
@@ -256,13 +256,15 @@ def markdown(
     lines += ["", "Sources that label a share of their own steps (pp_credit), per chunk of "
               "updates, mean over chunks and seeds: the share of valid steps labelled, the "
               "model's explained variance on those fresh labels (against noisy labels: a "
-              "lower bound), the weight lam on the model, and the rectifier's share of the "
-              "signal's variance:", "",
-              "| source | labelled share | explained variance | lam | rectifier share |",
-              "|---|---|---|---|---|"]  # fmt: skip
+              "lower bound), the weight lam on the model, the rectifier's share of the "
+              "signal's variance, and the labels' Monte Carlo noise's share of the "
+              "rectifier's (what no model can remove):", "",
+              "| source | labelled share | explained variance | lam | rectifier share "
+              "| label-noise share |", "|---|---|---|---|---|---|"]  # fmt: skip
     for n, r in own.items():
       lines.append(f"| {n} | {_ci(r['label_share'])} | {_ci(r.get('explained_variance'))} "
-                   f"| {_ci(r.get('lam'))} | {_ci(r.get('rectifier_share'))} |")  # fmt: skip
+                   f"| {_ci(r.get('lam'))} | {_ci(r.get('rectifier_share'))} "
+                   f"| {_ci(r.get('noise_share'))} |")  # fmt: skip
   if notes:
     lines += ["", "Warnings:", *notes]
   return "\n".join(lines) + "\n"

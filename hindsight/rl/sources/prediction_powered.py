@@ -99,18 +99,20 @@ register_config_node(
 )
 
 
-def allocate(score, mask, rho: float, p_min: float, iterations: int = 40) -> jax.Array:
+def allocate(score, mask, rho: float, p_min: float, iterations: int = 60) -> jax.Array:
   """Labelling probabilities p [E, H] (0 on padding): p_t = clip(c e_t, p_min, 1) on the
-  valid steps, with c found by bisection so that sum_t p_t = rho x the valid steps. score:
-  e_t >= 0 [E, H]; all-equal scores give p_t = rho. Traceable."""
-  e = jnp.where(mask, score, 0.0) + 1e-12
+  valid steps, with c found by bisection (of log c) so that sum_t p_t = rho x the valid
+  steps. score: e_t >= 0 [E, H]; all-equal scores give p_t = rho. Traceable."""
+  e = jnp.where(mask, jnp.maximum(score, 0.0), 0.0) + 1e-12
   budget = rho * jnp.sum(mask)
 
-  def spent(c):
-    return jnp.sum(jnp.where(mask, jnp.clip(c * e, p_min, 1.0), 0.0))
+  def spent(log_c):
+    return jnp.sum(jnp.where(mask, jnp.clip(jnp.exp(log_c) * e, p_min, 1.0), 0.0))
 
-  # c between 0 (everything at p_min <= rho) and 1 / min e (everything at 1 >= rho)
-  lo, hi = jnp.zeros(()), 1.0 / jnp.min(jnp.where(mask, e, jnp.inf))
+  # at c = p_min / max e every step sits at the floor (p_min <= rho: at most the budget);
+  # at c = 1 / min e every step is at 1 (at least the budget)
+  lo = jnp.log(p_min) - jnp.log(jnp.max(jnp.where(mask, e, 0.0)))
+  hi = -jnp.log(jnp.min(jnp.where(mask, e, jnp.inf)))
 
   def halve(_, bounds):
     lo, hi = bounds
@@ -119,7 +121,7 @@ def allocate(score, mask, rho: float, p_min: float, iterations: int = 40) -> jax
     return jnp.where(over, lo, mid), jnp.where(over, mid, hi)
 
   lo, hi = jax.lax.fori_loop(0, iterations, halve, (lo, hi))
-  return jnp.where(mask, jnp.clip(hi * e, p_min, 1.0), 0.0)
+  return jnp.where(mask, jnp.clip(jnp.exp(0.5 * (lo + hi)) * e, p_min, 1.0), 0.0)
 
 
 def tuned_weight(f, d, z, p, rows) -> jax.Array:
@@ -302,11 +304,15 @@ def chunk_statistics(r: dict) -> dict:
   explained_variance 1 - sum w (D - f)^2 / sum w (D - mean_w D)^2 over the labelled steps
   (w = 1 / p: the valid steps' population; against noisy labels, so a lower bound of the
   model's), lam (the mean weight used), rectifier_share (the variance of the rectifier
-  term over the variance of A, over the valid steps), labelled (steps labelled) and
-  label_share (of the valid steps). None where undefined."""
+  term over the variance of A, over the valid steps), noise_share (of the rectifier's
+  second moment E[(D - lam f)^2 / p], the part that is the labels' own Monte Carlo noise,
+  sum_z stderr^2 / p^2 over sum_z (D - lam f)^2 / p^2: near 1, no model can shrink it; near
+  0, a better model can), labelled (steps labelled) and label_share (of the valid steps).
+  None where undefined."""
   valid, z = r["mask"], r["z"] & r["mask"]
   out = {"explained_variance": None, "lam": None, "rectifier_share": None,
-         "labelled": int(z.sum()), "label_share": float(z.sum() / max(valid.sum(), 1))}  # fmt: skip
+         "noise_share": None, "labelled": int(z.sum()),
+         "label_share": float(z.sum() / max(valid.sum(), 1))}  # fmt: skip
   if not valid.any():
     return out
   out["lam"] = float(r["lam"][valid].mean())
@@ -316,6 +322,9 @@ def chunk_statistics(r: dict) -> dict:
     total = np.sum(w * (d - mean) ** 2)
     if total > 0:
       out["explained_variance"] = float(1.0 - np.sum(w * (d - f) ** 2) / total)
+    second = np.sum(w**2 * (d - r["lam"][z] * f) ** 2)
+    if second > 0:
+      out["noise_share"] = float(min(np.sum(w**2 * r["d_stderr"][z] ** 2) / second, 1.0))
   rect = np.where(z, (r["d"] - r["lam"] * r["f"]) / np.where(z, r["p"], 1.0), 0.0)
   signal = r["lam"] * r["f"] + rect
   var_signal = float(np.var(signal[valid]))
