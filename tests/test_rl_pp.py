@@ -184,3 +184,38 @@ def test_a_planted_bias_warns_on_stderr_the_bar_tensorboard_and_results(
   assert shown, err[-2000:]
   for count, value in shown:
     assert f"{success[int(count)]:.3f}" == value, (count, value, success)
+
+
+def test_labels_without_a_finite_stderr_leave_the_model_as_it_was():
+  """On an environment without return bounds (gymnax without return_range) a tied label
+  has an infinite stderr, which the model's loss cannot read: such labels are not fitted
+  (the model, and so the signal, stays as it was and finite), and finite ones are."""
+  from hindsight.labeling.trajectories import trajectory_batch
+
+  c = _pp_config(refit_steps=3)
+  source = prepare(make_task(c), c)
+  task = source.task
+  traj = source.labeler.sample_under(
+    task.policy.default_params(), jax.random.split(jax.random.key(0), 8)
+  )
+  batch = jax.device_get(trajectory_batch(task.env, traj))
+  mask = np.asarray(traj.mask)
+  z = mask & (np.arange(mask.shape[1]) % 3 == 0)
+  record = {name: np.asarray(batch[name])[None] for name in
+            ("observations", "actions", "rewards", "mask", "success")}  # fmt: skip
+  record.update(f=np.zeros((1, *mask.shape)), p=np.full((1, *mask.shape), 0.3), z=z[None],
+                d=np.where(z, 0.1, 0.0)[None], lam=np.zeros((1, *mask.shape)),
+                tags=np.zeros((1, *mask.shape), int))  # fmt: skip
+  unknown = dict(record, d_stderr=np.where(z, np.nan, 0.0)[None])
+  new, out = source.between_chunks(source.aux, None, None, 2, 0, unknown)
+  assert not out["fine_tuned"] and out["noise_share"] is None
+  same = jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), new["model"],
+                                      source.aux["model"]))  # fmt: skip
+  assert all(same)
+  known = dict(record, d_stderr=np.where(z, 0.05, 0.0)[None])
+  new, out = source.between_chunks(source.aux, None, None, 2, 0, known)
+  assert out["fine_tuned"] and out["noise_share"] is not None
+  leaves = jax.tree.leaves(new["model"])
+  assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(leaves, jax.tree.leaves(source.aux["model"]), strict=True))  # fmt: skip

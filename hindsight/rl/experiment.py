@@ -383,7 +383,7 @@ def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str
     # NAME or NAME@FIELD=VALUE[@...]: a source at settings of its own (a row of its own)
     name, *settings = entry.split("@")
     config = load_config(spec, [*overrides, *settings, f"source={name}"])
-    results[entry] = train_and_evaluate(config, os.path.join(out, entry))
+    results[entry] = train_and_evaluate(config, os.path.join(out, entry.replace("/", "_")))
   env = make_task(base).env
   tags = decorative_tags_of(env)
   rows = summarize(results, tags)

@@ -194,6 +194,9 @@ class PredictionPowered(CreditSource):
     )  # fmt: skip
     finite = jnp.isfinite(labels["credit"])
     d = jnp.where(z & finite, labels["credit"], 0.0)  # undefined (no alternative): 0
+    # An infinite stderr (a tie without return bounds: gymnax) makes no label to fit: NaN.
+    known = jnp.isfinite(labels["credit_stderr"])
+    stderr = jnp.where(z & finite, jnp.where(known, labels["credit_stderr"], jnp.nan), 0.0)
     if float(pp.lam) >= 0:
       lam = jnp.full((E, 1), float(pp.lam))
     else:  # cross-fitted: even episodes take odd ones' weight and the reverse
@@ -210,7 +213,7 @@ class PredictionPowered(CreditSource):
       "p": p,
       "z": z,
       "d": d,
-      "d_stderr": jnp.where(z & finite, labels["credit_stderr"], 0.0),
+      "d_stderr": stderr,
       "lam": jnp.broadcast_to(lam, mask.shape),
       "tags": jax.vmap(jax.vmap(task.env.tag, (0, 0, None)), (0, 0, None))(
         states, traj.actions, task.env_params
@@ -269,9 +272,9 @@ class PredictionPowered(CreditSource):
       out["fired"] = False
     new = dict(aux)
     if int(self.config.pp.refit_steps) > 0 and r["z"].any():
-      new["model"] = self.refit(aux["model"], r, seed)
-      new["on"] = np.float32(1.0)
-      out["fine_tuned"] = True
+      fitted = self.refit(aux["model"], r, seed)
+      if fitted is not None:  # None: no label to learn from, or a fit that diverged
+        new["model"], new["on"], out["fine_tuned"] = fitted, np.float32(1.0), True
     if stats["lam"] is not None:
       new["lam"] = np.float32(stats["lam"])
     return new, out
@@ -281,7 +284,8 @@ class PredictionPowered(CreditSource):
     episodes (`r` leaves [n, E, H, ...]; minibatches from the episodes with a label, each
     read whole). Every chunk's batch has one shape, so the fit compiles once."""
     flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in r.items()}
-    labelled = flat["z"] & flat["mask"]
+    # the labels the model can learn from: finite, with a finite stderr (the loss reads it)
+    labelled = flat["z"] & flat["mask"] & np.isfinite(flat["d_stderr"])
     batch = {name: flat[name] for name in _BATCH_FIELDS}
     batch.update(
       credit=np.where(labelled, flat["d"], 0.0).astype(np.float32),
@@ -291,12 +295,16 @@ class PredictionPowered(CreditSource):
       label_mask=labelled,
       class_mask=np.zeros(labelled.shape, bool),  # credit_only labels carry no class
     )
+    rows = np.flatnonzero(labelled.any(-1))
+    if rows.size == 0:
+      return None
     predictor = self.predictor
     fitted = fit_credit_model(
       batch, predictor.spec, predictor.model_config, int(self.config.pp.refit_steps),
-      seed=seed, init=model_state, rows_from=np.flatnonzero(labelled.any(-1)),
+      seed=seed, init=model_state, rows_from=rows,
     )  # fmt: skip
-    return fitted.state
+    finite = jax.tree.leaves(jax.tree.map(lambda x: bool(np.isfinite(x).all()), fitted.state))
+    return fitted.state if all(finite) else None
 
 
 def chunk_statistics(r: dict) -> dict:
@@ -322,9 +330,11 @@ def chunk_statistics(r: dict) -> dict:
     total = np.sum(w * (d - mean) ** 2)
     if total > 0:
       out["explained_variance"] = float(1.0 - np.sum(w * (d - f) ** 2) / total)
-    second = np.sum(w**2 * (d - r["lam"][z] * f) ** 2)
+    known = np.isfinite(r["d_stderr"][z])  # the labels whose noise is known
+    second = np.sum((w**2 * (d - r["lam"][z] * f) ** 2)[known])
     if second > 0:
-      out["noise_share"] = float(min(np.sum(w**2 * r["d_stderr"][z] ** 2) / second, 1.0))
+      noise = np.sum((w**2 * r["d_stderr"][z] ** 2)[known])
+      out["noise_share"] = float(min(noise / second, 1.0))
   rect = np.where(z, (r["d"] - r["lam"] * r["f"]) / np.where(z, r["p"], 1.0), 0.0)
   signal = r["lam"] * r["f"] + rect
   var_signal = float(np.var(signal[valid]))
