@@ -83,7 +83,7 @@ def pp_source():
   return prepare(make_task(c), c)
 
 
-def _records(rng, source, bias: float, n_chunk: int = 1, E: int = 64, H: int = 12):
+def _records(rng, bias: float, n_chunk: int = 1, E: int = 64, H: int = 12):
   """Synthetic chunk records: every valid step's true credit mu ~ N(0, 0.2^2), labels
   D = mu + N(0, 0.1^2) on the steps z ~ Bernoulli(p), and a model f = mu + `bias` on the
   steps of tag 1 (exact elsewhere)."""
@@ -95,7 +95,8 @@ def _records(rng, source, bias: float, n_chunk: int = 1, E: int = 64, H: int = 1
   z = rng.uniform(size=shape) < p
   d = np.where(z, mu + rng.normal(0, 0.1, shape), 0.0)
   return {"mask": np.ones(shape, bool), "tags": tags, "f": f, "p": p, "z": z, "d": d,
-          "d_stderr": np.where(z, 0.1, 0.0), "lam": np.ones(shape)}  # fmt: skip
+          "d_stderr": np.where(z, 0.1, 0.0), "d_tied": np.zeros(shape, bool),
+          "lam": np.ones(shape)}  # fmt: skip
 
 
 def test_the_rectifiers_alarm_fires_on_a_planted_bias_and_not_on_an_honest_model(pp_source):
@@ -111,7 +112,7 @@ def test_the_rectifiers_alarm_fires_on_a_planted_bias_and_not_on_an_honest_model
   for bias in fired:
     for _ in range(200):
       for chunk in range(1, 7):
-        _, out = source.between_chunks(aux, None, None, 2 * chunk, 0, _records(rng, source, bias))
+        _, out = source.between_chunks(aux, None, None, 2 * chunk, 0, _records(rng, bias))
         if out["fired"]:
           fired[bias] += 1
           if bias:
@@ -205,6 +206,7 @@ def test_labels_without_a_finite_stderr_leave_the_model_as_it_was():
             ("observations", "actions", "rewards", "mask", "success")}  # fmt: skip
   record.update(f=np.zeros((1, *mask.shape)), p=np.full((1, *mask.shape), 0.3), z=z[None],
                 d=np.where(z, 0.1, 0.0)[None], lam=np.zeros((1, *mask.shape)),
+                d_tied=np.zeros((1, *mask.shape), bool),
                 tags=np.zeros((1, *mask.shape), int))  # fmt: skip
   unknown = dict(record, d_stderr=np.where(z, np.nan, 0.0)[None])
   new, out = source.between_chunks(source.aux, None, None, 2, 0, unknown)
@@ -219,3 +221,25 @@ def test_labels_without_a_finite_stderr_leave_the_model_as_it_was():
   assert all(np.isfinite(np.asarray(x)).all() for x in leaves)
   assert any(not np.array_equal(a, b) for a, b in
              zip(leaves, jax.tree.leaves(source.aux["model"]), strict=True))  # fmt: skip
+
+
+def test_the_variance_split_says_whether_labels_or_model_limit():
+  """chunk_statistics on labels D = mu + N(0, 0.1^2) with their stderr 0.1: a model that is
+  mu explains what the noise leaves (explained variance about 0.8) and leaves the label
+  noise alone in the rectifier (noise share about 1); a model off by N(0, 0.3^2) explains
+  less and leaves a noise share near 0.1 / (0.1 + 0.9)."""
+  from hindsight.rl.sources.prediction_powered import chunk_statistics
+
+  rng = np.random.default_rng(3)
+  r = _records(rng, 0.0, n_chunk=4)
+  mu = r["f"]
+  r["d"] = np.where(r["z"], mu + rng.normal(0, 0.1, mu.shape), 0.0)
+  good = chunk_statistics(r)
+  assert good["noise_share"] == pytest.approx(1.0, abs=0.1), good
+  assert good["explained_variance"] == pytest.approx(0.8, abs=0.05), good
+  r["f"] = mu + rng.normal(0, 0.3, mu.shape)
+  bad = chunk_statistics(r)
+  assert bad["noise_share"] == pytest.approx(0.1, abs=0.03), bad
+  assert bad["explained_variance"] < 0, bad
+  tied = dict(r, d_tied=r["z"])  # every label a tie: no sample noise, whatever its stderr
+  assert chunk_statistics(tied)["noise_share"] == 0.0
