@@ -73,9 +73,21 @@ def test_learner_starts_as_its_prior_and_the_labeler_branches_it():
   # Without the phi arm: the same credit bit for bit, the keep and replace arms' steps only.
   fn = jax.jit(functools.partial(labeler.label_under, credit_only=True))
   credit_only = fn(policy.default_params(), traj, keys)
-  assert set(credit_only) == {"credit", "credit_stderr", "credit_bounded", "arm_steps"}
+  assert set(credit_only) == {"credit", "credit_stderr", "credit_bounded", "arm_steps",
+                              "credit_sample_stderr"}  # fmt: skip
   for name in ("credit", "credit_stderr", "credit_bounded"):
     np.testing.assert_array_equal(np.asarray(credit_only[name]), np.asarray(plain[name]), name)
+  # the pairs' own stderr: the label's stderr wherever no tie bound raised it, below it
+  # where one did
+  sample, bound = (
+    np.asarray(credit_only["credit_sample_stderr"]),
+    np.asarray(plain["credit_bounded"]),
+  )
+  ok = np.asarray(traj.mask) & np.isfinite(np.asarray(plain["credit"]))
+  np.testing.assert_allclose(sample[ok & ~bound], np.asarray(plain["credit_stderr"])[ok & ~bound],
+                             rtol=1e-5)  # fmt: skip
+  assert (sample[ok & bound] <= np.asarray(plain["credit_stderr"])[ok & bound] + 1e-7).all()
+  assert (sample[ok] < np.asarray(plain["credit_stderr"])[ok]).any()  # at K=4 most are raised
   np.testing.assert_array_equal(credit_only["arm_steps"], arms * np.array([1, 1, 0]))
 
 

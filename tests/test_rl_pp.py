@@ -95,7 +95,7 @@ def _records(rng, bias: float, n_chunk: int = 1, E: int = 64, H: int = 12):
   z = rng.uniform(size=shape) < p
   d = np.where(z, mu + rng.normal(0, 0.1, shape), 0.0)
   return {"mask": np.ones(shape, bool), "tags": tags, "f": f, "p": p, "z": z, "d": d,
-          "d_stderr": np.where(z, 0.1, 0.0), "d_tied": np.zeros(shape, bool),
+          "d_stderr": np.where(z, 0.1, 0.0), "d_noise": np.where(z, 0.1, 0.0),
           "lam": np.ones(shape)}  # fmt: skip
 
 
@@ -206,11 +206,11 @@ def test_labels_without_a_finite_stderr_leave_the_model_as_it_was():
             ("observations", "actions", "rewards", "mask", "success")}  # fmt: skip
   record.update(f=np.zeros((1, *mask.shape)), p=np.full((1, *mask.shape), 0.3), z=z[None],
                 d=np.where(z, 0.1, 0.0)[None], lam=np.zeros((1, *mask.shape)),
-                d_tied=np.zeros((1, *mask.shape), bool),
+                d_noise=np.where(z, 0.05, 0.0)[None],
                 tags=np.zeros((1, *mask.shape), int))  # fmt: skip
   unknown = dict(record, d_stderr=np.where(z, np.nan, 0.0)[None])
   new, out = source.between_chunks(source.aux, None, None, 2, 0, unknown)
-  assert not out["fine_tuned"] and out["noise_share"] is None
+  assert not out["fine_tuned"]
   same = jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), new["model"],
                                       source.aux["model"]))  # fmt: skip
   assert all(same)
@@ -241,5 +241,5 @@ def test_the_variance_split_says_whether_labels_or_model_limit():
   bad = chunk_statistics(r)
   assert bad["noise_share"] == pytest.approx(0.1, abs=0.03), bad
   assert bad["explained_variance"] < 0, bad
-  tied = dict(r, d_tied=r["z"])  # every label a tie: no sample noise, whatever its stderr
+  tied = dict(r, d_noise=np.zeros(mu.shape))  # every pair tied: no noise, whatever the bound
   assert chunk_statistics(tied)["noise_share"] == 0.0

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.credit.estimators import tie_upper_rates, z_value
+from hindsight.credit.estimators import mean_stderr, tie_upper_rates, z_value
 from hindsight.credit.exact import exact_step_credit, tabular_values
 from hindsight.credit.fields import returns_to_go, step_fields
 from hindsight.credit.replacement import check_replacement, replacement_probs, without_taken
@@ -410,7 +410,10 @@ class Labeler:
 
     credit_only: roll the keep and replace arms alone (a third fewer branch steps) and
     return only credit, credit_stderr and credit_bounded [E, H], bit for bit those of the
-    full labels (the same branches, keys and estimator), and arm_steps with 0 for phi.
+    full labels (the same branches, keys and estimator), arm_steps with 0 for phi, and
+    credit_sample_stderr [E, H]: the branch pairs' own standard error, (1 - w) std(G^keep -
+    G^rep, ddof=1) / sqrt(K), before any tie bound raises it (an unbiased estimate of the
+    label's noise, where credit_stderr is a conservative bound on it).
     step_mask: bool [E, H], the steps to label (None: all). No branch of another step rolls, so
     the env steps spent follow the steps chosen; the labels of the chosen steps are bit for
     bit the unmasked ones (a branch's keys and result depend on its own (t, k) only), and
@@ -437,6 +440,8 @@ class Labeler:
     out = jax.vmap(self._reduce)(traj, G, steps, success[..., -1], q, undefined, keep_share)
     if credit_only:
       out = {name: out[name] for name in ("credit", "credit_stderr", "credit_bounded")}
+      _, spread = mean_stderr(G[..., 0] - G[..., 1])  # [E, H] over the K branch pairs
+      out["credit_sample_stderr"] = jnp.where(traj.mask, (1.0 - keep_share) * spread, 0.0)
     out["arm_steps"] = arm_steps
     return out
 

@@ -214,8 +214,8 @@ class PredictionPowered(CreditSource):
       "z": z,
       "d": d,
       "d_stderr": stderr,
-      # a stderr raised to the tie bound is conservative, not the labels' sample noise
-      "d_tied": z & labels["credit_bounded"],
+      # the branch pairs' own noise (the stderr above may be raised to a tie bound)
+      "d_noise": jnp.where(z & finite, labels["credit_sample_stderr"], 0.0),
       "lam": jnp.broadcast_to(lam, mask.shape),
       "tags": jax.vmap(jax.vmap(task.env.tag, (0, 0, None)), (0, 0, None))(
         states, traj.actions, task.env_params
@@ -316,8 +316,8 @@ def chunk_statistics(r: dict) -> dict:
   model's), lam (the mean weight used), rectifier_share (the variance of the rectifier
   term over the variance of A, over the valid steps), noise_share (of the rectifier's
   second moment E[(D - lam f)^2 / p], the part that is the labels' own Monte Carlo noise,
-  sum_z se^2 / p^2 over sum_z (D - lam f)^2 / p^2 with se the labels' sample stderr (0 where
-  all branch pairs tied): near 1, no model can shrink it; near 0, a better model can),
+  sum_z se^2 / p^2 over sum_z (D - lam f)^2 / p^2 with se the branch pairs' sample stderr:
+  near 1, no model can shrink it; near 0, a better model can),
   labelled (steps labelled) and label_share (of the valid steps).
   None where undefined."""
   valid, z = r["mask"], r["z"] & r["mask"]
@@ -333,9 +333,9 @@ def chunk_statistics(r: dict) -> dict:
     total = np.sum(w * (d - mean) ** 2)
     if total > 0:
       out["explained_variance"] = float(1.0 - np.sum(w * (d - f) ** 2) / total)
-    # the labels' sample noise: their stderr, or 0 where every branch pair tied (the sample
-    # variance is then 0; the label's stderr is the conservative tie bound instead)
-    sample = np.where(r["d_tied"][z], 0.0, r["d_stderr"][z])
+    # the labels' noise: the branch pairs' sample stderr (an unbiased estimate of it, where
+    # the label's stderr may be raised to a conservative tie bound)
+    sample = r["d_noise"][z]
     known = np.isfinite(sample)
     second = np.sum((w**2 * (d - r["lam"][z] * f) ** 2)[known])
     if second > 0:
