@@ -86,7 +86,9 @@ def fit_credit_model(
   if steps > 0:
     keys = jax.vmap(jax.random.fold_in, (None, 0))(key, 2 + jnp.arange(steps))
     data = {k: jnp.asarray(v) for k, v in host.items()}
-    state = _fit_loop(config, spec)(state, data, jnp.asarray(pool)[rows], keys)
+    # the rows' indices on the host: a pool of another size would otherwise compile a gather
+    picked = jnp.asarray(pool[np.asarray(rows)], jnp.int32)
+    state = _fit_loop(config, spec)(state, data, picked, keys)
   model = nnx.merge(programs.graphdef, state)["model"]
   graphdef, model_state = nnx.split(model)
   return Predictor(graphdef, model_state, spec, model_config, step=int(steps))
