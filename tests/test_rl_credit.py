@@ -14,6 +14,7 @@ import pytest
 
 from hindsight.credit.policy_gradient import episode_gradients, exact_gradient, gradient_stats
 from hindsight.labeling.rollout import sample_episode
+from hindsight.labeling.trajectories import trajectory_batch
 from hindsight.rl.config import base_config, smoke
 from hindsight.rl.load import load_policy
 from hindsight.rl.ppo import Programs
@@ -264,7 +265,7 @@ _PP = (("pp.rho", 0.3), ("pp.p_min", 0.05), ("pp.initial_episodes", 256),
 def _plus_one(source, traj):
   """The model replaced by one that says +1 everywhere, std 1 (with lam fixed at 1)."""
   ones = jnp.ones(traj.mask.shape)
-  source.model_outputs = lambda aux, traj: (ones, ones)
+  source.model_outputs = lambda aux, traj, batch: (ones, ones)
 
 
 @pytest.mark.parametrize("model", ["trained", "zero", "plus_one"])
@@ -292,7 +293,7 @@ def test_pp_credits_model_alone_is_resolved_above_the_floor():
   is `learned`'s estimator, biased by the model's error, and the test sees it."""
 
   def model_alone(source, traj):
-    f, _ = source.model_outputs(source.aux, traj)
+    f = source.credit_prediction()(source.aux, traj, trajectory_batch(source.task.env, traj))
     return jnp.where(traj.mask, f, 0.0)
 
   g, g_star = _estimates("pp_credit", settings=_PP, adapt=model_alone)

@@ -128,14 +128,10 @@ class _Planted(PredictionPowered):
 
   name = "test_pp_planted"
 
-  def model_outputs(self, aux, traj):
-    f, s = super().model_outputs(aux, traj)
-    states = jax.tree.map(lambda x: x[:, : self.task.env.horizon], traj.states)
-    tags = jax.vmap(jax.vmap(self.task.env.tag, (0, 0, None)), (0, 0, None))(
-      states, traj.actions, self.task.env_params
-    )
+  def model_outputs(self, aux, traj, batch):
+    f, s = super().model_outputs(aux, traj, batch)
     fact = self.task.env.tag_names.index("fact")
-    return f + 1.0 * (tags == fact), s
+    return f + 1.0 * (self.task.step_tags(traj) == fact), s
 
 
 def _tensorboard_texts(workdir: str) -> dict[str, str]:

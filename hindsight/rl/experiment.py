@@ -279,23 +279,25 @@ def _styles(names) -> dict:
   return {n: {"color": colours[(2 * i) % 20 + (2 * i) // 20]} for i, n in enumerate(names)}
 
 
-def _curves(ax, results: dict, get, amortised_over: int = 1) -> None:
+def _curves(ax, results: dict, get, amortised_over: int = 1, by_update: bool = False) -> None:
   """Each source's mean and 95% band of `get(seed point)` against env steps per run on a
-  log axis, sources with a model dashed; the initial policy's value (every source's point
-  at update 0) is the dotted line, since a source that spends nothing before its first
-  update has it at 0 env steps."""
+  log axis (or, by_update, against policy updates), sources with a model dashed; the
+  initial policy's value (every source's point at update 0) is the dotted line, since a
+  source that spends nothing before its first update has it at 0 env steps."""
   styles = _styles(list(results))
   for name, r in results.items():
     curve = r["curve"]
-    x = _total_steps(curve, amortised_over)
+    updates = np.array([p["update"] for p in curve])
+    x = updates if by_update else _total_steps(curve, amortised_over)
     cis = np.array([mean_ci([get(s) for s in p["seeds"]]) for p in curve])
-    on = x > 0
+    on = x >= 0 if by_update else x > 0
     dashed = "--" if r.get("learned") else "-"
     ax.plot(x[on], cis[on, 0], dashed, marker=".", ms=4, label=name, **styles[name])
     ax.fill_between(x[on], cis[on, 1], cis[on, 2], alpha=0.12, **styles[name])
   start = np.mean([get(s) for s in next(iter(results.values()))["curve"][0]["seeds"]])
   ax.axhline(start, color="0.5", ls=":", lw=1, label="initial policy")
-  ax.set_xscale("log")
+  if not by_update:
+    ax.set_xscale("log")
 
 
 def plot(path: str, results: dict, decorative_tags) -> None:
@@ -341,13 +343,7 @@ def plot_budget(path: str, results: dict) -> None:
     )
   # Against policy updates (equal policy samples): how a user whose policy's samples are
   # the expensive part (a language model) reads it.
-  styles = _styles(list(results))
-  for name, r in results.items():
-    updates = np.array([p["update"] for p in r["curve"]])
-    cis = np.array([mean_ci([s["success"] for s in p["seeds"]]) for p in r["curve"]])
-    dashed = "--" if r.get("learned") else "-"
-    axes[2].plot(updates, cis[:, 0], dashed, marker=".", ms=4, label=name, **styles[name])
-    axes[2].fill_between(updates, cis[:, 1], cis[:, 2], alpha=0.12, **styles[name])
+  _curves(axes[2], results, lambda s: s["success"], by_update=True)
   axes[2].set_xlabel("policy updates (equal policy samples)")
   axes[0].set_ylabel("success (reference, fresh episodes)")
   axes[0].legend(fontsize=7, ncol=2)

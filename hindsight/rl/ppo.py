@@ -161,9 +161,7 @@ class Programs:
       epoch, ((ts.params, ts.source_params), ts.opt_state), jax.random.split(k_shuffle, cfg.epochs)
     )
     policy_steps = mask.sum().astype(jnp.int32)
-    tags = jax.vmap(jax.vmap(task.env.tag, (0, 0, None)), (0, 0, None))(
-      states, traj.actions, task.env_params
-    )
+    tags = task.step_tags(traj)
     n_tags = max(len(task.env.tag_names), 1)
     tag_share = (jax.nn.one_hot(tags, n_tags) * mask[..., None]).sum((0, 1)) / jnp.maximum(
       mask.sum(), 1

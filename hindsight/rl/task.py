@@ -57,6 +57,13 @@ class Task:
     f = jax.vmap(jax.vmap(fn, (None, 0, None)), (None, 0, None))
     return f(params, states, self.env_params)
 
+  def step_tags(self, traj) -> jax.Array:
+    """The environment's tag id of every step [E, H] of trajectories with leaves [E, H + 1,
+    ...] (0 where it has no tags)."""
+    states = jax.tree.map(lambda x: x[:, : self.env.horizon], traj.states)
+    tag = jax.vmap(jax.vmap(self.env.tag, (0, 0, None)), (0, 0, None))
+    return tag(states, traj.actions, self.env_params)
+
   def step_features(self, states) -> jax.Array:
     """x(s_t) [E, T, D]: the policy's features of states with leaves [E, T, ...] (what the
     policy, the critic and the credit heads read)."""

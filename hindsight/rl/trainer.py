@@ -241,7 +241,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
           history["refreshes"].append({"update": done, "seeds": records})
         history["wall_seconds"] += time.perf_counter() - start
         point = measure(done)
-        for seed_point, record in zip(point["seeds"], records, strict=False):
+        for seed_point, record in zip(point["seeds"], records, strict=True):
           if record is not None:  # the source's own alarm
             seed_point["warnings"].update(record.get("warnings", {}))
         history["points"].append(point)

@@ -49,6 +49,7 @@ from hindsight.labeling.trajectories import trajectory_batch
 from hindsight.model.fit import fit_credit_model
 from hindsight.rl.refresh import gap_ranges, gap_test, tag_slices
 from hindsight.rl.sources.base import (
+  UNBIASED,
   ConfigNode,
   CreditSource,
   Probe,
@@ -171,10 +172,12 @@ class PredictionPowered(CreditSource):
     self.lanes = int(np.clip(2 ** np.round(np.log2(max(float(config.pp.rho) * E * H * K / 4, 1))),
                              64, 4096))  # fmt: skip
 
-  def model_outputs(self, aux, traj):
-    """(f, s) [E, H]: the model's mixture mean and predictive std, both 0 and the std 1
-    while the model is off (f = 0, uniform allocation)."""
-    out = self._fn(aux["model"], trajectory_batch(self.task.env, traj))
+  def model_outputs(self, aux, traj, batch):
+    """(f, s) [E, H]: the model's mixture mean and predictive std on the episodes `traj`
+    (`batch`: their `trajectory_batch`), both 0 and the std 1 while the model is off (f = 0,
+    uniform allocation)."""
+    del traj  # what a model of one's own may read beside the batch
+    out = self._fn(aux["model"], batch)
     on = aux["on"]
     return on * out["mean"], on * out["std"] + (1.0 - on)
 
@@ -183,7 +186,8 @@ class PredictionPowered(CreditSource):
     pp, task = self.config.pp, self.task
     mask = traj.mask
     E = mask.shape[0]
-    f, s = self.model_outputs(aux, traj)
+    batch = trajectory_batch(task.env, traj)
+    f, s = self.model_outputs(aux, traj, batch)
     score = jnp.sqrt(jnp.square(s) + jnp.square((1.0 - aux["lam"]) * f))
     p = allocate(score, mask, float(pp.rho), float(pp.p_min))
     k_z, k_label = jax.random.split(key)
@@ -205,8 +209,6 @@ class PredictionPowered(CreditSource):
       lam_odd = tuned_weight(f, d, z, p, even)
       lam = jnp.where(even, lam_even, lam_odd) * aux["on"]
     advantages = pp_signal(f, d, z, p, lam, mask)
-    batch = trajectory_batch(task.env, traj)
-    states = jax.tree.map(lambda x: x[:, : task.env.horizon], traj.states)
     record = {
       **{name: batch[name] for name in _BATCH_FIELDS},
       "f": f,
@@ -217,9 +219,7 @@ class PredictionPowered(CreditSource):
       # the branch pairs' own noise (the stderr above may be raised to a tie bound)
       "d_noise": jnp.where(z & finite, labels["credit_sample_stderr"], 0.0),
       "lam": jnp.broadcast_to(lam, mask.shape),
-      "tags": jax.vmap(jax.vmap(task.env.tag, (0, 0, None)), (0, 0, None))(
-        states, traj.actions, task.env_params
-      ),
+      "tags": task.step_tags(traj),
     }
     if str(self.config.eval.boundary) == "bounded":
       bound = functools.partial(return_bounds, task.env, task.env_params)
@@ -228,13 +228,11 @@ class PredictionPowered(CreditSource):
     return Terms(advantages, credit_arm_steps(labels["arm_steps"]), record=record)
 
   def credit_prediction(self):
-    fn = self._fn
-    return lambda aux, traj, batch: aux["on"] * fn(aux["model"], batch)["mean"]
+    return lambda aux, traj, batch: self.model_outputs(aux, traj, batch)[0]
 
   def probe(self) -> Probe:
     # its own alarm is the rectifier's (between_chunks): the reference only measures it
-    return Probe(self.credit_prediction(), "it costs this unbiased source variance, not "
-                 "direction", warns=False)  # fmt: skip
+    return Probe(self.credit_prediction(), UNBIASED, warns=False)
 
   # -- between chunks -------------------------------------------------------------------
 
@@ -268,7 +266,7 @@ class PredictionPowered(CreditSource):
           f"the rectifier puts the credit model's bias on '{test['slice']}' steps at "
           f"{test['gap']:+.3f} [{test['lower']:+.3f}, {test['upper']:+.3f}] under the current "
           f"policy (tolerance {float(cfg.tolerance):g}, alpha {float(cfg.alpha):g} over the "
-          "run): it costs this unbiased source variance, not direction"
+          f"run): {UNBIASED}"
         )
     else:
       out["fired"] = False
