@@ -13,6 +13,9 @@ from hindsight._lazy import lazy_exports
 # The plug-ins that ship with hindsight (`hindsight.plugins`): each registers its pieces with
 # the core's registries when first asked for by name, so no core package imports them.
 _plugins.declare("text", "hindsight.text.plugin")
+# The step encoder on a language model's backbone (the llm extra): loaded when a config or a
+# checkpoint names the kind `lm_backbone`.
+_plugins.declare("lm_backbone", "hindsight.lm.credit_encoder", on_demand=True)
 
 # Name -> the module that defines it. Loaded on first use (PEP 562), so `import hindsight`
 # (and the CLI, which imports it) does not pay for TFDS, orbax and matplotlib up front.

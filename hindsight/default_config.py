@@ -87,6 +87,7 @@ def base_config() -> ConfigDict:
   c.mesh.devices = -1  # devices to use, the first N of jax.devices() (-1: all)
   c.mesh.data = -1  # devices on the data axis (-1: all that fsdp leaves)
   c.mesh.fsdp = 1  # devices parameters are sharded over (1 = replicated)
+  c.mesh.tp = 1  # devices a language model's heads and MLP are split over (Tunix's tp axis)
   c.mesh.min_fsdp_size = 2**14  # arrays smaller than this stay replicated
 
   c.distributed = ConfigDict()

@@ -23,12 +23,17 @@ from hindsight.errors import HindsightError
 
 ENTRY_POINT_GROUP = "hindsight.plugins"
 _DECLARED: dict[str, str] = {}  # plug-in name -> module that registers it
+_ON_DEMAND: set[str] = set()  # plug-ins `load_all` leaves alone
 _LOADED: set[str] = set()
 
 
-def declare(name: str, module: str) -> None:
-  """Declares the module that registers plug-in `name` (imported on first `load(name)`)."""
+def declare(name: str, module: str, on_demand: bool = False) -> None:
+  """Declares the module that registers plug-in `name` (imported on first `load(name)`).
+  `on_demand`: only a registry's lookup of `name` loads it, never `load_all` (a plug-in that
+  adds nothing the command line lists and imports JAX: the `lm_backbone` step encoder)."""
   _DECLARED[name] = module
+  if on_demand:
+    _ON_DEMAND.add(name)
 
 
 def declared() -> tuple[str, ...]:
@@ -59,7 +64,8 @@ def load(name: str) -> bool:
 def load_all() -> None:
   """Imports every declared and installed plug-in (what lists every registered name)."""
   for name in declared():
-    load(name)
+    if name not in _ON_DEMAND:
+      load(name)
 
 
 class Registry(dict):

@@ -71,7 +71,7 @@ from hindsight.model.checkpoints import Checkpoints, verify_manifest
 from hindsight.model.credit_model import ModelConfig
 from hindsight.model.predictor import MODEL_FILE, Predictor, model_files
 from hindsight.model.programs import ProgramsConfig, state_digest, train_programs
-from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
+from hindsight.model.sharding import batch_devices, devices_for_batch, global_batch, make_mesh
 from hindsight.progress import CompileAwareBar
 
 log = logging.getLogger("hindsight.train")
@@ -251,7 +251,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
   _write_splits(config, workdir, data)
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-  start, state = _restore_or_init(config, ckpt, programs, data.init, layout.train_seed)
+  start, state = _restore_or_init(config, ckpt, programs, data, layout.train_seed)
   try:
     tic = time.perf_counter()
     outcome = _train(config, workdir, data, layout, programs, ckpt, start, state)
@@ -316,6 +316,10 @@ def _load_data(config: ConfigDict, workdir: str) -> _Data:
   options = {
     "tokenizer": config.data.get("tokenizer", "bpe"),
     "vocab_size": int(config.data.get("vocab_size", 512)),
+    # The LM-backbone encoder's (configs/text_lm.py): the policy's folder and how to start.
+    "lm": config.data.get("lm", ""),
+    "lm_init": config.data.get("lm_init", "pretrained"),
+    "lm_width": int(config.data.get("lm_width", 64)),
   }
   horizon = labels.metadata.horizon or None
   lengths, spec = reader.scan(splits["train"], horizon, config.data.get("encoder", ""), options)
@@ -336,10 +340,11 @@ def _layout(config: ConfigDict, data: _Data) -> _Layout:
     if not 1 <= config.mesh.devices <= len(devices):
       raise HindsightError(f"mesh.devices={config.mesh.devices}: there are {len(devices)} devices")
     devices = devices[: config.mesh.devices]
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-  if batch_size % mesh.size:
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, devices, int(config.mesh.get("tp", 1)))
+  if batch_size % batch_devices(mesh):
     raise HindsightError(
-      f"data.batch_size={batch_size} is not a multiple of the {mesh.size} devices"
+      f"data.batch_size={batch_size} is not a multiple of the {batch_devices(mesh)} row shards "
+      "(mesh data x fsdp)"
     )
   rows = process_rows(batch_size, jax.process_index(), jax.process_count())
   # An ensemble member (config.member = m > 0) shares the split (a function of seed alone)
@@ -373,9 +378,10 @@ def _write_splits(config: ConfigDict, workdir: str, data: _Data) -> None:
   )
 
 
-def _restore_or_init(config, ckpt: Checkpoints, programs, init, train_seed: int):
+def _restore_or_init(config, ckpt: Checkpoints, programs, data: _Data, train_seed: int):
   """(start step, state): the last good checkpoint, else a fresh state (the parameters of
-  `init_from` where given)."""
+  `init_from` where given, or the step encoder's pretrained ones where it has them)."""
+  init = data.init
   steps = ckpt.steps()
   if steps and not os.path.isfile(os.path.join(ckpt.step_dir(steps[-1]), MODEL_FILE)):
     raise HindsightError(
@@ -389,7 +395,21 @@ def _restore_or_init(config, ckpt: Checkpoints, programs, init, train_seed: int)
       state["model"] = jax.tree.map(
         lambda new, old: jax.device_put(old, new.sharding), state["model"], init.state
       )
+    elif (pretrained := _encoder_params(data.spec.encoder)) is not None:
+      # A step encoder that starts from pretrained weights (the LM backbone from the policy):
+      # they replace its random ones, placed as the fresh state's shardings say.
+      encoder = state["model"]["obs_encoder"]
+      encoder["backbone"] = jax.tree.map(
+        lambda new, old: jax.device_put(old, new.sharding), encoder["backbone"], pretrained
+      )
   return start, state
+
+
+def _encoder_params(encoder):
+  """The pretrained parameters of a step encoder's `backbone` (an optional part of the
+  protocol: `initial_params`), or None."""
+  initial = getattr(encoder, "initial_params", None)
+  return None if initial is None else initial()
 
 
 class _Sigterm:

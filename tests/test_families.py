@@ -12,7 +12,7 @@ from conftest import ROOT
 
 from hindsight.cli import main
 from hindsight.data import open_labels
-from hindsight.envs import families, make
+from hindsight.envs import families, make, random_mdp
 from hindsight.errors import HindsightError
 from hindsight.labeling.source import JAX_ENGINE, PYTHON_ADAPTERS, source_entry
 from hindsight.text.options import TextOptions
@@ -63,6 +63,13 @@ def test_a_family_of_ones_own_registers_from_its_module(user_module, tmp_path, c
   env, _ = make("my_envs:states=5")
   assert env.num_actions == 3 and labels.metadata.horizon == env.horizon
   assert all(np.isfinite(np.asarray(labels[i]["credit"])).any() for i in range(8))
+  # The options reach the MDP: states=5 builds random_mdp(0, num_states=5), not the default's
+  # 6 states, and seed=1 another MDP; the labels' states are that MDP's.
+  same = random_mdp(0, num_states=5, num_actions=3, horizon=8)
+  assert env.num_states == 5 and make("my_envs")[0].num_states == 6
+  np.testing.assert_array_equal(np.asarray(env.mdp.P), np.asarray(same.P))
+  assert not np.array_equal(np.asarray(make("my_envs:states=5,seed=1")[0].mdp.P), same.P)
+  assert max(int(np.max(labels[i]["observations"])) for i in range(8)) < 5
   # Options it does not know, and job options it does not take, are one line each.
   assert main(["label", "--env", "my_envs:colour=3", "--episodes", "2", "--out", out + "2"]) == 2
   assert "unknown option 'colour=3'" in capsys.readouterr().err

@@ -206,16 +206,163 @@ def test_the_text_eval_against_the_exact_credit(text_run):
   assert "completions per step" in page and "Bayes observer of the text" in page
 
 
+@pytest.fixture(scope="module")
+def lm_run(text_run, tmp_path_factory):
+  """A credit model on a language model's backbone (configs/text_lm.py), trained on the
+  text run's labels from a tiny random Qwen2 written as a Hugging Face folder (its tokenizer
+  a BPE of the labels' text): the pretrained start, as from a policy."""
+  from hindsight.lm import backbone, hf
+  from hindsight.lm.config import BackboneConfig
+
+  root = tmp_path_factory.mktemp("lm_credit")
+  labels = open_labels(text_run["labels"])
+  texts = [t.decode() if isinstance(t, bytes) else t for i in range(len(labels))
+           for t in [labels[i]["prompt"], *labels[i]["step_text"]]]  # fmt: skip
+  tok = train_bpe(texts, 512)
+  cfg = BackboneConfig("qwen2", tok.vocab_size, 32, 1, 4, 2, 8, 64, max_len=1024)
+  policy = hf.write_hf(backbone.build(cfg, jax.random.key(5)), cfg, tok, str(root / "policy"))
+  workdir = str(root / "model")
+  got = run_cli("train", "--config", "text_lm:smoke", "--labels", text_run["labels"],
+                "--workdir", workdir, f"--config.data.lm={policy}", "--config.train.steps=60",
+                "--config.train.eval_every=30")  # fmt: skip
+  assert got.returncode == 0, got.stderr
+  return {"workdir": workdir, "policy": policy, "tokenizer": tok}
+
+
+@TEXT_MODEL
+def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_run, text_run):
+  from safetensors.numpy import load_file
+
+  from hindsight.lm.credit_encoder import BackboneEncoder
+  from hindsight.model.predictor import Predictor
+
+  predictor = Predictor.load(lm_run["workdir"])
+  encoder = predictor.spec.encoder
+  # The checkpoint alone restores the tokenizer and the backbone's config.
+  assert isinstance(encoder, BackboneEncoder) and encoder.init == "pretrained"
+  assert Tokenizer.from_json(encoder.tokenizer).encode("Box 3 holds 7.").tolist() == (
+    lm_run["tokenizer"].encode("Box 3 holds 7.").tolist()
+  )
+  assert encoder.cfg.arch == "qwen2" and encoder.cfg.width == 32
+  # It started from the policy's weights: after 60 small steps its embedding is still the
+  # policy's, not a fresh draw (which would sit at a relative distance near sqrt(2)).
+  start = load_file(os.path.join(lm_run["policy"], "model.safetensors"))[
+    "model.embed_tokens.weight"
+  ]
+  now = np.asarray(predictor.state["obs_encoder"]["backbone"]["embedder"]
+                   ["input_embedding"])  # fmt: skip
+  assert np.linalg.norm(now - start) / np.linalg.norm(start) < 0.5
+  # The trace format, prompt included: the prompt changes what the backbone reads.
+  labels = open_labels(text_run["labels"])
+  ex = labels[0]
+  texts = [s.decode() if isinstance(s, bytes) else s for s in ex["step_text"]]
+  prompt = ex["prompt"].decode() if isinstance(ex["prompt"], bytes) else ex["prompt"]
+  outcome = float(ex["return"])
+  a = predictor.score([Episode.from_example(ex)])[0]["credit"]
+  b = predictor.score([{"prompt": prompt, "steps": texts, "outcome": outcome}])[0]["credit"]
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  assert a.shape == (len(texts),) and np.all(np.isfinite(a))
+  other = predictor.score([{"prompt": "Something else.", "steps": texts, "outcome": outcome}])
+  assert not np.allclose(other[0]["mu"], predictor.score([Episode.from_example(ex)])[0]["mu"])
+  limit = encoder.max_tokens
+  per_word = encoder.tokens.encode("word " * 100).size / 100
+  half = "word " * int(0.6 * limit / per_word + 1)  # about 0.6 of the limit
+  assert 0.5 * limit < encoder.tokens.encode(half).size < limit
+  cases = [
+    ({"steps": ["word " * (2 * limit)], "outcome": 1}, f"step 0 is .* longer than the {limit}"),
+    ({"prompt": half, "steps": [half], "outcome": 1},
+     f"the trace is .* tokens \\(prompt and steps\\), longer than the {limit}"),
+    ({"steps": ["ok \udc80"], "outcome": 1}, "not valid UTF-8"),
+  ]  # fmt: skip
+  for trace, message in cases:
+    with pytest.raises(HindsightError, match=message) as e:
+      predictor.score([trace])
+    assert "\n" not in str(e.value)
+
+
+@TEXT_MODEL
+def test_the_eval_sets_the_lm_backbone_beside_the_step_encoder(lm_run, text_run):
+  from hindsight.drift import DriftConfig, run_drift
+  from hindsight.model.predictor import Predictor, training_run
+  from hindsight.text.exact import exact_labels
+
+  report = run_drift(DriftConfig(checkpoint=lm_run["workdir"], versus=text_run["workdir"],
+                                 bootstrap=50, baseline_steps=0, progress=False))  # fmt: skip
+  assert report["versus"]["run"] == os.path.abspath(text_run["workdir"])
+  # The other model's row is the step encoder's scores on the same test split, against the
+  # same exact reference: recomputed here from its own predictor.
+  labels = open_labels(training_run(lm_run["workdir"])["labels"])
+  ids = training_run(lm_run["workdir"])["test"]
+  assert list(ids) == list(training_run(text_run["workdir"])["test"])  # one split, one seed
+  truth = np.concatenate([exact_labels(labels[i], "policy")["credit"] for i in ids])
+  other = Predictor.load(text_run["workdir"])
+  scores = np.concatenate(
+    [s["credit"] for s in other.score([Episode.from_example(labels[i]) for i in ids])]
+  )
+  rho = stats.spearmanr(scores, truth).statistic
+  assert report["headline"]["other model (point)"]["spearman"]["value"] == pytest.approx(rho)
+  assert "other model (point)" in report["k_star"] and "model (point)" in report["k_star"]
+
+
+@TEXT_MODEL
+@pytest.mark.slow
+def test_the_lm_backbone_trains_sharded_over_fsdp_and_tp_as_on_one_device(lm_run, text_run,
+                                                                           tmp_path):  # fmt: skip
+  """8 fake devices as data 2 x fsdp 2 x tp 2 (the backbone's heads and MLP split over tp as
+  Tunix annotates them, the batch over data x fsdp) against 1 device: the same loss curve
+  within float32 reordering (see test_train's sharded test)."""
+  from jax.sharding import PartitionSpec as P
+
+  from hindsight.config_io import load_config
+  from hindsight.model.predictor import Predictor
+  from hindsight.model.programs import train_programs
+  from hindsight.model.sharding import make_mesh
+  from hindsight.training import read_metrics, train_and_evaluate
+
+  curves = {}
+  for name, mesh in {"one": ["mesh.devices=1"],
+                     "sharded": ["mesh.data=2", "mesh.fsdp=2", "mesh.tp=2"]}.items():  # fmt: skip
+    config = load_config("text_lm:smoke", [
+      f"data.labels_dir={text_run['labels']}", f"data.lm={lm_run['policy']}", "train.steps=6",
+      "train.log_every=1", "train.eval_every=6", "data.num_buckets=1", *mesh,
+    ])  # fmt: skip
+    train_and_evaluate(config, str(tmp_path / name))
+    curves[name] = np.array([r["loss"] for r in read_metrics(str(tmp_path / name))])
+  assert curves["one"].size == 6
+  np.testing.assert_allclose(curves["sharded"], curves["one"], rtol=1e-5)
+  # The backbone's parameters are split as Tunix names them: q over (fsdp, tp), the MLP's
+  # hidden over tp.
+  spec = Predictor.load(str(tmp_path / "one")).spec
+  programs = train_programs(config, spec, make_mesh(2, 2, jax.devices()[:8], tp=2))
+  backbone = programs.abstract_state["model"]["obs_encoder"]["backbone"]
+  assert backbone["layers"][0]["attn"]["q_proj"]["w"].sharding.spec == P("fsdp", "tp", None)
+  assert backbone["layers"][0]["mlp"]["up_proj"]["kernel"].sharding.spec == P("fsdp", "tp")
+
+
 def test_the_observer_is_the_truth_when_the_competence_is_known():
   # At a point-mass prior the observer's credit is the exact credit of that competence.
   problem = world.problems(2, 1)[0]
   trace = world.sample_traces(2, 1)[0]
   actions = [world.parse_action(problem, s.text) for s in trace.steps]
   exact = world.exact_credit(problem, actions)["credit"]
-  observer = world.observer_credit(problem, actions, grid=256)
-  assert np.all(np.isfinite(observer)) and observer.shape == exact.shape
   own = world.exact_credit(problem, actions, competence=problem.competence)["credit"]
   np.testing.assert_array_equal(own, exact)
+  # Reading the text narrows the competence: over 80 traces the observer's squared error to
+  # the exact credit is well below a flat prior's (the credit averaged over the competence
+  # grid, the text unread): 0.270 against 0.492 at this seed. Uniform posterior weights
+  # would be the flat prior itself.
+  grid = 32
+  cs = (np.arange(grid) + 0.5) / grid
+  observer_err, flat_err = 0.0, 0.0
+  for p, tr in zip(world.problems(3, 80), world.sample_traces(3, 80), strict=True):
+    acts = [world.parse_action(p, s.text) for s in tr.steps]
+    exact = world.exact_credit(p, acts)["credit"]
+    observer = world.observer_credit(p, acts, grid=grid)
+    flat = np.mean([world.exact_credit(p, acts, competence=float(c))["credit"] for c in cs], 0)
+    ok = np.isfinite(exact)
+    observer_err += float(np.sum((observer - exact)[ok] ** 2))
+    flat_err += float(np.sum((flat - exact)[ok] ** 2))
+  assert observer_err < 0.7 * flat_err, (observer_err, flat_err)
 
 
 # -- the small language model ----------------------------------------------------------------
@@ -227,31 +374,51 @@ def tiny_lm(tmp_path_factory):
   from hindsight.lm.train import train_lm
 
   workdir = str(tmp_path_factory.mktemp("lm") / "lm")
-  cfg = LMTrainConfig(traces=64, steps=30, eval_every=15, width=32, depth=1, num_heads=2,
-                      batch_size=8, progress=False)  # fmt: skip
+  cfg = LMTrainConfig(traces=64, steps=30, eval_every=15, width=32, depth=1, batch_size=8,
+                      progress=False)  # fmt: skip
   first = train_lm(cfg, workdir)
   again = train_lm(cfg, workdir)  # finished: resumes at the end, trains nothing
   assert again["val_loss"] == pytest.approx(first["val_loss"])
+  # It learned: the held-out loss is far below the uniform guess's log V.
+  assert first["val_loss"] < 0.8 * np.log(512)
   return workdir
+
+
+def test_the_language_model_is_trained_on_exactly_the_completion_and_its_eos():
+  from hindsight.lm.config import LMTrainConfig
+  from hindsight.lm.train import training_sequences
+
+  cfg = LMTrainConfig(traces=6, max_len=384)
+  tok, ids, mask, held = training_sequences(cfg)
+  traces = world.sample_traces(cfg.seed, cfg.traces, cfg.counts)
+  for i, t in enumerate(traces):
+    prompt = tok.encode(t.prompt)
+    # Position j predicts ids[j + 1]: the masked positions' targets are the completion and EOS.
+    targets = ids[i, 1:][mask[i, :-1] > 0]
+    np.testing.assert_array_equal(targets, [*tok.encode(t.completion()), 1])
+    np.testing.assert_array_equal(ids[i, : prompt.size], prompt)
+    assert mask[i, prompt.size - 2] == 0 and mask[i, prompt.size - 1] == 1
+  assert held.sum() == 1
 
 
 @SMALL_LM
 def test_cached_sampling_matches_the_full_forward(tiny_lm):
   import jax.numpy as jnp
-  from flax import nnx
 
-  from hindsight.lm.sample import generate, pad_prompts
+  from hindsight.lm.backbone import forward
+  from hindsight.lm.sample import pad_prompts, sampler
   from hindsight.lm.train import load_lm
 
-  graphdef, state, tok, _ = load_lm(tiny_lm)
-  prompts = [tok.encode(p.prompt()) for p in world.problems(4, 3)]
+  lm = load_lm(tiny_lm)
+  prompts = [lm.tokenizer.encode(p.prompt()) for p in world.problems(4, 3)]
   ids, lengths = pad_prompts(prompts, 384)
   R = ids.shape[0]
   keys = jax.random.split(jax.random.key(0), R)
   args = (ids, lengths, np.full(R, 12, np.int32), np.zeros(R, np.float32), np.ones(R, np.float32))
-  out, count, _ = generate(graphdef, state, *args, keys)
+  generate = sampler(lm.graphdef, lm.cfg)
+  out, count, _ = generate(lm.state, *args, keys)
   # Greedy by the uncached forward over the whole prefix (padded to one shape: causal).
-  full = jax.jit(lambda x: nnx.merge(graphdef, state)(x)[0])
+  full = jax.jit(lambda x: forward(lm.model, lm.cfg, x)[0])
   for r in range(len(prompts)):
     seq = list(prompts[r])
     for i in range(int(count[r])):
@@ -260,16 +427,37 @@ def test_cached_sampling_matches_the_full_forward(tiny_lm):
       assert int(out[r, i]) == int(jnp.argmax(full(padded)[0, len(seq) - 1]))
       seq.append(int(out[r, i]))
   # A nucleus that keeps one token is greedy too.
-  args_p = (*args[:4], np.full(R, 1e-6, np.float32))
-  greedy_p, _, _ = generate(graphdef, state, *args_p[:3], np.ones(R, np.float32), args_p[4], keys)
+  greedy_p, _, _ = generate(lm.state, *args[:3], np.ones(R, np.float32),
+                            np.full(R, 1e-6, np.float32), keys)  # fmt: skip
   np.testing.assert_array_equal(np.asarray(greedy_p), np.asarray(out))
+
+
+def _sampled(lm, prompt: str, seed: int, n: int, max_tokens: int):
+  """What the endpoint must answer for (prompt, seed, n choices): the in-process sampler's
+  draws with the server's keys, (text, ended by EOS) each."""
+  from hindsight.lm.engine import SlotEngine
+  from hindsight.lm.sample import pad_prompts, sampler
+
+  ids, lengths = pad_prompts([lm.tokenizer.encode(prompt)] * n, lm.cfg.max_len)
+  R = ids.shape[0]
+  key = jax.random.key(seed)
+  keys = jax.numpy.stack([jax.random.fold_in(key, min(j, n - 1)) for j in range(R)])
+  bias = SlotEngine(lm, slots=1).bias
+  out, count, eos = sampler(lm.graphdef, lm.cfg)(
+    lm.state, ids, lengths, np.full(R, max_tokens, np.int32), np.ones(R, np.float32),
+    np.ones(R, np.float32), keys, bias,
+  )  # fmt: skip
+  return [(lm.tokenizer.decode(out[j, : int(count[j]) - int(eos[j])]), bool(eos[j]))
+          for j in range(n)]  # fmt: skip
 
 
 @SMALL_LM
 def test_the_endpoint_honours_seeds_n_stop_and_refuses_bad_requests(tiny_lm):
   from hindsight.lm.server import running_lm
+  from hindsight.lm.train import load_lm
 
   prompt = world.problems(5, 1)[0].prompt()
+  expected = _sampled(load_lm(tiny_lm), prompt, 3, 4, 20)
   with running_lm(tiny_lm) as (url, name):
     post = lambda body: httpx.post(url + "/completions", json=body, timeout=120)  # noqa: E731
     a = post({"model": name, "prompt": prompt, "n": 4, "seed": 3, "max_tokens": 20}).json()
@@ -278,17 +466,53 @@ def test_the_endpoint_honours_seeds_n_stop_and_refuses_bad_requests(tiny_lm):
     texts = [c["text"] for c in a["choices"]]
     assert len(set(texts)) > 1  # the choices draw with their own keys
     assert [c["text"] for c in b["choices"]][:2] == texts[:2]  # seed + index fix a choice
-    assert all(c["finish_reason"] in ("stop", "length") for c in a["choices"])
+    # Each choice is the in-process sampler's draw with its key, and ends as it did: "stop"
+    # at EOS, "length" at the token budget.
+    assert texts == [t for t, _ in expected]
+    assert [c["finish_reason"] for c in a["choices"]] == [
+      "stop" if eos else "length" for _, eos in expected
+    ]
     assert a["usage"]["completion_tokens"] <= 4 * 20
     cut = post({"model": name, "prompt": prompt, "n": 4, "seed": 3, "max_tokens": 20,
                 "stop": [" "]}).json()  # fmt: skip
-    for c, full in zip(cut["choices"], texts, strict=True):
-      assert " " not in c["text"] and full.startswith(c["text"])
+    for c, (full, eos) in zip(cut["choices"], expected, strict=True):
+      # Cut exactly before the first stop string, and then it is a "stop".
+      assert c["text"] == full.split(" ")[0]
+      assert c["finish_reason"] == ("stop" if (" " in full or eos) else "length")
+    assert any(" " in full for full, _ in expected)  # the stop was met at least once
     assert post({"model": "other", "prompt": prompt}).status_code == 404
     assert post({"model": name, "prompt": prompt, "n": 0}).status_code == 400
     assert post({"model": name, "prompt": "word " * 1000}).status_code == 400
     assert post({"model": name, "prompt": ""}).status_code == 400
     assert httpx.post(url + "/completions", content=b"{").status_code == 400
+
+
+@SMALL_LM
+def test_the_server_batches_continuously_within_its_slots(tiny_lm):
+  import concurrent.futures
+
+  from hindsight.lm.server import running_lm
+  from hindsight.lm.train import load_lm
+
+  prompts = [p.prompt() for p in world.problems(6, 3)]
+  expected = {(i, s): _sampled(load_lm(tiny_lm), prompts[i], s, 3, 24)
+              for i in range(3) for s in (1, 2)}  # fmt: skip
+  with running_lm(tiny_lm, max_batch=2) as (url, name):
+
+    def ask(key):
+      i, seed = key
+      body = {"model": name, "prompt": prompts[i], "n": 3, "seed": seed, "max_tokens": 24}
+      return key, httpx.post(url + "/completions", json=body, timeout=120).json()
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+      answers = dict(pool.map(ask, expected))
+    stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
+  # 18 choices went through 2 slots: never more live at once, and each choice is the one
+  # its key draws whatever it shared a call with.
+  assert stats["max_live"] == 2 and stats["completions"] == 18
+  assert stats["prefills"] >= 9  # rows were admitted as slots freed, not all at once
+  for key, answer in answers.items():
+    assert [c["text"] for c in answer["choices"]] == [t for t, _ in expected[key]]
 
 
 @SMALL_LM
@@ -304,12 +528,19 @@ def test_text_demo_smoke_runs_the_whole_path(tiny_lm, tmp_path):
   code = main(["--workdir", str(work), "--traces", "24", "--rollouts", "4",
                "--reference-traces", "4", "--reference-rollouts", "8", "--credit-steps", "20",
                "--lm-steps", "30", "--lm-traces", "64", "--lm-width", "32", "--lm-depth", "1",
-               "--max-tokens", "40", "--smoke"])  # fmt: skip
+               "--max-tokens", "40", "--backbone-steps", "20", "--smoke"])  # fmt: skip
   assert code == 0
   report = json.loads((work / "model" / "drift" / "report.json").read_text())
   assert report["reference"]["kind"] == "MC relabel" and report["reference"]["completions"] > 0
   assert report["reference"]["rollouts"] == 8 and report["cost_unit"] == "completions"
   assert np.isfinite(report["headline"]["model (point)"]["mae"]["value"])
+  # The LM-backbone model, from the small LM's weights, on the same traces and reference
+  # (no completion spent on a second reference), the step encoder's model beside it.
+  lm_report = json.loads((work / "lm_model" / "drift" / "report.json").read_text())
+  assert lm_report["reference"]["completions"] == report["reference"]["completions"]
+  assert lm_report["versus"]["run"] == str(work / "model")
+  other = lm_report["headline"]["other model (point)"]["mae"]["value"]
+  assert other == pytest.approx(report["headline"]["model (point)"]["mae"]["value"])
 
 
 class _Offset:

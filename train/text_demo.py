@@ -7,11 +7,16 @@
   4. train the credit model on the labels (configs/text.py)      (WORKDIR/model)
   5. the drift report against a resample of the held-out traces at K_ref with its own seed
                                                                   (WORKDIR/model/drift)
+  6. train the LM-backbone credit model on the same labels (configs/text_lm.py), its decoder
+     starting from the policy's weights                           (WORKDIR/lm_model)
+  7. its drift report on the same traces and reference, the step encoder's model beside it
+                                                                  (WORKDIR/lm_model/drift)
 
 Every stage resumes: a rerun computes nothing it has (checkpoints, the completion cache, the
 finished training report). With --endpoint URL --model NAME the traces come from that server
-instead (a vLLM or SGLang server of your own; stages 1 and 2 are skipped). On a machine with
-a GPU, --lm-width/--lm-depth/--lm-steps make a bigger model.
+instead (a vLLM or SGLang server of your own; stages 1 and 2 are skipped; --backbone names
+that model's Hugging Face folder for stage 6, else a fresh small Qwen2 reads the traces). On a
+machine with a GPU, --lm-width/--lm-depth/--lm-steps make a bigger model.
 
   python -m train.text_demo --workdir runs/text-demo
 """
@@ -33,6 +38,8 @@ def main(argv=None) -> int:
   p.add_argument("--reference-traces", type=int, default=48, help="held-out traces evaluated")
   p.add_argument("--reference-rollouts", type=int, default=64, help="K of the reference")
   p.add_argument("--credit-steps", type=int, default=2000, help="credit model steps")
+  p.add_argument("--backbone-steps", type=int, default=1000, help="LM-backbone model steps")
+  p.add_argument("--backbone", default="", help="the LM backbone's folder (default: the small LM)")
   p.add_argument("--lm-steps", type=int, default=2000)
   p.add_argument("--lm-width", type=int, default=128)
   p.add_argument("--lm-depth", type=int, default=2)
@@ -107,14 +114,26 @@ def run(args) -> int:
       config.train.steps = args.credit_steps
       config.train.eval_every = min(250, args.credit_steps)
       run_training(config, os.path.join(W, "model"))
+    drift = dict(episodes=args.reference_traces, reference="resample",
+                 reference_rollouts=args.reference_rollouts, endpoint=url, seed=args.seed)  # fmt: skip
     with stage("drift report against a resampled reference"):
-      report = run_drift(DriftConfig(
-        checkpoint=os.path.join(W, "model"), episodes=args.reference_traces,
-        reference="resample", reference_rollouts=args.reference_rollouts, endpoint=url,
-        seed=args.seed,
+      report = run_drift(DriftConfig(checkpoint=os.path.join(W, "model"), **drift))
+    with stage("train the LM-backbone credit model"):
+      config = load_config("text_lm:smoke" if args.smoke else "text_lm")
+      config.data.labels_dir = labels
+      config.data.lm = args.backbone or ("" if args.endpoint else os.path.join(W, "lm"))
+      config.train.steps = args.backbone_steps
+      config.train.eval_every = min(250, args.backbone_steps)
+      run_training(config, os.path.join(W, "lm_model"))
+    with stage("drift report: the LM backbone beside the step encoder"):
+      # The step encoder's episodes and reference (its cache): nothing is resampled twice.
+      lm_report = run_drift(DriftConfig(
+        checkpoint=os.path.join(W, "lm_model"), versus=os.path.join(W, "model"),
+        cache=os.path.join(report["out"], "cache"), **drift,
       ))  # fmt: skip
-  with open(os.path.join(report["out"], "report.md")) as f:
-    print(f.read())
+  for r in (report, lm_report):
+    with open(os.path.join(r["out"], "report.md")) as f:
+      print(f.read())
   print("stage timings:")
   for name, seconds in timings.items():
     print(f"  {name:<48} {seconds:8.1f} s")

@@ -51,6 +51,8 @@ def add_parser(sub):
   option(ev, DriftConfig, "bootstrap", "bootstrap resamples per CI")
   option(ev, DriftConfig, "seed", "seed of fresh episode sets (--env, shifts), the bootstrap and "
          "baselines")  # fmt: skip
+  option(ev, DriftConfig, "versus", "another run scored on the same episodes and reference "
+         "(its own row: 'other model (point)')")  # fmt: skip
   option(ev, DriftConfig, "out", "report directory (default: CHECKPOINT/drift)")
   option(ev, DriftConfig, "cache",
          "directory of cached episodes and references (default: OUT/cache); share one "

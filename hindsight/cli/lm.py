@@ -1,5 +1,6 @@
-"""`hindsight lm train | serve`: a small language model of our own, trained on the text world
-and served at /v1/completions (docs/text.md)."""
+"""`hindsight lm train | serve`: a Qwen2-architecture language model (the `llm` extra), trained
+on the text world and served at /v1/completions; `--lm PATH` starts from or serves a Hugging
+Face Qwen2 / Llama 3 folder (docs/text.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from hindsight.cli.options import build, dataclass_flags
 from hindsight.cli.parser import Parser, no_progress
 
 NAME = "lm"
-HELP = "a small language model: train it, serve it (/v1/completions)"
+HELP = "a language model (Qwen2 / Llama 3): train it, serve it (/v1/completions)"
 
 
 def add_parser(sub):
@@ -19,10 +20,15 @@ def add_parser(sub):
   lmt.add_argument("--workdir", required=True, help="checkpoints (rerun to resume)")
   dataclass_flags(lmt, LMTrainConfig)
   no_progress(lmt)
-  lms = lm_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-small-lm)")
-  lms.add_argument("--workdir", required=True, help="the `hindsight lm train` workdir")
+  lms = lm_sub.add_parser("serve", help="serve it at /v1/completions (continuous batching)")
+  which = lms.add_mutually_exclusive_group(required=True)
+  which.add_argument("--workdir", help="a `hindsight lm train` workdir")
+  which.add_argument("--lm", help="a Hugging Face Qwen2 / Llama 3 folder (local files)")
   lms.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   lms.add_argument("--port", type=int, default=8101, help="port")
+  lms.add_argument("--max-batch", type=int, default=64, help="choices sampled at once (slots)")
+  lms.add_argument("--max-len", type=int, default=None,
+                   help="context in tokens (default: the model's, at most 2048)")  # fmt: skip
   return lm
 
 
@@ -30,7 +36,8 @@ def run(args) -> int:
   if args.lm_command == "serve":
     from hindsight.lm.server import serve_lm
 
-    serve_lm(args.workdir, args.host, args.port)
+    serve_lm(args.workdir or args.lm, args.host, args.port, max_batch=args.max_batch,
+             max_len=args.max_len)  # fmt: skip
     return 0
   from hindsight.lm.config import LMTrainConfig
   from hindsight.lm.train import train_lm

@@ -11,6 +11,7 @@ An `Episode` holds T valid steps (no padding) of what an observer of the trace s
   tags          T names of what each step did (analysis only; may be empty)
   agent         int32 [T] who acted (multi-agent environments), or None
   step_text     T strings, the text of each step (text traces; empty otherwise)
+  prompt        what the model was given before step 0 (text traces; "" otherwise)
 
 and, when it comes from a label dataset, its labels (None otherwise):
 
@@ -84,6 +85,7 @@ class Episode:
   agent_shapley: np.ndarray | None = None
   agent_shapley_stderr: np.ndarray | None = None
   step_text: tuple[str, ...] = ()
+  prompt: str = ""
 
   def __len__(self) -> int:
     return int(self.actions.shape[0])
@@ -121,6 +123,7 @@ class Episode:
       agent_shapley=optional("agent_shapley", np.float32),
       agent_shapley_stderr=optional("agent_shapley_stderr", np.float32),
       step_text=tuple(as_text(x) for x in ex.get("step_text", ())),
+      prompt=as_text(ex.get("prompt", "")),
     )
 
   @classmethod
@@ -173,9 +176,9 @@ class Episode:
     out = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if f.name in ("tags", "step_text"):
+      if f.name in ("tags", "step_text", "prompt"):
         if value:
-          out[f.name] = list(value)
+          out[f.name] = value if f.name == "prompt" else list(value)
       elif value is not None:
         out[f.name] = value
     return out

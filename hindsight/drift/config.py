@@ -44,6 +44,10 @@ class DriftConfig:
   # Runs whose labels were resampled through a completions endpoint (text): where the
   # reference resamples.
   endpoint: str = ""
+  # Another training run scored on the same episodes against the same reference: a row of
+  # its own ("other model (point)"), e.g. the step encoder beside the LM backbone on one
+  # label set.
+  versus: str = ""
   progress: bool = True
 
   def check(self) -> None:

@@ -78,11 +78,12 @@ def run_drift(cfg: DriftConfig) -> dict:
   cfg.check()
   tic = time.perf_counter()
   predictor = load_predictor(cfg.checkpoint, cfg.step)
+  versus = load_predictor(cfg.versus, "best") if cfg.versus else None
   run = open_run(cfg.checkpoint)
   out = make_dir(cfg.out or _default_out(run), "--out")
   backend = drift_backend(run.labels.metadata.env, FUNCTIONAL)
   ev = backend.open(cfg, run, predictor, out)
-  inputs = _inputs_key(cfg, predictor, ev.cache.digest)
+  inputs = _inputs_key(cfg, [predictor, versus], ev.cache.digest)
   finished = finished_report(out, inputs)
   if finished is not None:
     return {**finished, "out": out}
@@ -90,6 +91,11 @@ def run_drift(cfg: DriftConfig) -> dict:
   report: dict = {
     "checkpoint": ",".join(os.path.abspath(w) for w in run.workdirs),
     "model": predictor.describe(),
+    **(
+      {"versus": {"run": os.path.abspath(cfg.versus), "model": versus.describe()}}
+      if versus is not None
+      else {}
+    ),
     "labels": os.path.abspath(run.record["labels"]),
     "env": ev.env,
     "replacement": base.replacement,
@@ -101,6 +107,10 @@ def run_drift(cfg: DriftConfig) -> dict:
   report["reference"].update(_noise_ratio(main.cols))
   sets = [main, *shift_sets]
   score_seconds, models = _add_signals(cfg, ev, predictor, run, sets)
+  if versus is not None:
+    for s in sets:
+      scores = versus.score(s.episodes, allow_longer=True)
+      s.add_episode_signal("versus_credit", [sc["credit"] for sc in scores])
   ev.add_signals(sets)
 
   from hindsight.drift.render import write_report
@@ -121,15 +131,16 @@ def run_drift(cfg: DriftConfig) -> dict:
   return report
 
 
-def _inputs_key(cfg: DriftConfig, predictor, digest: str) -> str:
+def _inputs_key(cfg: DriftConfig, predictors: list, digest: str) -> str:
   """Everything the report depends on: the config (but where it is written and whether
-  bars show), the model's parameters, the labels, the hindsight version."""
+  bars show), the models' parameters (None: none), the labels, the hindsight version."""
   import hashlib
   from importlib.metadata import version
 
   params = hashlib.sha256()
-  for leaf in jax.tree.leaves(predictor.state):
-    params.update(np.asarray(leaf).tobytes())
+  for predictor in (p for p in predictors if p is not None):
+    for leaf in jax.tree.leaves(predictor.state):
+      params.update(np.asarray(leaf).tobytes())
   config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "progress")}
   return ref_lib.cache_key(config=config, params=params.hexdigest(), data=digest,
                            version=version("hindsight"))  # fmt: skip

@@ -27,6 +27,8 @@ def _signals(main, k_label: int) -> dict[str, str]:
   """{row name: column} of the signals present, in table order."""
   cols = main.cols
   rows = {"model (point)": "model_credit", "model (mixture mean)": "model_mean"}
+  if "versus_credit" in cols:  # `hindsight eval --versus RUN`
+    rows["other model (point)"] = "versus_credit"
   if "label_credit" in cols:
     rows[f"training labels (MC, K={k_label})"] = "label_credit"
   rows["outcome R"] = "outcome"

@@ -10,6 +10,8 @@ key, so a choice is the same whichever requests it was batched with (up to the f
 rounding of batched matmuls).
 
 Compiled programs are keyed by (rows, prompt bucket): `ROW_BUCKETS` x `prompt_buckets`.
+This is the in-process sampler (a batch whose rows start together); the server refills rows
+as they finish (`engine.SlotEngine`, continuous batching) with the same per-token draw.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.model.encoders.tokenizer import EOS
+from hindsight.lm.backbone import empty_cache, forward
+from hindsight.lm.config import BackboneConfig
 
 ROW_BUCKETS = (1, 4, 16, 64)
 
@@ -68,31 +71,45 @@ def sample_rows(keys, logits, temperature, top_p):
   )
 
 
-def ascii_bias(tokenizer) -> np.ndarray:
-  """float32 [V]: 0 for tokens whose text is ASCII (and EOS), -inf for the rest. The small
-  language model writes ASCII (its training text is); without this a poorly trained one can
-  emit half of a UTF-8 character, whose U+FFFD re-encodes to three tokens and can push the
-  next prefix past the context."""
-  bias = np.full(tokenizer.vocab_size, -np.inf, np.float32)
-  for i in range(tokenizer.vocab_size):
+def ascii_bias(tokenizer, cfg: BackboneConfig) -> np.ndarray:
+  """float32 [V]: 0 for tokens whose text is ASCII (and the EOS ids), -inf for the rest. The
+  small language model writes ASCII (its training text is); without this a poorly trained one
+  can emit half of a UTF-8 character, whose U+FFFD re-encodes to three tokens and can push
+  the next prefix past the context."""
+  bias = np.full(cfg.vocab_size, -np.inf, np.float32)
+  for i in range(min(tokenizer.vocab_size, cfg.vocab_size)):
     text = tokenizer.decode([i])
-    if i == EOS or (text and text.isascii()):
+    if i in cfg.eos_ids or (text and text.isascii()):
       bias[i] = 0.0
   return bias
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, keys, bias=None):
-  """prompts int [R, P] (right-padded), lengths [R] (>= 1), budgets [R] (tokens at most;
-  lengths + budgets <= max_len), temperature, top_p float [R], keys [R] (typed keys), bias
-  float [V] added to every step's logits (`ascii_bias`; None: none).
+def is_eos(token, cfg: BackboneConfig):
+  """bool of int `token` (any shape): one of the model's end-of-sequence ids."""
+  return jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32))
+
+
+def sampler(graphdef, cfg: BackboneConfig):
+  """The jitted `generate` of one model: (state, prompts, lengths, budgets, temperature,
+  top_p, keys, bias=None) -> its result, compiled per shape of its arguments."""
+  return jax.jit(functools.partial(generate, graphdef, cfg))
+
+
+def generate(
+  graphdef, cfg: BackboneConfig, state, prompts, lengths, budgets, temperature, top_p, keys,
+  bias=None,
+):  # fmt: skip
+  """The sampler's body (`sampler` jits it). prompts int [R, P] (right-padded), lengths [R]
+  (>= 1), budgets [R] (tokens at most; lengths + budgets <= max_len), temperature, top_p
+  float [R], keys [R] (typed keys), bias float [V] added to every step's logits
+  (`ascii_bias`; None: none).
   Returns (tokens int [R, S] (the first count_r are the continuation), count int [R],
   ended_by_eos bool [R])."""
   model = nnx.merge(graphdef, state)
   R = prompts.shape[0]
-  S = model.cfg.max_len
-  bias = jnp.zeros(model.cfg.vocab_size) if bias is None else bias
-  logits, cache = model(prompts, cache=model.empty_cache(R))
+  S = cfg.max_len
+  bias = jnp.zeros(cfg.vocab_size) if bias is None else bias
+  logits, cache = forward(model, cfg, prompts, cache=empty_cache(cfg, R))
   last = logits[jnp.arange(R), lengths - 1] + bias  # [R, V]: the next token's logits
 
   def cond(carry, window):
@@ -108,11 +125,11 @@ def generate(graphdef, state, prompts, lengths, budgets, temperature, top_p, key
     live = ~done
     out = out.at[:, i].set(jnp.where(live, token, 0))
     count = count + live
-    hit = live & (token == EOS)
+    hit = live & is_eos(token, cfg)
     eos = eos | hit
     done = done | hit | (count >= budgets)
     pos = jnp.minimum(lengths + i, S - 1)[:, None]
-    logits, cache = model(token[:, None], pos, cache, window=window)
+    logits, cache = forward(model, cfg, token[:, None], pos, cache, window=window)
     return i + 1, logits[:, 0] + bias, cache, done, out, count, eos
 
   init = (

@@ -1,33 +1,32 @@
-"""`hindsight lm serve`: the small language model behind an OpenAI-compatible `/v1/completions`.
+"""`hindsight lm serve`: a language model behind an OpenAI-compatible `/v1/completions`.
 
-Request fields (those of vLLM and SGLang that matter here; docs/text.md): `prompt` (a
-string or a list; choices come back prompt-major), `n`, `max_tokens` (default: the rest of
-the context), `temperature`, `top_p`, `seed` (choice j draws with fold_in(key(seed), j), so a
-seeded request is reproducible), `stop` (the text is cut before the first stop string,
-finish_reason "stop"), `echo`; `logprobs` is answered with null, `stream` refused. A choice
-ends with finish_reason "stop" at EOS or a stop string, "length" at its token budget.
+The model is a `hindsight lm train` workdir or a Hugging Face Qwen2 / Llama 3 folder
+(`--lm PATH`, `train.load_lm`). Request fields (those of vLLM and SGLang that matter here;
+docs/text.md): `prompt` (a string or a list; choices come back prompt-major), `n`,
+`max_tokens` (default: the rest of the context), `temperature`, `top_p`, `seed` (choice j
+draws with fold_in(key(seed), j), so a seeded request is reproducible), `stop` (the text is
+cut before the first stop string, finish_reason "stop"), `echo`; `logprobs` is answered with
+null, `stream` refused. A choice ends with finish_reason "stop" at EOS or a stop string,
+"length" at its token budget.
 
-Batching: requests that arrive while the model is busy wait together, and the next call
-samples all their choices at once (`sample.generate`: rows of every request, grouped by
-prompt bucket, up to 64 rows per program). Bad requests are a 4xx with one line: a body that
-is not a request, an unknown model, n out of [1, 256], a prompt that is not valid UTF-8 or
-fills the context. `GET /stats` counts requests, completions and batched calls.
+Batching is continuous (`engine.SlotEngine`): every choice of every request takes one of
+`max_batch` slots as one frees, so throughput grows with concurrency up to the slots. Bad
+requests are a 4xx with one line: a body that is not a request, an unknown model, n out of
+[1, 256], a prompt that is not valid UTF-8 or fills the context. `GET /stats` counts
+requests, completions, decode calls, prefills and the most slots live at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 
 import jax
 import msgspec
-import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
-from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, generate, pad_prompts, prompt_buckets
+from hindsight.lm.engine import Row, SlotEngine
 from hindsight.text.server import (
   CompletionRequest,
   completion_body,
@@ -36,78 +35,16 @@ from hindsight.text.server import (
   read_completion_request,
 )
 
-MAX_ROWS = ROW_BUCKETS[-1]
+MAX_BATCH = 64  # slots: choices sampled at once
 
 
-@dataclasses.dataclass
-class Row:
-  """One choice to sample: prompt ids, token budget, sampling settings, key data."""
+def open_engine(path: str, max_batch: int = MAX_BATCH, max_len: int | None = None) -> SlotEngine:
+  """The slot engine over the model at `path` (`train.load_lm`)."""
+  from hindsight.lm.train import load_lm
 
-  ids: np.ndarray
-  budget: int
-  temperature: float
-  top_p: float
-  key: jax.Array
-
-
-class Engine:
-  """The model and its tokenizer; `complete(rows)` samples them (any number, any prompts)."""
-
-  def __init__(self, workdir: str):
-    from hindsight.lm.train import load_lm
-
-    self.graphdef, self.state, self.tokenizer, record = load_lm(workdir)
-    self.model_name = record["model"]
-    self.max_len = int(record["lm_config"]["max_len"])
-    self.bias = ascii_bias(self.tokenizer)  # the model writes ASCII, as it was trained to
-    self.calls = 0
-    # Rows are split over every local device (one per core under `hindsight`'s CLI): each
-    # row's loop is independent, so a program runs on all cores with no communication.
-    devices = jax.local_devices()
-    self.mesh = jax.sharding.Mesh(np.array(devices), ("rows",))
-    self.state = jax.device_put(self.state, jax.sharding.NamedSharding(self.mesh, P()))
-
-  def warmup(self) -> int:
-    """Compiles every (row bucket, prompt bucket) program; returns how many."""
-    count = 0
-    for rows in ROW_BUCKETS:
-      for p in prompt_buckets(self.max_len):
-        ids = [np.full(min(p, self.max_len - 1), 2, np.int32)] * rows
-        self.complete([Row(x, 1, 1.0, 1.0, jax.random.key(0)) for x in ids])
-        count += 1
-    return count
-
-  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, bool]]:
-    """(token ids, ended by EOS) of every row, in order."""
-    out: list = [None] * len(rows)
-    buckets = prompt_buckets(self.max_len)
-    by_bucket: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-      by_bucket.setdefault(next(p for p in buckets if p >= r.ids.size), []).append(i)
-    pending = []
-    for members in by_bucket.values():
-      for start in range(0, len(members), MAX_ROWS):
-        chunk = members[start : start + MAX_ROWS]
-        ids, lengths = pad_prompts([rows[i].ids for i in chunk], self.max_len)
-        R = ids.shape[0]
-        pick = [rows[chunk[min(r, len(chunk) - 1)]] for r in range(R)]
-        budgets = np.array([r.budget for r in pick], np.int32)
-        temperature = np.array([r.temperature for r in pick], np.float32)
-        top_p = np.array([r.top_p for r in pick], np.float32)
-        keys = jax.numpy.stack([r.key for r in pick])
-        args = (ids, lengths, budgets, temperature, top_p, keys)
-        if R % self.mesh.size == 0:
-          rows_sharding = jax.sharding.NamedSharding(self.mesh, P("rows"))
-          args = jax.device_put(args, rows_sharding)
-        args = (*args, self.bias)
-        pending.append((chunk, generate(self.graphdef, self.state, *args)))
-        self.calls += 1
-    for chunk, (tokens, count, eos) in pending:
-      tokens, count, eos = jax.device_get((tokens, count, eos))
-      for r, i in enumerate(chunk):
-        n = int(count[r]) - int(eos[r])  # EOS is not part of the text
-        out[i] = (tokens[r, :n], bool(eos[r]))
-    return out
+  if max_batch < 1:
+    raise HindsightError(f"max_batch must be >= 1, got {max_batch}")
+  return SlotEngine(load_lm(path, max_len), slots=max_batch)
 
 
 def _key(seed: int | None, j: int) -> jax.Array:
@@ -116,72 +53,79 @@ def _key(seed: int | None, j: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed & 0x7FFFFFFF), j)
 
 
-def create_app(engine: Engine):
+def _submit(engine: SlotEngine, rows: list[Row]) -> asyncio.Future:
+  """A future of every row's (tokens, ended by EOS), in order, once all have ended."""
+  loop = asyncio.get_running_loop()
+  fut = loop.create_future()
+  out: list = [None] * len(rows)
+  left = [len(rows)]
+
+  def finish():
+    if fut.done():
+      return
+    if any(tokens is None for tokens, _ in out):
+      fut.set_exception(HindsightError("the language model failed while sampling"))
+    else:
+      fut.set_result(out)
+
+  def done_at(i):
+    def done(tokens, eos):  # on the engine's thread
+      out[i] = (tokens, eos)
+      left[0] -= 1
+      if left[0] == 0:
+        loop.call_soon_threadsafe(finish)
+
+    return done
+
+  for i, r in enumerate(rows):
+    r.done = done_at(i)
+  engine.submit(rows)
+  return fut
+
+
+def create_app(engine: SlotEngine):
   """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
   from starlette.requests import Request
   from starlette.responses import JSONResponse
 
-  stats = {"requests": 0, "completions": 0, "batches": 0}
+  stats = engine.stats  # the engine's counters, and the requests' beside them
+  stats.update(requests=0, completions=0)
   decoder = msgspec.json.Decoder(CompletionRequest)
-  queue: list[tuple[list[Row], asyncio.Future]] = []
-  wake = asyncio.Event()
-  worker: dict = {}
-
-  async def batcher():
-    loop = asyncio.get_running_loop()
-    while True:
-      await wake.wait()
-      wake.clear()
-      while queue:
-        taken = queue[:]
-        del queue[:]
-        rows = [r for rows, _ in taken for r in rows]
-
-        try:  # this one task makes every model call, one at a time
-          results = await loop.run_in_executor(None, engine.complete, rows)
-        except Exception as e:
-          for _, fut in taken:
-            fut.set_exception(e)
-          continue
-        stats["batches"] += 1
-        at = 0
-        for rows_, fut in taken:
-          fut.set_result(results[at : at + len(rows_)])
-          at += len(rows_)
+  name = engine.lm.name
+  tokenizer = engine.lm.tokenizer
+  max_len = engine.cfg.max_len
 
   async def completions(request: Request):
-    parsed = await read_completion_request(request, decoder, engine.model_name)
+    parsed = await read_completion_request(request, decoder, name)
     if not isinstance(parsed, tuple):
       return parsed
     req, prompts = parsed
     if not prompts:
       return error_response(400, "prompt is empty")
     try:
-      encoded = engine.tokenizer.encode_batch(prompts)
+      encoded = tokenizer.encode_batch(prompts)
     except HindsightError as e:
       return error_response(400, f"prompt: {e}")
     rows = []
     for i, ids in enumerate(encoded):
       if ids.size == 0:
         return error_response(400, f"prompt {i} is empty")
-      room = engine.max_len - ids.size
+      room = max_len - ids.size
       if room < 1:
         return error_response(
-          400, f"prompt {i} is {ids.size} tokens; the model's context is {engine.max_len}"
+          400, f"prompt {i} is {ids.size} tokens; the model's context is {max_len}"
         )
       budget = room if req.max_tokens is None else min(req.max_tokens, room)
       for j in range(req.n):
         rows.append(Row(ids, budget, req.temperature, req.top_p, _key(req.seed, j)))
-    if "task" not in worker:
-      worker["task"] = asyncio.get_running_loop().create_task(batcher())
-    fut = asyncio.get_running_loop().create_future()
-    queue.append((rows, fut))
-    wake.set()
-    results = await fut
+    try:
+      results = await _submit(engine, rows)
+    except HindsightError as e:
+      return error_response(500, str(e))
     stops = [req.stop] if isinstance(req.stop, str) else [s for s in req.stop or [] if s]
     choices, used = [], 0
     for index, (tokens, eos) in enumerate(results):
-      text = engine.tokenizer.decode(tokens)
+      text = tokenizer.decode(tokens)
       finish = "stop" if eos else "length"
       cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
       if cut >= 0:
@@ -195,29 +139,37 @@ def create_app(engine: Engine):
     prompt_tokens = int(sum(x.size for x in encoded))
     return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
-  return completions_app(completions, engine.model_name, stats)
+  return completions_app(completions, name, stats)
 
 
-def serve_lm(workdir: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True):
-  """Serves the model of `workdir` until SIGTERM/SIGINT."""
+def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True,
+             max_batch: int = MAX_BATCH, max_len: int | None = None):  # fmt: skip
+  """Serves the model at `path` until SIGTERM/SIGINT."""
   import uvicorn
 
-  engine = Engine(workdir)
+  engine = open_engine(path, max_batch, max_len)
   if warmup:
     engine.warmup()
   server = uvicorn.Server(uvicorn.Config(create_app(engine), host=host, port=port,
                                          log_level="warning"))  # fmt: skip
-  print(f"hindsight: {engine.model_name} on http://{host}:{port}/v1", flush=True)
-  server.run()
+  print(f"hindsight: {engine.lm.name} on http://{host}:{port}/v1", flush=True)
+  try:
+    server.run()
+  finally:
+    engine.close()
 
 
 @contextlib.contextmanager
-def running_lm(workdir: str, host: str = "127.0.0.1", port: int = 0, warmup: bool = False):
+def running_lm(path: str, host: str = "127.0.0.1", port: int = 0, warmup: bool = False,
+               max_batch: int = MAX_BATCH):  # fmt: skip
   """The model served from a thread: yields (base URL http://HOST:PORT/v1, model name)."""
   from hindsight.text.server import running_app
 
-  engine = Engine(workdir)
+  engine = open_engine(path, max_batch)
   if warmup:
     engine.warmup()
-  with running_app(create_app(engine), host, port) as url:
-    yield url, engine.model_name
+  try:
+    with running_app(create_app(engine), host, port) as url:
+      yield url, engine.lm.name
+  finally:
+    engine.close()

@@ -1,9 +1,13 @@
-"""`hindsight lm train`: the small language model, trained on the text world's traces.
+"""`hindsight lm train`: the language model, trained on the text world's traces.
+
+The model is a Qwen2-architecture decoder (`lm.backbone`, Tunix's modules): a small one from
+random weights (`LMTrainConfig.backbone`), or, with `--lm PATH`, a Hugging Face Qwen2 / Llama 3
+folder or another `hindsight lm train` workdir, fine-tuned with its own tokenizer.
 
 Data: `traces` traces sampled by the text world itself (`world.sample_traces(seed, n)`, box
-counts 1 .. max_count), each
-the prompt, then the completion and EOS, as ids of a byte-level BPE trained on them
-(`model.encoders.tokenizer.train_bpe`); 5% of the traces are held out. The loss is the next-token
+counts 1 .. max_count), each the prompt, then the completion and EOS, as ids of a byte-level
+BPE trained on them (`model.encoders.tokenizer.train_bpe`) or of the loaded model's tokenizer;
+5% of the traces are held out. The loss is the next-token
 cross-entropy on the completion and its EOS only (the prompt's problem number and counts are
 random: nothing to learn there, but the completion must copy them).
 
@@ -11,12 +15,14 @@ AdamW (optax) with warmup and cosine decay; batches drawn from a permutation per
 folded from the seed; the held-out loss and a checkpoint (orbax, `model.checkpoints`) every
 `eval_every` steps, so a killed run resumes from its last checkpoint and ends with the same
 parameters. Each step directory carries `hindsight_lm.json` (the model config and the
-tokenizer), so `load_lm(WORKDIR)` needs nothing else.
+tokenizer), so `load_lm(WORKDIR)` needs nothing else; `load_lm` reads a Hugging Face folder
+the same way (`lm.hf`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -27,30 +33,51 @@ import optax
 from flax import nnx
 
 from hindsight.errors import HindsightError
-from hindsight.lm.config import LMConfig, LMTrainConfig
-from hindsight.lm.model import LanguageModel
-from hindsight.model.encoders.tokenizer import EOS, Tokenizer, train_bpe
+from hindsight.lm import backbone
+from hindsight.lm.config import BackboneConfig, LMTrainConfig
+from hindsight.model.encoders.tokenizer import Tokenizer, train_bpe
 
 LM_FILE = "hindsight_lm.json"
 MODEL_NAME = "hindsight-small-lm"
 LENGTH_BUCKET = 64  # training batches are padded to a multiple of this many tokens
 
 
-def training_sequences(config: LMTrainConfig):
+@dataclasses.dataclass
+class LoadedLM:
+  """A language model ready to run: its static half and parameters (`nnx.split`), config,
+  tokenizer and record (name, box counts, whether it writes ASCII only)."""
+
+  graphdef: nnx.GraphDef
+  state: nnx.State
+  cfg: BackboneConfig
+  tokenizer: Tokenizer
+  record: dict
+
+  @property
+  def model(self):
+    return nnx.merge(self.graphdef, self.state)
+
+  @property
+  def name(self) -> str:
+    return self.record["model"]
+
+
+def training_sequences(config: LMTrainConfig, tok: Tokenizer | None = None, eos: int = 1):
   """(tokenizer, ids int32 [N, S], loss mask float32 [N, S] over the targets ids[:, 1:] ...
-  as [N, S] with the last column 0, held-out row mask bool [N])."""
+  as [N, S] with the last column 0, held-out row mask bool [N]). `tok` None: a BPE trained
+  on the traces (EOS id 1)."""
   from hindsight.text import world
 
   traces = world.sample_traces(config.seed, config.traces, config.counts)
   prompts = [t.prompt for t in traces]
   completions = [t.completion() for t in traces]
-  tok = train_bpe(prompts + completions, config.vocab_size)
+  tok = tok or train_bpe(prompts + completions, config.vocab_size)
   p_ids, c_ids = tok.encode_batch(prompts), tok.encode_batch(completions)
   S = config.max_len
   ids = np.zeros((len(traces), S), np.int32)
   mask = np.zeros((len(traces), S), np.float32)
   for i, (p, c) in enumerate(zip(p_ids, c_ids, strict=True)):
-    seq = np.concatenate([p, c, [EOS]])
+    seq = np.concatenate([p, c, [eos]])
     if seq.size > S:
       raise HindsightError(f"trace {i} is {seq.size} tokens, longer than max_len {S}")
     ids[i, : seq.size] = seq
@@ -78,15 +105,17 @@ def epoch_batches(rows: np.ndarray, bucket: np.ndarray, batch_size: int, seed: i
   return [out[i] for i in shuffle]
 
 
-def lm_files(cfg: LMConfig, tok: Tokenizer, counts: tuple[int, int]) -> dict[str, str]:
-  record = {"format": 1, "model": MODEL_NAME, "lm_config": dataclasses.asdict(cfg)}
+def lm_files(cfg: BackboneConfig, tok: Tokenizer, counts, ascii: bool, name=MODEL_NAME):
+  record = {"format": 2, "model": name, "backbone": cfg.to_json(), "ascii": ascii}
   record["counts"] = list(counts)  # the box counts of the problems it was trained on
   record["tokenizer"] = tok.to_json()
   return {LM_FILE: json.dumps(record, indent=1, sort_keys=True)}
 
 
-def _loss(model, ids, mask):
-  logits, _ = model(ids)
+def completion_loss(model, cfg: BackboneConfig, ids, mask):
+  """Mean next-token cross-entropy of ids [B, L] where mask [B, L] (position j predicts
+  ids[:, j + 1])."""
+  logits, _ = backbone.forward(model, cfg, ids)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:])
   m = mask[:, :-1]
   return (ce * m).sum() / jnp.maximum(m.sum(), 1.0)
@@ -97,8 +126,13 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   from hindsight.model.checkpoints import Checkpoints
   from hindsight.progress import CompileAwareBar
 
-  tok, ids, mask, held = training_sequences(config)
-  cfg = config.lm_config(tok.vocab_size)
+  start_from = load_lm(config.lm, max_len=config.max_len) if config.lm else None
+  if start_from is None:
+    tok, ids, mask, held = training_sequences(config)
+    cfg = config.backbone(tok.vocab_size)
+  else:
+    cfg = dataclasses.replace(start_from.cfg, max_len=config.max_len)
+    tok, ids, mask, held = training_sequences(config, start_from.tokenizer, cfg.eos)
   train_rows = np.flatnonzero(~held)
   warmup = min(config.warmup_steps, config.steps // 2)
   schedule = optax.warmup_cosine_decay_schedule(
@@ -107,21 +141,22 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=1e-4))
 
   def build(key):
-    model = LanguageModel(cfg, rngs=nnx.Rngs(params=key))
+    model = backbone.build(cfg, key) if start_from is None else start_from.model
     return {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
 
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(jax.random.key(0))))
+  loss_fn = functools.partial(completion_loss, cfg=cfg)
 
   @jax.jit
   def train_step(state, x, m):
     parts = nnx.merge(graphdef, state)
-    loss, grads = nnx.value_and_grad(_loss)(parts["model"], x, m)
+    loss, grads = nnx.value_and_grad(lambda model: loss_fn(model, ids=x, mask=m))(parts["model"])
     parts["optimizer"].update(parts["model"], grads)
     return nnx.state(parts), loss
 
   @jax.jit
   def eval_loss(state, x, m):
-    return _loss(nnx.merge(graphdef, state)["model"], x, m)
+    return loss_fn(nnx.merge(graphdef, state)["model"], ids=x, mask=m)
 
   os.makedirs(workdir, exist_ok=True)
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=1)
@@ -129,10 +164,12 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   if state is None:
     start, state = 0, nnx.state(build(jax.random.fold_in(jax.random.key(config.seed), 1)))
   B = config.batch_size
-  lengths = (ids > 0).sum(1)
+  # Each sequence ends at the EOS its last masked position predicts (id 0 may be a real
+  # token of a loaded tokenizer, so not `ids > 0`).
+  lengths = mask.shape[1] - np.argmax(mask[:, ::-1], 1) + 1
   bucket = np.minimum(-(-lengths // LENGTH_BUCKET) * LENGTH_BUCKET, config.max_len)
   held_ids, held_mask = jnp.asarray(ids[held]), jnp.asarray(mask[held])
-  files = lm_files(cfg, tok, config.counts)
+  files = lm_files(cfg, tok, config.counts, ascii=start_from is None)
   val = float("nan")
   progress = CompileAwareBar(total=config.steps, initial=start, desc="lm train", unit="step",
                              disable=not config.progress)  # fmt: skip
@@ -158,34 +195,44 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   return {"step": config.steps, "val_loss": val, "workdir": os.path.abspath(workdir)}
 
 
-def load_lm(workdir: str):
-  """(graphdef, state, tokenizer, record) of the last checkpoint of `hindsight lm train`."""
+def load_lm(path: str, max_len: int | None = None) -> LoadedLM:
+  """The language model at `path`: the last checkpoint of a `hindsight lm train` workdir, or
+  a Hugging Face Qwen2 / Llama 3 folder (`lm.hf.load_hf`, run at context `max_len`)."""
+  from hindsight.lm import hf
   from hindsight.model.checkpoints import Checkpoints
 
-  directory = os.path.join(workdir, "checkpoints")
+  if hf.is_hf_folder(path):
+    model, cfg, tok = hf.load_hf(path, max_len)
+    name = os.path.basename(os.path.normpath(path))
+    record = {"model": name, "backbone": cfg.to_json(), "ascii": False, "counts": [3, 60]}
+    return LoadedLM(*nnx.split(model), cfg, tok, record)
+  directory = os.path.join(path, "checkpoints")
   if not os.path.isdir(directory):
     raise HindsightError(
-      f"{os.path.abspath(workdir)}: no language model (run `hindsight lm train`)"
+      f"{os.path.abspath(path)}: no language model (a `hindsight lm train` workdir or a "
+      "Hugging Face folder with config.json)"
     )
   ckpt = Checkpoints(directory, read_only=True)
   try:
     steps = ckpt.steps()
     if not steps:
       raise HindsightError(f"{directory}: no finished checkpoint")
-    path = os.path.join(ckpt.step_dir(steps[-1]), LM_FILE)
+    file = os.path.join(ckpt.step_dir(steps[-1]), LM_FILE)
     try:
-      with open(path) as f:
+      with open(file) as f:
         record = json.load(f)
-      cfg = LMConfig(**record["lm_config"])
+      cfg = BackboneConfig.from_json(record["backbone"])
       tok = Tokenizer.from_json(record["tokenizer"])
     except (OSError, ValueError, KeyError, TypeError):
-      raise HindsightError(f"{path}: missing or unreadable") from None
-    graphdef, abstract = nnx.split(
-      nnx.eval_shape(lambda: LanguageModel(cfg, rngs=nnx.Rngs(params=jax.random.key(0))))
-    )
+      raise HindsightError(
+        f"{file}: missing or unreadable (a model of an older hindsight: train it again)"
+      ) from None
+    if max_len:
+      cfg = dataclasses.replace(cfg, max_len=int(max_len))
+    graphdef, abstract = nnx.split(backbone.abstract(cfg))
     got, restored = ckpt.restore({"model": abstract}, step=steps[-1], partial=True)
     if got is None:
       raise HindsightError(f"{directory}: the last checkpoint could not be restored")
   finally:
     ckpt.close()
-  return graphdef, restored["model"], tok, record
+  return LoadedLM(graphdef, jax.device_put(restored["model"]), cfg, tok, record)

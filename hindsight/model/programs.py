@@ -148,7 +148,9 @@ def train_programs(config: ProgramsConfig | ConfigDict, spec: DataSpec, mesh) ->
     return {"model": model, "optimizer": nnx.Optimizer(model, tx, wrt=nnx.Param)}
 
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(jax.random.key(0))))
-  shardings = state_shardings(abstract, mesh, config.min_fsdp_size)
+  # Arrays that name their own axes (a language-model step encoder's) keep them.
+  specs = nnx.get_partition_spec(abstract)
+  shardings = state_shardings(abstract, mesh, config.min_fsdp_size, specs)
   abstract = jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )

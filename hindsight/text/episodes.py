@@ -6,8 +6,8 @@ objects with `text` or as strings, or `text` cut into sentences, or a dataset ep
 `step_text`) with its outcome: `outcome` in [0, 1], `success`, the `rewards` of an exported
 episode, or a `reference` that the built-in `\\boxed{}` verifier checks the completion against.
 The T steps become an Episode of T steps: rewards 0 but the last (the outcome), actions 0
-(text has no action ids), observations t / T (the position feature of text datasets) and
-tags "step" or "tool_call".
+(text has no action ids), observations t / T (the position feature of text datasets), tags
+"step" or "tool_call", and the trace's `prompt` (read by an LM-backbone credit model).
 
 Every step must hold visible text, be valid UTF-8 and fit the model's text encoder
 (`TextEncoder.check_steps`: at most its `max_step_tokens`); otherwise a one-line
@@ -95,7 +95,10 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   if not isinstance(episode, dict):
     raise HindsightError(f"{where}: expected an object with the trace's steps")
   texts, tags = _steps_of(episode, where)
-  spec.encoder.check_steps(texts, where)
+  prompt = episode.get("prompt") or ""
+  if not isinstance(prompt, str):
+    raise HindsightError(f"{where}: 'prompt' must be a string")
+  spec.encoder.check_steps(texts, where, prompt)
   T = len(texts)
   outcome = _outcome(episode, texts, where)
   rewards = np.zeros(T, np.float32)
@@ -107,6 +110,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
     "success": outcome > SUCCESS_THRESHOLD,
     "tags": tuple(tags),
     "step_text": tuple(texts),
+    "prompt": prompt,
   }
   out.update(parse_labels(episode, T, where))
   return Episode(**out)

@@ -12,7 +12,10 @@ protocol, in three parts:
   device   the nnx module that maps a batch to one vector per step, [B, T, W] (`module`).
 
 `CreditModel` and the drift harness's history models take the encoder from the DataSpec, and
-nothing else in the package asks what kind the data is. A new kind is one module with a class
+nothing else in the package asks what kind the data is. An encoder whose module starts from
+pretrained weights (the LM backbone, `hindsight.lm.credit_encoder`) may also define
+`initial_params()`: the nnx.State of its module's `backbone`, which training puts in place of
+the random initialisation. A new kind is one module with a class
 that meets `StepEncoder` and a `register_encoder` call (docs/training.md, "Your own step
 encoder").
 """

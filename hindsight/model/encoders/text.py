@@ -135,8 +135,10 @@ class TextEncoder:
     del dtype, shape
     return False
 
-  def check_steps(self, texts: Sequence[str], where: str) -> None:
-    """A one-line error for a step longer than the model reads (`max_step_tokens`)."""
+  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> None:
+    """A one-line error for a step longer than the model reads (`max_step_tokens`); the
+    prompt is not read."""
+    del prompt
     for i, ids in enumerate(self.tokens.encode_batch(list(texts))):
       if ids.size > self.max_step_tokens:
         raise HindsightError(

@@ -5,6 +5,8 @@ Both map any Python string to int ids and back, byte for byte:
   bytes   id = byte + 2 (ids 0 and 1 are PAD and EOS), vocabulary 258
   bpe     a byte-level BPE (`tokenizers`, Hugging Face) trained on the texts given, with PAD
           and EOS as ids 0 and 1; every byte is in its alphabet, so nothing is unknown
+  hf      a language model's own `tokenizer.json` (a Hugging Face folder, `hindsight.lm.hf`):
+          its ids as they are; its end-of-sequence ids are the model config's
 
 `Tokenizer.to_json()` is what a checkpoint stores (the text encoder's record, the small language
 model's record): `Tokenizer.from_json` rebuilds the same ids with nothing to fetch. The credit
@@ -29,11 +31,11 @@ class Tokenizer:
   """Text <-> int ids (module docstring). Build with `bytes_tokenizer()` or `train_bpe`."""
 
   def __init__(self, kind: str, bpe_json: str = ""):
-    if kind not in ("bytes", "bpe"):
-      raise HindsightError(f"tokenizer {kind!r}: expected bytes or bpe")
+    if kind not in ("bytes", "bpe", "hf"):
+      raise HindsightError(f"tokenizer {kind!r}: expected bytes, bpe or hf")
     self.kind, self.bpe_json = kind, bpe_json
     self._bpe = None
-    if kind == "bpe":
+    if kind != "bytes":
       from tokenizers import Tokenizer as HfTokenizer
 
       try:
@@ -66,8 +68,10 @@ class Tokenizer:
     return [np.asarray(e.ids, np.int32) for e in self._bpe.encode_batch(texts)]
 
   def decode(self, ids) -> str:
-    """The text of `ids` (PAD and EOS dropped); bytes of an unfinished UTF-8 character
-    become U+FFFD."""
+    """The text of `ids` (PAD, EOS and a Hugging Face tokenizer's special tokens dropped);
+    bytes of an unfinished UTF-8 character become U+FFFD."""
+    if self.kind == "hf":
+      return self._bpe.decode([int(i) for i in ids], skip_special_tokens=True)
     ids = [int(i) for i in ids if int(i) >= _BYTE_OFFSET]
     if self._bpe is None:
       return bytes(i - _BYTE_OFFSET for i in ids).decode("utf-8", errors="replace")

@@ -1,0 +1,294 @@
+"""Continuous batching: a fixed set of R slots, each holding one choice being sampled, refilled
+as soon as its choice ends, so the model always works on as many rows as there are waiting.
+
+One worker thread runs the loop
+
+  admit    waiting rows go into free slots: their prompts are prefilled (one program per row
+           bucket and prompt bucket) and written into the slots' rows of the KV cache
+           [depth, R, S, K, H], their next-token logits into `last` [R, V];
+  decode   `chunk` one-token steps of every slot at once (one program per attention window:
+           the prompt buckets above the furthest live position);
+  finish   slots whose choice hit EOS or its budget hand back (tokens, ended by EOS) and free
+           their slot for the next admit.
+
+Token i of a choice is drawn with fold_in(its key, i) exactly as `sample.generate` draws it,
+so a choice is the same whatever it was batched with and whenever it was admitted (up to the
+float rounding of batched matmuls). Slots are split over the local devices (one per CPU core
+under the CLI): each row's work is its own, so they run with no communication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from hindsight.errors import HindsightError
+from hindsight.lm.backbone import empty_cache, forward
+from hindsight.lm.config import BackboneConfig
+from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, is_eos, prompt_buckets, sample_rows
+
+CHUNK = 8  # tokens per decode call: host round trips against slots idle after their end
+
+
+@dataclasses.dataclass
+class Row:
+  """One choice to sample: prompt ids, token budget, sampling settings, key, and `done`,
+  called with (token ids, ended by EOS) from the worker thread ((None, False) if the model
+  failed)."""
+
+  ids: np.ndarray
+  budget: int
+  temperature: float
+  top_p: float
+  key: jax.Array
+  done: Callable[[np.ndarray, bool], None] | None = None
+
+
+def _prefill(graphdef, cfg: BackboneConfig, state, cache, last, slots, ids, lengths, bias):
+  """Writes prompts ids [r, P] (lengths [r]) into cache rows `slots` [r] and their next-token
+  logits into last [R, V]."""
+  model = nnx.merge(graphdef, state)
+  r = ids.shape[0]
+  logits, (k, v) = forward(model, cfg, ids, cache=empty_cache(cfg, r, cache[0].dtype))
+  ck, cv = cache[0].at[:, slots].set(k), cache[1].at[:, slots].set(v)
+  last = last.at[slots].set(logits[jnp.arange(r), lengths - 1] + bias)
+  return (ck, cv), last
+
+
+def _decode(graphdef, cfg: BackboneConfig, steps: int, window: int, state, cache, rows, bias):
+  """Up to `steps` tokens of every live slot. rows: last [R, V], pos, count, budget int [R],
+  done, eos bool [R], temperature, top_p [R], keys [R]. Returns (cache, rows, tokens int
+  [R, steps], -1 where a slot drew nothing)."""
+  model = nnx.merge(graphdef, state)
+  R = rows["pos"].shape[0]
+
+  def body(carry):
+    i, cache, r, out = carry
+    step_keys = jax.vmap(jax.random.fold_in)(r["keys"], r["count"])
+    token = sample_rows(step_keys, r["last"], r["temperature"], r["top_p"])
+    live = ~r["done"]
+    out = out.at[:, i].set(jnp.where(live, token, -1))
+    count = r["count"] + live
+    hit = live & is_eos(token, cfg)
+    pos = jnp.minimum(r["pos"], cfg.max_len - 1)
+    logits, cache = forward(model, cfg, token[:, None], pos[:, None], cache, window=window)
+    r = r | {
+      "count": count,
+      "done": r["done"] | hit | (count >= r["budget"]),
+      "eos": r["eos"] | hit,
+      "pos": r["pos"] + live,
+      "last": logits[:, 0] + bias,
+    }
+    return i + 1, cache, r, out
+
+  def cond(carry):
+    i, _, r, _ = carry
+    return (i < steps) & ~jnp.all(r["done"])
+
+  out = jnp.full((R, steps), -1, jnp.int32)
+  _, cache, rows, out = jax.lax.while_loop(cond, body, (0, cache, rows, out))
+  return cache, rows, out
+
+
+class SlotEngine:
+  """The slots and their worker (module docstring). `submit(rows)` queues rows; each row's
+  `done` is called when it ends. `stats` counts decode calls, prefills and the most slots
+  ever live at once (never above `slots`)."""
+
+  def __init__(self, lm, slots: int = 64, chunk: int = CHUNK):
+    self.lm, self.cfg = lm, lm.cfg
+    devices = jax.local_devices()
+    n = len(devices) if slots % len(devices) == 0 else 1
+    self.mesh = jax.sharding.Mesh(np.array(devices[:n]), ("rows",))
+    self.slots, self.chunk = int(slots), int(chunk)
+    self.state = jax.device_put(lm.state, NamedSharding(self.mesh, P()))
+    bias = ascii_bias(lm.tokenizer, self.cfg) if lm.record.get("ascii") else None
+    self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
+    self._prefill = jax.jit(
+      functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2)
+    )
+    self._decode = {}  # window -> program
+    R = self.slots
+    on_rows = NamedSharding(self.mesh, P("rows"))
+    self.cache = jax.device_put(empty_cache(self.cfg, R), NamedSharding(self.mesh, P(None, "rows")))
+    self.rows = jax.device_put({
+      "last": jnp.zeros((R, self.cfg.vocab_size)),
+      "pos": jnp.zeros(R, jnp.int32),
+      "count": jnp.zeros(R, jnp.int32),
+      "budget": jnp.zeros(R, jnp.int32),
+      "done": jnp.ones(R, bool),
+      "eos": jnp.zeros(R, bool),
+      "temperature": jnp.ones(R, jnp.float32),
+      "top_p": jnp.ones(R, jnp.float32),
+      "keys": jax.random.split(jax.random.key(0), R),
+    }, on_rows)  # fmt: skip
+    self.owner: list[Row | None] = [None] * R  # the row each slot holds
+    self.tokens: list[list[int]] = [[] for _ in range(R)]
+    self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
+    self.waiting: deque[Row] = deque()
+    self.wake = threading.Condition()
+    self.stats = {"decode_calls": 0, "prefills": 0, "max_live": 0}
+    self._thread: threading.Thread | None = None
+    self._stop = False
+
+  # -- the host side ------------------------------------------------------------------------
+  def submit(self, rows: list[Row]) -> None:
+    with self.wake:
+      self.waiting.extend(rows)
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="lm-engine")
+        self._thread.start()
+      self.wake.notify()
+
+  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, bool]]:
+    """(token ids, ended by EOS) of every row, in order, blocking until all have ended."""
+    out: list = [None] * len(rows)
+    left = threading.Semaphore(0)
+
+    def done_at(i):
+      def done(tokens, eos):
+        out[i] = (tokens, eos)
+        left.release()
+
+      return done
+
+    self.submit([dataclasses.replace(r, done=done_at(i)) for i, r in enumerate(rows)])
+    for _ in rows:
+      left.acquire()
+    if any(tokens is None for tokens, _ in out):
+      raise HindsightError("the language model failed while sampling (see the log)")
+    return out
+
+  def close(self) -> None:
+    with self.wake:
+      self._stop = True
+      self.wake.notify()
+
+  def warmup(self) -> int:
+    """Compiles every prefill (row bucket x prompt bucket) and decode (window) program by
+    sampling one token of prompts of each shape; returns how many programs."""
+    count = 0
+    S = self.cfg.max_len
+    for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
+      for p in prompt_buckets(S):
+        ids = np.full(min(p, S - 1), 2, np.int32)
+        self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows)])
+        count += 1
+    for window in prompt_buckets(S):
+      self._decoder(window)
+      count += 1
+    return count
+
+  # -- the worker ---------------------------------------------------------------------------
+  def _loop(self):
+    while True:
+      with self.wake:
+        while not self._stop and not self.waiting and all(o is None for o in self.owner):
+          self.wake.wait()
+        if self._stop:
+          return
+        admitted = self._take_waiting()
+      try:
+        self._admit(admitted)
+        self._step()
+      except Exception:  # a failed program ends every row it held with None (an error)
+        with self.wake:
+          self._thread = None  # the next submit starts a fresh worker
+        for slot, row in enumerate(self.owner):
+          if row is not None:
+            self.owner[slot] = None
+            row.done(None, False)
+        raise
+
+  def _take_waiting(self) -> list[tuple[int, Row]]:
+    free = [s for s, o in enumerate(self.owner) if o is None]
+    out = []
+    while free and self.waiting:
+      slot = free.pop(0)
+      row = self.waiting.popleft()
+      self.owner[slot] = row
+      out.append((slot, row))
+    return out
+
+  def _admit(self, admitted: list[tuple[int, Row]]) -> None:
+    """Prefills the admitted rows, grouped by prompt bucket, in row buckets."""
+    if not admitted:
+      return
+    S = self.cfg.max_len
+    by_bucket: dict[int, list[tuple[int, Row]]] = {}
+    for slot, row in admitted:
+      p = next(b for b in prompt_buckets(S) if b >= row.ids.size)
+      by_bucket.setdefault(p, []).append((slot, row))
+    for P_, group in by_bucket.items():
+      for start in range(0, len(group), ROW_BUCKETS[-1]):
+        part = group[start : start + ROW_BUCKETS[-1]]
+        r = next(b for b in ROW_BUCKETS if b >= len(part))
+        ids = np.zeros((r, P_), np.int32)
+        lengths = np.zeros(r, np.int32)
+        slots = np.zeros(r, np.int32)
+        for j in range(r):  # extra rows repeat the first: the same writes to the same slot
+          slot, row = part[j if j < len(part) else 0]
+          ids[j, : row.ids.size], lengths[j], slots[j] = row.ids, row.ids.size, slot
+        self.cache, last = self._prefill(self.state, self.cache, self.rows["last"], slots, ids,
+                                         lengths, self.bias)  # fmt: skip
+        self.stats["prefills"] += 1
+        self._reset_rows(part, last)
+        for slot, row in part:
+          self.tokens[slot] = []
+          self.pos[slot] = row.ids.size
+
+  def _reset_rows(self, part: list[tuple[int, Row]], last) -> None:
+    """The admitted rows' settings written into their slots (the prefill wrote `last`)."""
+    idx = jnp.asarray([slot for slot, _ in part])
+    rows = [row for _, row in part]
+    r = self.rows
+    self.rows = r | {
+      "last": last,
+      "pos": r["pos"].at[idx].set(jnp.asarray([x.ids.size for x in rows], jnp.int32)),
+      "count": r["count"].at[idx].set(0),
+      "budget": r["budget"].at[idx].set(jnp.asarray([x.budget for x in rows], jnp.int32)),
+      "done": r["done"].at[idx].set(jnp.asarray([x.budget <= 0 for x in rows])),
+      "eos": r["eos"].at[idx].set(False),
+      "temperature": r["temperature"].at[idx].set(jnp.asarray([x.temperature for x in rows])),
+      "top_p": r["top_p"].at[idx].set(jnp.asarray([x.top_p for x in rows])),
+      "keys": r["keys"].at[idx].set(jnp.stack([x.key for x in rows])),
+    }
+
+  def _decoder(self, window: int):
+    if window not in self._decode:
+      fn = functools.partial(_decode, self.lm.graphdef, self.cfg, self.chunk, window)
+      self._decode[window] = jax.jit(fn, donate_argnums=(1, 2))
+    return self._decode[window]
+
+  def _step(self) -> None:
+    live = [s for s, o in enumerate(self.owner) if o is not None]
+    if not live:
+      return
+    self.stats["max_live"] = max(self.stats["max_live"], len(live))
+    furthest = int(self.pos[live].max()) + self.chunk
+    window = next((b for b in prompt_buckets(self.cfg.max_len) if b >= furthest),
+                  self.cfg.max_len)  # fmt: skip
+    self.cache, self.rows, out = self._decoder(window)(self.state, self.cache, self.rows,
+                                                       self.bias)  # fmt: skip
+    self.stats["decode_calls"] += 1
+    out, done, eos = jax.device_get((out, self.rows["done"], self.rows["eos"]))
+    for slot in live:
+      drawn = out[slot][out[slot] >= 0]
+      self.tokens[slot].extend(int(t) for t in drawn)
+      self.pos[slot] += drawn.size
+      if done[slot]:
+        row, self.owner[slot] = self.owner[slot], None
+        tokens = np.asarray(self.tokens[slot], np.int32)
+        if eos[slot]:
+          tokens = tokens[:-1]  # EOS is not part of the text
+        row.done(tokens, bool(eos[slot]))
