@@ -114,8 +114,13 @@ def run(args) -> int:
       config.train.steps = args.credit_steps
       config.train.eval_every = min(250, args.credit_steps)
       run_training(config, os.path.join(W, "model"))
-    drift = dict(episodes=args.reference_traces, reference="resample",
-                 reference_rollouts=args.reference_rollouts, endpoint=url, seed=args.seed)  # fmt: skip
+    drift = dict(
+      episodes=args.reference_traces,
+      reference="resample",
+      reference_rollouts=args.reference_rollouts,
+      endpoint=url,
+      seed=args.seed,
+    )
     with stage("drift report against a resampled reference"):
       report = run_drift(DriftConfig(checkpoint=os.path.join(W, "model"), **drift))
     with stage("train the LM-backbone credit model"):
