@@ -10,9 +10,10 @@ Starts `hindsight text-world serve` in a subprocess and prints:
      and the error against the world's exact credit; beside it thought-anchors' 100
      resamples per chunk;
   5. plain resampling against the stratified estimator on the same pools;
-  6. the small language model's endpoint (`hindsight lm serve`, served from a thread; --lm
-     WORKDIR, default runs/text-demo/lm when it exists): completions/s at concurrency 1, 16 and
-     64 with n = 16 per request, continuing prefixes of 12-step world traces.
+  6. the language model's endpoint (`hindsight lm serve`: the bundled Qwen2 or --lm PATH, a
+     workdir or a Hugging Face folder, default runs/text-demo/lm when it exists, served from a
+     thread with continuous batching): completions/s at concurrency 1, 16 and 64 with n = 16
+     per request, continuing prefixes of 12-step world traces, and the most slots live.
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
@@ -139,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _small_lm(workdir: str, completions: int, work: str) -> None:
   """6. The small language model's endpoint (module docstring)."""
-  print("\n6. the small language model's endpoint (n = 16 per request, 12-step traces)")
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+  print("\n6. the language model's endpoint (n = 16 per request, 12-step traces)")
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")) and not os.path.isfile(
+    os.path.join(workdir, "config.json")
+  ):
     print(f"  skipped: no model in {workdir} (hindsight lm train --workdir {workdir})")
     return
   from hindsight.lm.server import running_lm
@@ -148,7 +151,7 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
   traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
   prefixes = [t.prefix(j) for t in traces for j in range(12)]
   with running_lm(workdir, warmup=True) as (url, model):
-    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}")
+    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}")
     for c in (1, 16, 64):
       client = CompletionClient(url, model, Sampling(max_tokens=320),
                                 CompletionCache(os.path.join(work, f"lm{c}.sqlite")),
@@ -159,7 +162,8 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
       got = client.sample(draws)
       rate = sum(len(x) for x in got) / (time.perf_counter() - tic)
       tokens = client.stats.tokens / max(1, sum(len(x) for x in got))
-      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}")
+      live = httpx.get(url.removesuffix("/v1") + "/stats").json()["max_live"]
+      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{live:>12}")
   print("  (the text world's scripted server above writes no tokens: it is the ceiling of the "
         "client, not a model)")  # fmt: skip
 

@@ -170,8 +170,8 @@ class BackboneEncoder:
 
   def _encode(self, prompts: Sequence[str], steps: Sequence[Sequence[str]]):
     """[(prompt ids, [step ids])] of each trace, one batched encode."""
-    texts = [*prompts, *(t for s in steps for t in s)]
-    ids = self.tokens.encode_batch(texts) if texts else []
+    ids = self.tokens.encode_batch(list(prompts), start=True)
+    ids += self.tokens.encode_batch([t for s in steps for t in s])
     out, at = [], len(prompts)
     for i, s in enumerate(steps):
       out.append((ids[i], ids[at : at + len(s)]))

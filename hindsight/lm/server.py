@@ -103,7 +103,7 @@ def create_app(engine: SlotEngine):
     if not prompts:
       return error_response(400, "prompt is empty")
     try:
-      encoded = tokenizer.encode_batch(prompts)
+      encoded = tokenizer.encode_batch(prompts, start=True)
     except HindsightError as e:
       return error_response(400, f"prompt: {e}")
     rows = []

@@ -72,7 +72,7 @@ def training_sequences(config: LMTrainConfig, tok: Tokenizer | None = None, eos:
   prompts = [t.prompt for t in traces]
   completions = [t.completion() for t in traces]
   tok = tok or train_bpe(prompts + completions, config.vocab_size)
-  p_ids, c_ids = tok.encode_batch(prompts), tok.encode_batch(completions)
+  p_ids, c_ids = tok.encode_batch(prompts, start=True), tok.encode_batch(completions)
   S = config.max_len
   ids = np.zeros((len(traces), S), np.int32)
   mask = np.zeros((len(traces), S), np.float32)

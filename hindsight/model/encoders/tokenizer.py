@@ -49,13 +49,15 @@ class Tokenizer:
       return 256 + _BYTE_OFFSET
     return int(self._bpe.get_vocab_size(with_added_tokens=True))
 
-  def encode(self, text: str) -> np.ndarray:
+  def encode(self, text: str, start: bool = False) -> np.ndarray:
     """int32 [n] ids of `text` (no PAD, no EOS)."""
-    return self.encode_batch([text])[0]
+    return self.encode_batch([text], start)[0]
 
-  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    """int32 ids of each text. A text that is not valid Unicode (a lone surrogate from a
-    broken decode) raises a one-line HindsightError."""
+  def encode_batch(self, texts: list[str], start: bool = False) -> list[np.ndarray]:
+    """int32 ids of each text. `start`: the texts begin a sequence, and a Hugging Face
+    tokenizer adds what its post-processor puts there (Llama 3's <|begin_of_text|>); a
+    continuation or a step gets none. A text that is not valid Unicode (a lone surrogate
+    from a broken decode) raises a one-line HindsightError."""
     for i, t in enumerate(texts):
       try:
         t.encode("utf-8")
@@ -65,7 +67,11 @@ class Tokenizer:
       return [
         np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.int32) + _BYTE_OFFSET for t in texts
       ]
-    return [np.asarray(e.ids, np.int32) for e in self._bpe.encode_batch(texts)]
+    specials = start and self.kind == "hf"
+    return [
+      np.asarray(e.ids, np.int32)
+      for e in self._bpe.encode_batch(texts, add_special_tokens=specials)
+    ]
 
   def decode(self, ids) -> str:
     """The text of `ids` (PAD, EOS and a Hugging Face tokenizer's special tokens dropped);
