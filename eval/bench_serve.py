@@ -31,19 +31,20 @@ import time
 
 import numpy as np
 
-from hindsight.model.encoders import TextEncoder, VectorEncoder
+from hindsight.model.encoders import VectorEncoder
 from hindsight.model.predictor import Predictor
 from hindsight.serving import Client
 
 
 def _trajectory(spec, steps: int, rng) -> dict:
   enc = spec.encoder
-  if isinstance(enc, TextEncoder):  # a text model: the text world's sentences, as traces
+  if enc.episode_format == "text":  # a text model: the text world's sentences, as traces
     from hindsight.text import world
 
-    sentences = [s.text for t in world.sample_traces(int(rng.integers(1 << 30)), 8)
-                 for s in t.steps]  # fmt: skip
-    return {"steps": [sentences[int(i)] for i in rng.integers(0, len(sentences), steps)],
+    traces = world.sample_traces(int(rng.integers(1 << 30)), 8)
+    sentences = [s.text for t in traces for s in t.steps]
+    return {"prompt": traces[0].prompt,  # read by an LM-backbone model, not by the other
+            "steps": [sentences[int(i)] for i in rng.integers(0, len(sentences), steps)],
             "outcome": 1.0}  # fmt: skip
   if isinstance(enc, VectorEncoder):
     obs = rng.normal(size=(steps, enc.dim)).round(3).tolist()

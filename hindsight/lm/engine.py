@@ -54,15 +54,24 @@ class Row:
   done: Callable[[np.ndarray, bool], None] | None = None
 
 
-def _prefill(graphdef, cfg: BackboneConfig, state, cache, last, slots, ids, lengths, bias):
-  """Writes prompts ids [r, P] (lengths [r]) into cache rows `slots` [r] and their next-token
-  logits into last [R, V]."""
+def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, slots, ids, lengths, new, bias):
+  """Writes prompts ids [r, P] (lengths [r]) into cache rows `slots` [r], their next-token
+  logits into rows["last"], and their settings `new` (budget, temperature, top_p, keys [r])
+  into the slots' rows: one program per (r, P), so admitting rows compiles nothing new."""
   model = nnx.merge(graphdef, state)
   r = ids.shape[0]
   logits, (k, v) = forward(model, cfg, ids, cache=empty_cache(cfg, r, cache[0].dtype))
-  ck, cv = cache[0].at[:, slots].set(k), cache[1].at[:, slots].set(v)
-  last = last.at[slots].set(logits[jnp.arange(r), lengths - 1] + bias)
-  return (ck, cv), last
+  cache = (cache[0].at[:, slots].set(k), cache[1].at[:, slots].set(v))
+  at = lambda name, value: rows[name].at[slots].set(value)  # noqa: E731
+  rows = rows | {
+    "last": at("last", logits[jnp.arange(r), lengths - 1] + bias),
+    "pos": at("pos", lengths),
+    "count": at("count", 0),
+    "done": at("done", new["budget"] <= 0),
+    "eos": at("eos", False),
+    **{name: at(name, new[name]) for name in ("budget", "temperature", "top_p", "keys")},
+  }
+  return cache, rows
 
 
 def _decode(graphdef, cfg: BackboneConfig, steps: int, window: int, state, cache, rows, bias):
@@ -236,33 +245,22 @@ class SlotEngine:
         ids = np.zeros((r, P_), np.int32)
         lengths = np.zeros(r, np.int32)
         slots = np.zeros(r, np.int32)
+        picked = [part[j if j < len(part) else 0][1] for j in range(r)]
         for j in range(r):  # extra rows repeat the first: the same writes to the same slot
           slot, row = part[j if j < len(part) else 0]
           ids[j, : row.ids.size], lengths[j], slots[j] = row.ids, row.ids.size, slot
-        self.cache, last = self._prefill(self.state, self.cache, self.rows["last"], slots, ids,
-                                         lengths, self.bias)  # fmt: skip
+        new = {
+          "budget": np.array([x.budget for x in picked], np.int32),
+          "temperature": np.array([x.temperature for x in picked], np.float32),
+          "top_p": np.array([x.top_p for x in picked], np.float32),
+          "keys": jnp.stack([x.key for x in picked]),
+        }
+        self.cache, self.rows = self._prefill(self.state, self.cache, self.rows, slots, ids,
+                                              lengths, new, self.bias)  # fmt: skip
         self.stats["prefills"] += 1
-        self._reset_rows(part, last)
         for slot, row in part:
           self.tokens[slot] = []
           self.pos[slot] = row.ids.size
-
-  def _reset_rows(self, part: list[tuple[int, Row]], last) -> None:
-    """The admitted rows' settings written into their slots (the prefill wrote `last`)."""
-    idx = jnp.asarray([slot for slot, _ in part])
-    rows = [row for _, row in part]
-    r = self.rows
-    self.rows = r | {
-      "last": last,
-      "pos": r["pos"].at[idx].set(jnp.asarray([x.ids.size for x in rows], jnp.int32)),
-      "count": r["count"].at[idx].set(0),
-      "budget": r["budget"].at[idx].set(jnp.asarray([x.budget for x in rows], jnp.int32)),
-      "done": r["done"].at[idx].set(jnp.asarray([x.budget <= 0 for x in rows])),
-      "eos": r["eos"].at[idx].set(False),
-      "temperature": r["temperature"].at[idx].set(jnp.asarray([x.temperature for x in rows])),
-      "top_p": r["top_p"].at[idx].set(jnp.asarray([x.top_p for x in rows])),
-      "keys": r["keys"].at[idx].set(jnp.stack([x.key for x in rows])),
-    }
 
   def _decoder(self, window: int):
     if window not in self._decode:

@@ -9,7 +9,8 @@ Reference (`--reference`):
   exact     the text world's dynamic programme (`world.exact_credit`), stderr 0;
   resample  the same traces relabeled through `--endpoint` at K_ref completions per prefix
             (`--reference-rollouts`, default 256) with a seed of their own (the labels' seed +
-            REFERENCE_SEED_OFFSET), cached in OUT/reference (a rerun asks for nothing it
+            REFERENCE_SEED_OFFSET), cached in the report's cache (`--cache`, default
+            OUT/cache; models evaluated with one cache share it; a rerun asks for nothing it
             has); its cost in completions is reported. Its stderrs enter K* as the
             reference's noise.
   auto      exact when the traces are the text world's own (its model wrote them and every
@@ -160,9 +161,15 @@ class TextEvaluation:
       steps = sum(len(labels[i]["actions"]) for i in range(len(labels)))
       spent = (meta.completions or 0) / max(steps, 1)
     else:
+      # In the cache (`--cache`), named by what it depends on: models evaluated on the same
+      # traces with one cache share one relabel.
+      from hindsight.drift.reference import cache_key
+
+      ids = [as_text(e["trace_id"]) for e in examples]
+      key = cache_key(data=self.cache.digest, traces=ids, config=self.cache.config)
       fields, self.completions = resampled_reference(
-        examples, meta, os.path.join(self.out, "reference"), self.rollouts, cfg.endpoint,
-        cfg.progress,
+        examples, meta, os.path.join(self.cache.directory, f"reference-{key}"), self.rollouts,
+        cfg.endpoint, cfg.progress,
       )  # fmt: skip
       spent = self.completions / max(sum(len(f["credit"]) for f in fields), 1)
     names = ("credit", "credit_stderr", "credit_bounded", "klass", "progress",
