@@ -38,7 +38,8 @@ def main(argv=None) -> int:
   p.add_argument("--reference-traces", type=int, default=48, help="held-out traces evaluated")
   p.add_argument("--reference-rollouts", type=int, default=64, help="K of the reference")
   p.add_argument("--credit-steps", type=int, default=2000, help="credit model steps")
-  p.add_argument("--backbone-steps", type=int, default=1000, help="LM-backbone model steps")
+  # Its validation loss bottoms out near step 250 on the default 400 traces.
+  p.add_argument("--backbone-steps", type=int, default=300, help="LM-backbone model steps")
   p.add_argument("--backbone", default="", help="the LM backbone's folder (default: the small LM)")
   p.add_argument("--lm-steps", type=int, default=2000)
   p.add_argument("--lm-width", type=int, default=128)
@@ -128,13 +129,14 @@ def run(args) -> int:
       config.data.labels_dir = labels
       config.data.lm = args.backbone or ("" if args.endpoint else os.path.join(W, "lm"))
       config.train.steps = args.backbone_steps
-      config.train.eval_every = min(250, args.backbone_steps)
+      config.train.eval_every = min(100, args.backbone_steps)
       run_training(config, os.path.join(W, "lm_model"))
     with stage("drift report: the LM backbone beside the step encoder"):
       # The step encoder's episodes and reference (its cache): nothing is resampled twice.
+      # The learned baselines are in the first report already (baseline_steps 0).
       lm_report = run_drift(DriftConfig(
         checkpoint=os.path.join(W, "lm_model"), versus=os.path.join(W, "model"),
-        cache=os.path.join(report["out"], "cache"), **drift,
+        cache=os.path.join(report["out"], "cache"), baseline_steps=0, **drift,
       ))  # fmt: skip
   for r in (report, lm_report):
     with open(os.path.join(r["out"], "report.md")) as f:

@@ -6,8 +6,9 @@ One worker thread runs the loop
   admit    waiting rows go into free slots: their prompts are prefilled (one program per row
            bucket and prompt bucket) and written into the slots' rows of the KV cache
            [depth, R, S, K, H], their next-token logits into `last` [R, V];
-  decode   `chunk` one-token steps of every slot at once (one program per attention window:
-           the prompt buckets above the furthest live position);
+  decode   `chunk` one-token steps of every slot in the shortest prefix of slots (1, 4, 16 or
+           all R) that holds every live one (rows take the lowest free slots), one program per
+           (attention window: the prompt bucket above the furthest live position, prefix);
   finish   slots whose choice hit EOS or its budget hand back (tokens, ended by EOS) and free
            their slot for the next admit.
 
@@ -74,15 +75,19 @@ def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, slots, ids, leng
   return cache, rows
 
 
-def _decode(graphdef, cfg: BackboneConfig, steps: int, window: int, state, cache, rows, bias):
-  """Up to `steps` tokens of every live slot. rows: last [R, V], pos, count, budget int [R],
-  done, eos bool [R], temperature, top_p [R], keys [R]. Returns (cache, rows, tokens int
-  [R, steps], -1 where a slot drew nothing)."""
+def _decode(
+  graphdef, cfg: BackboneConfig, steps: int, window: int, width: int, state, cache, rows, bias
+):  # fmt: skip
+  """Up to `steps` tokens of every live slot among the first `width` (the rest are left as
+  they are: free slots cost nothing). rows: last [R, V], pos, count, budget int [R], done,
+  eos bool [R], temperature, top_p [R], keys [R]. Returns (cache, rows, tokens int
+  [width, steps], -1 where a slot drew nothing)."""
   model = nnx.merge(graphdef, state)
-  R = rows["pos"].shape[0]
+  own = {name: x[:width] for name, x in rows.items()}
+  own_cache = (cache[0][:, :width], cache[1][:, :width])
 
   def body(carry):
-    i, cache, r, out = carry
+    i, c, r, out = carry
     step_keys = jax.vmap(jax.random.fold_in)(r["keys"], r["count"])
     token = sample_rows(step_keys, r["last"], r["temperature"], r["top_p"])
     live = ~r["done"]
@@ -90,7 +95,7 @@ def _decode(graphdef, cfg: BackboneConfig, steps: int, window: int, state, cache
     count = r["count"] + live
     hit = live & is_eos(token, cfg)
     pos = jnp.minimum(r["pos"], cfg.max_len - 1)
-    logits, cache = forward(model, cfg, token[:, None], pos[:, None], cache, window=window)
+    logits, c = forward(model, cfg, token[:, None], pos[:, None], c, window=window)
     r = r | {
       "count": count,
       "done": r["done"] | hit | (count >= r["budget"]),
@@ -98,14 +103,16 @@ def _decode(graphdef, cfg: BackboneConfig, steps: int, window: int, state, cache
       "pos": r["pos"] + live,
       "last": logits[:, 0] + bias,
     }
-    return i + 1, cache, r, out
+    return i + 1, c, r, out
 
   def cond(carry):
     i, _, r, _ = carry
     return (i < steps) & ~jnp.all(r["done"])
 
-  out = jnp.full((R, steps), -1, jnp.int32)
-  _, cache, rows, out = jax.lax.while_loop(cond, body, (0, cache, rows, out))
+  out = jnp.full((width, steps), -1, jnp.int32)
+  _, own_cache, own, out = jax.lax.while_loop(cond, body, (0, own_cache, own, out))
+  cache = tuple(full.at[:, :width].set(part) for full, part in zip(cache, own_cache, strict=True))
+  rows = {name: rows[name].at[:width].set(own[name]) for name in rows}
   return cache, rows, out
 
 
@@ -126,7 +133,7 @@ class SlotEngine:
     self._prefill = jax.jit(
       functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2)
     )
-    self._decode = {}  # window -> program
+    self._decode = {}  # (window, width) -> program
     R = self.slots
     on_rows = NamedSharding(self.mesh, P("rows"))
     self.cache = jax.device_put(empty_cache(self.cfg, R), NamedSharding(self.mesh, P(None, "rows")))
@@ -184,8 +191,9 @@ class SlotEngine:
       self.wake.notify()
 
   def warmup(self) -> int:
-    """Compiles every prefill (row bucket x prompt bucket) and decode (window) program by
-    sampling one token of prompts of each shape; returns how many programs."""
+    """Compiles every prefill (row bucket x prompt bucket) program, and decode programs of
+    every width, by sampling one token of prompts of each shape; returns how many calls.
+    (A decode window beyond the prompt buckets warmed here compiles on first use.)"""
     count = 0
     S = self.cfg.max_len
     for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
@@ -193,9 +201,6 @@ class SlotEngine:
         ids = np.full(min(p, S - 1), 2, np.int32)
         self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows)])
         count += 1
-    for window in prompt_buckets(S):
-      self._decoder(window)
-      count += 1
     return count
 
   # -- the worker ---------------------------------------------------------------------------
@@ -262,11 +267,15 @@ class SlotEngine:
           self.tokens[slot] = []
           self.pos[slot] = row.ids.size
 
-  def _decoder(self, window: int):
-    if window not in self._decode:
-      fn = functools.partial(_decode, self.lm.graphdef, self.cfg, self.chunk, window)
-      self._decode[window] = jax.jit(fn, donate_argnums=(1, 2))
-    return self._decode[window]
+  def _decoder(self, window: int, width: int):
+    if (window, width) not in self._decode:
+      fn = functools.partial(_decode, self.lm.graphdef, self.cfg, self.chunk, window, width)
+      self._decode[window, width] = jax.jit(fn, donate_argnums=(1, 2))
+    return self._decode[window, width]
+
+  def widths(self) -> list[int]:
+    """The slot prefixes a decode call runs over: the row buckets below the slots, and all."""
+    return [*(b for b in ROW_BUCKETS if b < self.slots), self.slots]
 
   def _step(self) -> None:
     live = [s for s, o in enumerate(self.owner) if o is not None]
@@ -276,8 +285,10 @@ class SlotEngine:
     furthest = int(self.pos[live].max()) + self.chunk
     window = next((b for b in prompt_buckets(self.cfg.max_len) if b >= furthest),
                   self.cfg.max_len)  # fmt: skip
-    self.cache, self.rows, out = self._decoder(window)(self.state, self.cache, self.rows,
-                                                       self.bias)  # fmt: skip
+    # Rows are admitted into the lowest free slots: the live ones sit in a short prefix.
+    width = next(w for w in self.widths() if w > max(live))
+    self.cache, self.rows, out = self._decoder(window, width)(self.state, self.cache,
+                                                              self.rows, self.bias)  # fmt: skip
     self.stats["decode_calls"] += 1
     out, done, eos = jax.device_get((out, self.rows["done"], self.rows["eos"]))
     for slot in live:
