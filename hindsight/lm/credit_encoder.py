@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -99,6 +100,7 @@ class BackboneEncoder:
     if not any(steps):
       raise HindsightError(f"step encoder {KIND}: the labels hold no text traces")
     source = str(options.get("lm", "") or "")
+    source = os.path.abspath(source) if source else ""  # read again when training starts
     init = str(options.get("lm_init", "pretrained"))
     if init not in ("pretrained", "random"):
       raise HindsightError(f"data.lm_init {init!r}: expected pretrained or random")

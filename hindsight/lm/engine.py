@@ -14,8 +14,7 @@ One worker thread runs the loop
 
 Token i of a choice is drawn with fold_in(its key, i) exactly as `sample.generate` draws it,
 so a choice is the same whatever it was batched with and whenever it was admitted (up to the
-float rounding of batched matmuls). Slots are split over the local devices (one per CPU core
-under the CLI): each row's work is its own, so they run with no communication.
+float rounding of batched matmuls). Everything lives on the first local device.
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from hindsight.errors import HindsightError
 from hindsight.lm.backbone import empty_cache, forward
@@ -123,11 +120,12 @@ class SlotEngine:
 
   def __init__(self, lm, slots: int = 64, chunk: int = CHUNK):
     self.lm, self.cfg = lm, lm.cfg
-    devices = jax.local_devices()
-    n = len(devices) if slots % len(devices) == 0 else 1
-    self.mesh = jax.sharding.Mesh(np.array(devices[:n]), ("rows",))
+    # One device: the slots' arrays split over several CPU devices made every call that
+    # reads a prefix of them move the cache between devices (27 against 111 completions/s at
+    # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
+    device = jax.local_devices()[0]
     self.slots, self.chunk = int(slots), int(chunk)
-    self.state = jax.device_put(lm.state, NamedSharding(self.mesh, P()))
+    self.state = jax.device_put(lm.state, device)
     bias = ascii_bias(lm.tokenizer, self.cfg) if lm.record.get("ascii") else None
     self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
     self._prefill = jax.jit(
@@ -135,8 +133,7 @@ class SlotEngine:
     )
     self._decode = {}  # (window, width) -> program
     R = self.slots
-    on_rows = NamedSharding(self.mesh, P("rows"))
-    self.cache = jax.device_put(empty_cache(self.cfg, R), NamedSharding(self.mesh, P(None, "rows")))
+    self.cache = jax.device_put(empty_cache(self.cfg, R), device)
     self.rows = jax.device_put({
       "last": jnp.zeros((R, self.cfg.vocab_size)),
       "pos": jnp.zeros(R, jnp.int32),
@@ -147,7 +144,7 @@ class SlotEngine:
       "temperature": jnp.ones(R, jnp.float32),
       "top_p": jnp.ones(R, jnp.float32),
       "keys": jax.random.split(jax.random.key(0), R),
-    }, on_rows)  # fmt: skip
+    }, device)  # fmt: skip
     self.owner: list[Row | None] = [None] * R  # the row each slot holds
     self.tokens: list[list[int]] = [[] for _ in range(R)]
     self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
@@ -191,9 +188,9 @@ class SlotEngine:
       self.wake.notify()
 
   def warmup(self) -> int:
-    """Compiles every prefill (row bucket x prompt bucket) program, and decode programs of
-    every width, by sampling one token of prompts of each shape; returns how many calls.
-    (A decode window beyond the prompt buckets warmed here compiles on first use.)"""
+    """Compiles every prefill (row bucket x prompt bucket) and decode (window x width)
+    program: one token of prompts of each shape, then each decode program on idle slots
+    (every row done: it draws nothing). Returns how many programs."""
     count = 0
     S = self.cfg.max_len
     for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
@@ -201,6 +198,12 @@ class SlotEngine:
         ids = np.full(min(p, S - 1), 2, np.int32)
         self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows)])
         count += 1
+    with self.wake:  # the worker is idle (every row above has ended): its state is ours
+      for window in prompt_buckets(S):
+        for width in self.widths():
+          program = self._decoder(window, width)
+          self.cache, self.rows, _ = program(self.state, self.cache, self.rows, self.bias)
+          count += 1
     return count
 
   # -- the worker ---------------------------------------------------------------------------
