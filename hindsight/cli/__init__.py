@@ -17,7 +17,8 @@ from the library's own dataclasses (`add_parser`) and running them (`run`).
                     [--gap-tolerance EPS] [--alpha A] --out DIR
   hindsight import  thought-anchors DIR --out OUT   (their resamples as a label dataset)
   hindsight text-world serve|prompts|exact   (a local model whose credit is exact)
-  hindsight lm train --workdir W | serve --workdir W   (a small language model of our own)
+  hindsight lm train --workdir W [--lm PATH] | serve (--workdir W | --lm PATH)
+                    (a Qwen2 / Llama 3 language model: the llm extra)
 
 --run names a training run's directory (--checkpoint, its older name, works the same).
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
