@@ -115,6 +115,14 @@ def test_a_steady_stream_of_traces_compiles_nothing_after_warmup(text_run):
   assert predictor.compiled_programs() == compiled
 
 
+def _refused_in_one_line(predictor, cases) -> None:
+  """Each (trace, message) of `cases`: scoring it raises one line matching the message."""
+  for trace, message in cases:
+    with pytest.raises(HindsightError, match=message) as e:
+      predictor.score([trace])
+    assert "\n" not in str(e.value)
+
+
 @TEXT_MODEL
 def test_bad_text_input_is_one_line(text_run):
   from hindsight.model.predictor import Predictor
@@ -131,10 +139,7 @@ def test_bad_text_input_is_one_line(text_run):
     ({"steps": ["ok \udc80"], "outcome": 1}, "not valid UTF-8"),
     ({"prompt": "no steps"}, "missing field 'steps'"),
   ]
-  for trace, message in cases:
-    with pytest.raises(HindsightError, match=message) as e:
-      predictor.score([trace])
-    assert "\n" not in str(e.value)
+  _refused_in_one_line(predictor, cases)
 
 
 @TEXT_MODEL
@@ -274,10 +279,7 @@ def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_ru
      f"the trace is .* tokens \\(prompt and steps\\), longer than the {limit}"),
     ({"steps": ["ok \udc80"], "outcome": 1}, "not valid UTF-8"),
   ]  # fmt: skip
-  for trace, message in cases:
-    with pytest.raises(HindsightError, match=message) as e:
-      predictor.score([trace])
-    assert "\n" not in str(e.value)
+  _refused_in_one_line(predictor, cases)
 
 
 @TEXT_MODEL

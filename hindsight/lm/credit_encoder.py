@@ -32,7 +32,7 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 from hindsight.lm.config import BackboneConfig
-from hindsight.model.encoders.base import register_encoder
+from hindsight.model.encoders.base import TextObservations, register_encoder
 from hindsight.model.encoders.tokenizer import Tokenizer, make_tokenizer
 
 KIND = "lm_backbone"
@@ -53,7 +53,7 @@ def _pretrained(source: str, max_len: int):
 
 @register_encoder
 @dataclasses.dataclass(frozen=True)
-class BackboneEncoder:
+class BackboneEncoder(TextObservations):
   """A `StepEncoder` of text traces read by a decoder (module docstring).
 
   backbone: the decoder's BackboneConfig as JSON; tokenizer: its tokenizer's record.
@@ -162,14 +162,6 @@ class BackboneEncoder:
     return ("text",)  # any trace; each is checked against its token limit
 
   # -- host -------------------------------------------------------------------------------
-  def check_observations(self, observations: np.ndarray, n: int, where: str) -> np.ndarray:
-    del observations, n
-    raise HindsightError(f"{where}: a text model reads each step's text, not observations")
-
-  def reads_observation(self, dtype, shape: tuple[int, ...]) -> bool:
-    del dtype, shape
-    return False
-
   def _encode(self, prompts: Sequence[str], steps: Sequence[Sequence[str]]):
     """[(prompt ids, [step ids])] of each trace, one batched encode."""
     ids = self.tokens.encode_batch(list(prompts), start=True)

@@ -33,7 +33,7 @@ from flax import nnx
 from hindsight.errors import HindsightError
 from hindsight.lm.backbone import empty_cache, forward
 from hindsight.lm.config import BackboneConfig
-from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, is_eos, prompt_buckets, sample_rows
+from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, decode_step, prompt_buckets
 
 CHUNK = 8  # tokens per decode call: host round trips against slots idle after their end
 
@@ -85,22 +85,8 @@ def _decode(
 
   def body(carry):
     i, c, r, out = carry
-    step_keys = jax.vmap(jax.random.fold_in)(r["keys"], r["count"])
-    token = sample_rows(step_keys, r["last"], r["temperature"], r["top_p"])
-    live = ~r["done"]
-    out = out.at[:, i].set(jnp.where(live, token, -1))
-    count = r["count"] + live
-    hit = live & is_eos(token, cfg)
-    pos = jnp.minimum(r["pos"], cfg.max_len - 1)
-    logits, c = forward(model, cfg, token[:, None], pos[:, None], c, window=window)
-    r = r | {
-      "count": count,
-      "done": r["done"] | hit | (count >= r["budget"]),
-      "eos": r["eos"] | hit,
-      "pos": r["pos"] + live,
-      "last": logits[:, 0] + bias,
-    }
-    return i + 1, c, r, out
+    c, r, token, live = decode_step(model, cfg, c, r, bias, window)
+    return i + 1, c, r, out.at[:, i].set(jnp.where(live, token, -1))
 
   def cond(carry):
     i, _, r, _ = carry
@@ -111,6 +97,12 @@ def _decode(
   cache = tuple(full.at[:, :width].set(part) for full, part in zip(cache, own_cache, strict=True))
   rows = {name: rows[name].at[:width].set(own[name]) for name in rows}
   return cache, rows, out
+
+
+def failed(results: list) -> None:
+  """A one-line error if the model failed on any row of `submit_all`'s results."""
+  if any(tokens is None for tokens, _ in results):
+    raise HindsightError("the language model failed while sampling (see the log)")
 
 
 class SlotEngine:
@@ -163,24 +155,35 @@ class SlotEngine:
         self._thread.start()
       self.wake.notify()
 
-  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, bool]]:
-    """(token ids, ended by EOS) of every row, in order, blocking until all have ended."""
+  def submit_all(self, rows: list[Row], finished: Callable[[list], None]) -> None:
+    """Queues `rows` (their own `done` replaced) and calls `finished` once, on the worker
+    thread, with every row's (token ids, ended by EOS) in order when the last has ended
+    ((None, False) for a row the model failed on)."""
     out: list = [None] * len(rows)
-    left = threading.Semaphore(0)
+    left = [len(rows)]
+    lock = threading.Lock()
 
     def done_at(i):
       def done(tokens, eos):
         out[i] = (tokens, eos)
-        left.release()
+        with lock:
+          left[0] -= 1
+          last = left[0] == 0
+        if last:
+          finished(out)
 
       return done
 
     self.submit([dataclasses.replace(r, done=done_at(i)) for i, r in enumerate(rows)])
-    for _ in rows:
-      left.acquire()
-    if any(tokens is None for tokens, _ in out):
-      raise HindsightError("the language model failed while sampling (see the log)")
-    return out
+
+  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, bool]]:
+    """(token ids, ended by EOS) of every row, in order, blocking until all have ended."""
+    got: list = []
+    ended = threading.Event()
+    self.submit_all(rows, lambda out: (got.append(out), ended.set()))
+    ended.wait()
+    failed(got[0])
+    return got[0]
 
   def close(self) -> None:
     with self.wake:

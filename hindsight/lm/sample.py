@@ -89,6 +89,29 @@ def is_eos(token, cfg: BackboneConfig):
   return jnp.isin(token, jnp.asarray(cfg.eos_ids, jnp.int32))
 
 
+def decode_step(model, cfg: BackboneConfig, cache, rows: dict, bias, window: int | None = None):
+  """One token of every live row, and the model run on it. rows: last [R, V] (the next
+  token's logits), pos (the next position), count (tokens drawn), budget int [R], done, eos
+  bool [R], temperature, top_p [R], keys [R]. Token i of a row is drawn with fold_in(its key,
+  i), so a row's draws depend on its own prompt, settings and key only. Returns (cache, rows,
+  token int [R], live bool [R]: whether the row drew it)."""
+  step_keys = jax.vmap(jax.random.fold_in)(rows["keys"], rows["count"])
+  token = sample_rows(step_keys, rows["last"], rows["temperature"], rows["top_p"])
+  live = ~rows["done"]
+  count = rows["count"] + live
+  hit = live & is_eos(token, cfg)
+  pos = jnp.minimum(rows["pos"], cfg.max_len - 1)[:, None]
+  logits, cache = forward(model, cfg, token[:, None], pos, cache, window=window)
+  rows = rows | {
+    "count": count,
+    "done": rows["done"] | hit | (count >= rows["budget"]),
+    "eos": rows["eos"] | hit,
+    "pos": rows["pos"] + live,
+    "last": logits[:, 0] + bias,
+  }
+  return cache, rows, token, live
+
+
 def sampler(graphdef, cfg: BackboneConfig):
   """The jitted `generate` of one model: (state, prompts, lengths, budgets, temperature,
   top_p, keys, bias=None) -> its result, compiled per shape of its arguments."""
@@ -110,46 +133,39 @@ def generate(
   S = cfg.max_len
   bias = jnp.zeros(cfg.vocab_size) if bias is None else bias
   logits, cache = forward(model, cfg, prompts, cache=empty_cache(cfg, R))
-  last = logits[jnp.arange(R), lengths - 1] + bias  # [R, V]: the next token's logits
+
+  rows = {
+    "last": logits[jnp.arange(R), lengths - 1] + bias,  # [R, V]: the next token's logits
+    "pos": lengths,
+    "count": jnp.zeros(R, jnp.int32),
+    "budget": budgets,
+    "done": budgets <= 0,
+    "eos": jnp.zeros(R, bool),
+    "temperature": temperature,
+    "top_p": top_p,
+    "keys": keys,
+  }
 
   def cond(carry, window):
-    i, _, _, done, *_ = carry
+    _, _, r, _ = carry
     # The next position of every live row fits the phase's window (a row's budget keeps it
     # below S, so the last phase, window S, runs until every row is done).
-    return ~jnp.all(done) & (jnp.max(jnp.where(done, 0, lengths)) + i < window)
+    return ~jnp.all(r["done"]) & (jnp.max(jnp.where(r["done"], 0, r["pos"])) < window)
 
   def body(carry, window):
-    i, last, cache, done, out, count, eos = carry
-    step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
-    token = sample_rows(step_keys, last, temperature, top_p)
-    live = ~done
-    out = out.at[:, i].set(jnp.where(live, token, 0))
-    count = count + live
-    hit = live & is_eos(token, cfg)
-    eos = eos | hit
-    done = done | hit | (count >= budgets)
-    pos = jnp.minimum(lengths + i, S - 1)[:, None]
-    logits, cache = forward(model, cfg, token[:, None], pos, cache, window=window)
-    return i + 1, logits[:, 0] + bias, cache, done, out, count, eos
+    i, cache, r, out = carry
+    cache, r, token, live = decode_step(model, cfg, cache, r, bias, window)
+    return i + 1, cache, r, out.at[:, i].set(jnp.where(live, token, 0))
 
-  init = (
-    jnp.int32(0),
-    last,
-    cache,
-    budgets <= 0,
-    jnp.zeros((R, S), jnp.int32),
-    jnp.zeros(R, jnp.int32),
-    jnp.zeros(R, bool),
-  )
   # Phases of growing windows (the prompt buckets above P, then S): a step attends over the
   # cache slots its phase can reach, not all S of them.
-  carry = init
+  carry = (jnp.int32(0), cache, rows, jnp.zeros((R, S), jnp.int32))
   for window in [w for w in prompt_buckets(S) if w > prompts.shape[1]] or [S]:
     carry = jax.lax.while_loop(
       functools.partial(cond, window=window), functools.partial(body, window=window), carry
     )
-  _, _, _, _, out, count, eos = carry
-  return out, count, eos
+  _, _, rows, out = carry
+  return out, rows["count"], rows["eos"]
 
 
 def pad_prompts(prompts: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import jax
 import msgspec
 
 from hindsight.errors import HindsightError
-from hindsight.lm.engine import Row, SlotEngine
+from hindsight.lm.engine import Row, SlotEngine, failed
 from hindsight.text.server import (
   CompletionRequest,
   completion_body,
@@ -57,29 +57,15 @@ def _submit(engine: SlotEngine, rows: list[Row]) -> asyncio.Future:
   """A future of every row's (tokens, ended by EOS), in order, once all have ended."""
   loop = asyncio.get_running_loop()
   fut = loop.create_future()
-  out: list = [None] * len(rows)
-  left = [len(rows)]
 
-  def finish():
-    if fut.done():
-      return
-    if any(tokens is None for tokens, _ in out):
-      fut.set_exception(HindsightError("the language model failed while sampling"))
-    else:
+  def finish(out):  # on the event loop
+    try:
+      failed(out)
       fut.set_result(out)
+    except HindsightError as e:
+      fut.set_exception(e)
 
-  def done_at(i):
-    def done(tokens, eos):  # on the engine's thread
-      out[i] = (tokens, eos)
-      left[0] -= 1
-      if left[0] == 0:
-        loop.call_soon_threadsafe(finish)
-
-    return done
-
-  for i, r in enumerate(rows):
-    r.done = done_at(i)
-  engine.submit(rows)
+  engine.submit_all(rows, lambda out: loop.call_soon_threadsafe(finish, out))
   return fut
 
 

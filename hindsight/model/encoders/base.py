@@ -122,6 +122,21 @@ class ArrayObservations:
     return [None]
 
 
+class TextObservations:
+  """What the kinds that read each step's text share (the text step encoder, a language
+  model's backbone): no observations array, and no environment whose observations they read."""
+
+  def check_observations(self, observations: np.ndarray, n: int, where: str) -> np.ndarray:
+    del observations, n
+    from hindsight.errors import HindsightError
+
+    raise HindsightError(f"{where}: a text model reads each step's text, not observations")
+
+  def reads_observation(self, dtype, shape: tuple[int, ...]) -> bool:
+    del dtype, shape
+    return False
+
+
 def padded_observations(
   episodes: Sequence[Any], pad: int, trailing: tuple[int, ...], dtype, transform=None
 ) -> np.ndarray:

@@ -28,7 +28,7 @@ from flax import nnx
 
 from hindsight.data.labels import as_text
 from hindsight.errors import HindsightError
-from hindsight.model.encoders.base import register_encoder
+from hindsight.model.encoders.base import TextObservations, register_encoder
 from hindsight.model.encoders.tokenizer import Tokenizer, make_tokenizer
 
 
@@ -67,7 +67,7 @@ class TextModule(nnx.Module):
 
 @register_encoder
 @dataclasses.dataclass(frozen=True)
-class TextEncoder:
+class TextEncoder(TextObservations):
   """A `StepEncoder` of text steps (module docstring).
 
   tokenizer: the tokenizer's record (`Tokenizer.to_json`), so a checkpoint alone restores
@@ -126,14 +126,6 @@ class TextEncoder:
   @property
   def signature(self) -> tuple:
     return (self.kind,)  # any trace; each step is checked against its token limit
-
-  def check_observations(self, observations: np.ndarray, n: int, where: str) -> np.ndarray:
-    del observations, n
-    raise HindsightError(f"{where}: a text model reads each step's text, not observations")
-
-  def reads_observation(self, dtype, shape: tuple[int, ...]) -> bool:
-    del dtype, shape
-    return False
 
   def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> None:
     """A one-line error for a step longer than the model reads (`max_step_tokens`); the
