@@ -99,7 +99,8 @@ def test_the_installed_package_runs_the_examples(tmp_path):
     "python",
     "-c",
     "from hindsight.config_io import load_config as L; "
-    "[L(n) for n in ('reasoning:smoke', 'rl_reasoning:smoke', 'rl_cartpole', 'tabular')]",
+    "[L(n) for n in ('reasoning:smoke', 'rl_reasoning:smoke', 'rl_cartpole', 'tabular', "
+    "'rl_text')]",
   )
 
   # The README's Python example as written, at smoke size.
@@ -136,3 +137,12 @@ def test_the_installed_package_runs_the_examples(tmp_path):
   assert results["env"] == "gymnax:Catch-bsuite" and results["horizon"] == 9
   assert len(results["seeds"]) == 2 and all(s["cut_share"] == 0.0 for s in results["seeds"])
   assert results["seeds"][0]["credit_env_steps"] > 0
+
+  # `hindsight rl --config rl_text`: GRPO of a language model on MC credit, from the installed
+  # package (a smaller LM than the smoke config's: the run, not the model, is tested here).
+  run("hindsight", "rl", "--config", "rl_text:smoke", "--workdir", "runs/lm_rl",
+      "--config.source=mc_credit", "--config.num_seeds=1", "--config.lm_train.steps=30",
+      "--config.lm_train.traces=64")  # fmt: skip
+  results = json.loads((user / "runs" / "lm_rl" / "results.json").read_text())
+  assert results["kind"] == "lm" and results["source"] == "mc_credit"
+  assert len(results["seeds"]) == 1 and results["seeds"][0]["credit_env_steps"] > 0

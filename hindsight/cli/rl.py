@@ -18,10 +18,13 @@ def add_parser(sub):
     "TensorBoard and results.json in --workdir; rerun to resume). With --sources, each source "
     "trains into WORKDIR/SOURCE and WORKDIR/table.md compares them (docs/rl.md). Any config "
     "field is set with --config.FIELD=VALUE, e.g. --config.env=gymnax:Catch-bsuite "
-    "(every field: hindsight/rl/config.py).",
+    "(every field: hindsight/rl/config.py). --config rl_text trains a language model with GRPO "
+    "on per-step credit instead (docs/rl.md, 'RL on a language model'; its fields: "
+    "hindsight/lm/rl/config.py).",
   )
   rl.add_argument("--config", default="rl_reasoning",
-                  help="a shipped RL config (rl_reasoning, rl_key_to_door, rl_cartpole; "
+                  help="a shipped RL config (rl_reasoning, rl_key_to_door, rl_cartpole, "
+                  "rl_text: a language model; "
                   "NAME:smoke for a tiny one) or FILE.py[:VARIANT]")  # fmt: skip
   rl.add_argument("--workdir", default="",
                   help="checkpoints, TensorBoard, results.json (required without --sources; "
@@ -39,12 +42,19 @@ def run(args) -> int:
   from hindsight.errors import HindsightError
 
   overrides = args.config_overrides
-  if args.sources:
-    from hindsight.rl import experiment
-    from hindsight.rl.sources import registered_sources
+  config = load_config(args.config, overrides)
+  if config.get("kind") == "lm":  # a language model (rl_text: hindsight.lm.rl)
+    from hindsight.lm.backbone import require_llm
 
+    require_llm()
+    from hindsight.lm.rl import experiment, trainer
+    from hindsight.lm.rl.sources import text_sources as registered_sources
+  else:
+    from hindsight.rl import experiment, trainer
+    from hindsight.rl.sources import registered_sources
+  if args.sources:
     sources = registered_sources() if args.sources == "all" else args.sources.split(",")
-    out = args.workdir or experiment.default_out(load_config(args.config, overrides))
+    out = args.workdir or experiment.default_out(config)
     command = " ".join(["hindsight rl", *args.argv])
     print(experiment.run_experiment(args.config, overrides, [s for s in sources if s], out,
                                     command))  # fmt: skip
@@ -52,8 +62,6 @@ def run(args) -> int:
     return 0
   if not args.workdir:
     raise HindsightError("--workdir is required (or --sources a,b,c to compare sources)")
-  from hindsight.rl.trainer import results_text, train_and_evaluate
-
-  results = train_and_evaluate(load_config(args.config, overrides), args.workdir)
-  print(results_text(results, os.path.join(args.workdir, "results.json")))
+  results = trainer.train_and_evaluate(config, args.workdir)
+  print(trainer.results_text(results, os.path.join(args.workdir, "results.json")))
   return 0

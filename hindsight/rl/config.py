@@ -105,9 +105,11 @@ def smoke(c: ConfigDict) -> ConfigDict:
   return c
 
 
-def with_variant(c: ConfigDict, arg: str) -> ConfigDict:
+def with_variant(c: ConfigDict, arg: str, smoke_variant=None) -> ConfigDict:
+  """`get_config(arg)`'s variants: "" (the config as is) or "smoke" (`smoke_variant`, by
+  default this trainer's `smoke`)."""
   if arg == "smoke":
-    return smoke(c)
+    return (smoke_variant or smoke)(c)
   if arg:
     raise HindsightError(f"unknown variant {arg!r} (expected '' or 'smoke')")
   return c

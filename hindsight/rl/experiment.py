@@ -279,7 +279,7 @@ def _styles(names) -> dict:
   return {n: {"color": colours[(2 * i) % 20 + (2 * i) // 20]} for i, n in enumerate(names)}
 
 
-def _curves(ax, results: dict, get, amortised_over: int = 1, by_update: bool = False) -> None:
+def curves(ax, results: dict, get, amortised_over: int = 1, by_update: bool = False) -> None:
   """Each source's mean and 95% band of `get(seed point)` against env steps per run on a
   log axis (or, by_update, against policy updates), sources with a model dashed; the
   initial policy's value (every source's point at update 0) is the dotted line, since a
@@ -313,7 +313,7 @@ def plot(path: str, results: dict, decorative_tags) -> None:
     ("decorative share", lambda s: decorative_share(s, decorative_tags)),
   )
   for ax, (title, get) in zip(axes, panels, strict=True):
-    _curves(ax, results, get)
+    curves(ax, results, get)
     ax.set_xlabel("env steps per seed (policy + credit)")
     ax.set_title(title)
   axes[0].legend(fontsize=7, ncol=2)
@@ -335,7 +335,7 @@ def plot_budget(path: str, results: dict) -> None:
   seeds = len(next(iter(results.values()))["seeds"])
   fig, axes = plt.subplots(1, 3, figsize=(19, 4.8), sharey=True)
   for ax, share in zip(axes[:2], (1, seeds), strict=True):
-    _curves(ax, results, lambda s: s["success"], share)
+    curves(ax, results, lambda s: s["success"], share)
     ax.set_xlabel(
       "total env steps per run (policy + credit, labels and audits included)"
       if share == 1
@@ -343,7 +343,7 @@ def plot_budget(path: str, results: dict) -> None:
     )
   # Against policy updates (equal policy samples): how a user whose policy's samples are
   # the expensive part (a language model) reads it.
-  _curves(axes[2], results, lambda s: s["success"], by_update=True)
+  curves(axes[2], results, lambda s: s["success"], by_update=True)
   axes[2].set_xlabel("policy updates (equal policy samples)")
   axes[0].set_ylabel("success (reference, fresh episodes)")
   axes[0].legend(fontsize=7, ncol=2)
@@ -359,20 +359,27 @@ def default_out(config) -> str:
   return os.path.join("runs", "rl", make_task(config).env.name.replace(":", "_"))
 
 
-def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str:
-  """Trains every source of `sources` on config `spec` (+ overrides) into OUT/SOURCE and
-  writes the files of the module docstring; returns table.md's text."""
-  from hindsight.config_io import load_config
+def check_sources(sources, source_class) -> None:
+  """A one-line HindsightError when `sources` (NAME or NAME@FIELD=VALUE...) is empty or
+  names a source `source_class` does not know."""
   from hindsight.errors import HindsightError
-  from hindsight.files import atomic_write_text, write_json
-  from hindsight.rl.sources import source_class
-  from hindsight.rl.task import make_task
-  from hindsight.rl.trainer import train_and_evaluate
 
   if not sources:
     raise HindsightError("sources: name at least one credit source")
   for entry in sources:
     source_class(entry.split("@")[0])  # a one-line error naming the registered ones
+
+
+def run_experiment(spec: str, overrides, sources, out: str, command: str) -> str:
+  """Trains every source of `sources` on config `spec` (+ overrides) into OUT/SOURCE and
+  writes the files of the module docstring; returns table.md's text."""
+  from hindsight.config_io import load_config
+  from hindsight.files import atomic_write_text, write_json
+  from hindsight.rl.sources import source_class
+  from hindsight.rl.task import make_task
+  from hindsight.rl.trainer import train_and_evaluate
+
+  check_sources(sources, source_class)
   base = load_config(spec, overrides)
   results = {}
   for entry in sources:

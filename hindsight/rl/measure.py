@@ -124,39 +124,15 @@ def evaluate_point(
   if score is not None:
     pred = np.asarray(score(model_state, traj, batch))[mask]
     ref = np.asarray(labels["credit"])[mask]
-    out["drift"] = drift(pred, ref)
     slices, names = tag_slices(env, labels)
     ok = np.isfinite(ref)
-    gaps, slices = (pred - ref)[ok], slices[mask][ok]
-    tolerance, alpha, boundary = drift_test
+    boundary = drift_test[2]
     valid = mask & np.isfinite(np.asarray(labels["credit"]))
-    ranges, testable = bounded_ranges(boundary, sampler.labeler, traj, pred[ok], valid, slices,
-                                      len(names))  # fmt: skip
-    if not testable:
-      # The bounded sequences need every gap in a known range: without return bounds, no test.
-      out["drift"]["audit"] = {"fired": False, "undefined": "no return range"}
-    else:
-      # how far the model is from this policy's credit, per tag (its own error included) ...
-      audit = gap_test(gaps, slices, names, ranges, tolerance, alpha, index, boundary)
-      audit.pop("tags")
-      out["drift"]["audit"] = audit
-      now = slice_sequences(
-        gaps, slices, names, ranges, shift_alpha(alpha, index), boundary=boundary
-      )
-      out["drift"]["tags"] = now.as_dict()
-      if before is not None:
-        # ... and whether that distance has moved since the first point: the policy has
-        # left the states and actions the model described as it did then
-        shift = shift_test(now, SliceBounds.from_dict(before), tolerance)
-        out["drift"]["shift"] = shift
-        if shift["fired"] and probe.warns:
-          warnings["credit_drift"] = (
-            f"the credit model's gap on '{shift['slice']}' steps moved from "
-            f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the "
-            f"reference, its confidence sequences {shift['apart']:.3f} apart (tolerance "
-            f"{tolerance:g}, alpha {alpha:g} over the run): the policy has left the model's "
-            f"support: {probe.consequence}"
-          )  # fmt: skip
+    ranges, testable = bounded_ranges(boundary, sampler.labeler, traj, pred[ok], valid,
+                                      slices[mask][ok], len(names))  # fmt: skip
+    out["drift"], found = drift_tests(pred, ref, slices[mask], names, drift_test, index, before,
+                                      probe, ranges, testable)  # fmt: skip
+    warnings.update(found)
   undetermined = out["klass_share"]["undetermined"]
   # Where the environment plants its decorative steps (reasoning), the decorative share is
   # read off the tags, not the reference's classes: nothing reported rests on them.
@@ -177,6 +153,48 @@ def evaluate_point(
       )
   out["warnings"] = warnings
   return out
+
+
+def drift_tests(
+  pred: np.ndarray, ref: np.ndarray, slices: np.ndarray, names, drift_test, index: int,
+  before: dict | None, probe, ranges: np.ndarray | None = None, testable: bool = True,
+) -> tuple[dict, dict]:  # fmt: skip
+  """(drift record, warnings) of one evaluation point's predictions `pred` against the
+  reference credit `ref` over its steps (flat [n]; slices [n]: each step's tag index into
+  `names`): `drift`'s scores, the per-tag gap test (`audit`), the per-tag sequences
+  (`tags`, the next points' `before`) and, given update 0's (`before`), the shift test,
+  whose firing is the `credit_drift` warning when `probe.warns` (saying
+  `probe.consequence`). drift_test: (tolerance, alpha, boundary); ranges: the bounded
+  sequences' `gap_ranges` (testable False: no return range, no test)."""
+  out = drift(pred, ref)
+  warnings = {}
+  ok = np.isfinite(ref)
+  gaps, slices = (pred - ref)[ok], slices[ok]
+  tolerance, alpha, boundary = drift_test
+  if not testable:
+    # The bounded sequences need every gap in a known range: without return bounds, no test.
+    out["audit"] = {"fired": False, "undefined": "no return range"}
+    return out, warnings
+  # how far the model is from this policy's credit, per tag (its own error included) ...
+  audit = gap_test(gaps, slices, names, ranges, tolerance, alpha, index, boundary)
+  audit.pop("tags")
+  out["audit"] = audit
+  now = slice_sequences(gaps, slices, names, ranges, shift_alpha(alpha, index), boundary=boundary)
+  out["tags"] = now.as_dict()
+  if before is not None:
+    # ... and whether that distance has moved since the first point: the policy has left the
+    # states and actions the model described as it did then
+    shift = shift_test(now, SliceBounds.from_dict(before), tolerance)
+    out["shift"] = shift
+    if shift["fired"] and probe.warns:
+      warnings["credit_drift"] = (
+        f"the credit model's gap on '{shift['slice']}' steps moved from "
+        f"{shift['before']:+.3f} at update 0 to {shift['gap']:+.3f} against the "
+        f"reference, its confidence sequences {shift['apart']:.3f} apart (tolerance "
+        f"{tolerance:g}, alpha {alpha:g} over the run): the policy has left the model's "
+        f"support: {probe.consequence}"
+      )  # fmt: skip
+  return out, warnings
 
 
 def drift(pred: np.ndarray, ref: np.ndarray) -> dict:

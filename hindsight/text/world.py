@@ -219,6 +219,24 @@ def parse_action(problem: Problem, sentence: str) -> int:
   return rz.RESTATE
 
 
+# The sentence classes of the world (`sentence_tag`), and the decorative ones: restatements,
+# empty checks and unused searches change nothing the answer needs.
+SENTENCE_TAGS = ("restate", "verify", "search", "fact", "write", "wrong_hypothesis",
+                 "correction", "answer", "other")  # fmt: skip
+DECORATIVE_TAGS = ("restate", "verify", "search")
+
+
+def sentence_tag(problem: Problem, sentence: str) -> str:
+  """The class of one sentence (`SENTENCE_TAGS`): by its opening, as `parse_action` reads
+  it, but "other" for a sentence the world does not write (a model's own words)."""
+  s = sentence.strip()
+  for action, opening in _OPENINGS:
+    if s.startswith(opening):
+      tag = TAG_OF_ACTION[action]
+      return "search" if tag == "search_unused" else tag
+  return "other"
+
+
 @dataclasses.dataclass
 class WorldState:
   """What a prefix implies: the problem, the configuration, the time, whether it ended."""

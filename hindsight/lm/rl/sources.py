@@ -1,0 +1,227 @@
+"""Per-step credit sources on a language model's completions. Each turns a batch of rollouts
+(groups of `grpo.group` completions per prompt, consecutive) into a signal per step, charged
+in completions and generated tokens (`rl.credit.Spend`):
+
+  outcome    GRPO's group-standardised reward (R_i - mean_g R) / (std_g R + 1e-6) on every
+             step (Tunix's `compute_advantages`): plain GRPO
+  mc_credit  each step's interventional credit under the current policy, by resampling
+             (`rl.credit`, K = label.num_rollouts per prefix): unbiased, the costly oracle
+  pp_credit  the credit head's f_t on every step, Monte Carlo credit D_t on the steps z_t ~
+             Bernoulli(p_t) it is least sure of: A_t = lam f_t + (z_t / p_t)(D_t - lam f_t)
+             (`rl.sources.prediction_powered`'s allocation, weight and signal): unbiased
+             whatever the head gets wrong
+  prm        p(x_{t+1}) - p(x_t), the PRM's increments: biased, the hack PRM users report
+  shaped     R - p(x_t): the PRM as a shaping potential (a baseline): unbiased
+
+The learned ones read `models.Models` (the PRM and the credit head, fitted on the initial
+policy's traces) and report, per step, the credit they predict (`predict`), which every
+evaluation point holds against credit resampled at the reference K.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tunix.rl.algo_core import compute_advantages
+
+from hindsight.errors import HindsightError
+from hindsight.lm.rl.credit import Spend, all_prefixes, prefix_pools, step_credit, trace_fields
+from hindsight.rl.sources.base import HACKABLE, UNBIASED
+from hindsight.rl.sources.prediction_powered import allocate, pp_signal, tuned_weight
+
+_SOURCES: dict[str, type] = {}
+
+
+def register_text_source(cls):
+  """Class decorator: makes `cls` (a TextSource) available as config.source = cls.name."""
+  _SOURCES[cls.name] = cls
+  return cls
+
+
+def text_sources() -> list[str]:
+  return list(_SOURCES)
+
+
+def source_class(name: str) -> type:
+  if name not in _SOURCES:
+    raise HindsightError(
+      f"source {name!r} is unknown (the text credit sources: {', '.join(_SOURCES)})"
+    )
+  return _SOURCES[name]
+
+
+@dataclasses.dataclass
+class Signal:
+  """A source's answer for one batch: steps[i] float [T_i] per trace, what it spent, and a
+  record of scalars for the run's log."""
+
+  steps: list[np.ndarray]
+  spend: Spend
+  record: dict = dataclasses.field(default_factory=dict)
+
+
+class TextSource:
+  """The protocol: signal(state, rollouts, key) -> Signal (state: the policy's current
+  parameters); predict(rollouts) -> per-trace predicted credit [T_i] (None: no model);
+  `setup` the Spend of its models (charged to every run that uses them)."""
+
+  name = ""
+  summary = ""
+  unbiased = True
+  learned = False
+  standardised = False  # its signal is standardised already (no grpo.normalize on top)
+
+  def __init__(self, ctx):
+    self.ctx = ctx
+
+  @property
+  def setup(self) -> Spend:
+    return Spend()
+
+  @property
+  def consequence(self) -> str:
+    return UNBIASED if self.unbiased else HACKABLE
+
+  def signal(self, state, rollouts, key) -> Signal:
+    raise NotImplementedError
+
+  def predict(self, rollouts) -> list[np.ndarray] | None:
+    return None
+
+
+def _per_step(rollouts, values) -> list[np.ndarray]:
+  pairs = zip(rollouts.completions, values, strict=True)
+  return [np.full(c.num_steps, float(v), np.float32) for c, v in pairs]
+
+
+@register_text_source
+class Outcome(TextSource):
+  name = "outcome"
+  summary = "GRPO: the group-standardised reward on every token"
+  standardised = True
+
+  def signal(self, state, rollouts, key):
+    adv = compute_advantages(rollouts.rewards.astype(np.float64), int(self.ctx.config.grpo.group))
+    return Signal(_per_step(rollouts, adv), Spend())
+
+
+@register_text_source
+class MonteCarloCredit(TextSource):
+  name = "mc_credit"
+  summary = "each step's credit under the current policy, K continuations per prefix"
+
+  def signal(self, state, rollouts, key):
+    ctx = self.ctx
+    pools, spend = ctx.pools(state, rollouts, all_prefixes(rollouts),
+                             int(ctx.config.label.num_rollouts), key)  # fmt: skip
+    steps = []
+    for i, c in enumerate(rollouts.completions):
+      credit = trace_fields(pools, i, c.num_steps, rollouts.rewards[i])["credit"]
+      steps.append(np.where(np.isfinite(credit), credit, 0.0).astype(np.float32))
+    return Signal(steps, spend)
+
+
+class _Modelled(TextSource):
+  learned = True
+
+  @property
+  def setup(self) -> Spend:
+    return self.ctx.models().spend_for(self.name)
+
+
+@register_text_source
+class ProcessReward(_Modelled):
+  name = "prm"
+  summary = "the PRM's increments p(x_{t+1}) - p(x_t)"
+  unbiased = False
+
+  def signal(self, state, rollouts, key):
+    return Signal(self.predict(rollouts), Spend())
+
+  def predict(self, rollouts):
+    return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
+
+
+@register_text_source
+class Shaped(_Modelled):
+  name = "shaped"
+  summary = "R - p(x_t): the PRM as a shaping potential"
+
+  def signal(self, state, rollouts, key):
+    values = self.ctx.models().prm_values(rollouts)
+    pairs = zip(values, rollouts.rewards, strict=True)
+    return Signal([(r - p[:-1]).astype(np.float32) for p, r in pairs], Spend())
+
+  def predict(self, rollouts):
+    return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
+
+
+def padded(values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+  """(x float32 [E, T_max], mask bool [E, T_max]) of per-trace arrays."""
+  T = max(len(v) for v in values)
+  x = np.zeros((len(values), T), np.float32)
+  mask = np.zeros((len(values), T), bool)
+  for i, v in enumerate(values):
+    x[i, : len(v)], mask[i, : len(v)] = v, True
+  return x, mask
+
+
+@register_text_source
+class PredictionPoweredCredit(_Modelled):
+  name = "pp_credit"
+  summary = "the credit head on every step, MC credit on the pp.rho it is least sure of"
+
+  def signal(self, state, rollouts, key):
+    ctx, pp = self.ctx, self.ctx.config.pp
+    values = ctx.models().credit_values(rollouts)
+    f, mask = padded([v[0] for v in values])
+    s, _ = padded([v[1] for v in values])
+    score = np.sqrt(np.square(s) + np.square(f))  # Neyman: the rectifier's sd at lam = 0
+    p = np.asarray(allocate(jnp.asarray(score), jnp.asarray(mask), float(pp.rho),
+                            float(pp.p_min)))  # fmt: skip
+    k_z, k_label = jax.random.split(key)
+    z = np.asarray(jax.random.bernoulli(k_z, p)) & mask
+    T = [c.num_steps for c in rollouts.completions]
+    wanted = set()
+    for i, t in zip(*np.nonzero(z), strict=True):
+      wanted.add((int(i), int(t)))
+      if t + 1 < T[i]:
+        wanted.add((int(i), int(t) + 1))
+    pools, spend = ctx.pools(state, rollouts, sorted(wanted), int(ctx.config.label.num_rollouts),
+                             k_label)  # fmt: skip
+    d = np.zeros_like(f)
+    for i, t in zip(*np.nonzero(z), strict=True):
+      d[i, t] = step_credit(pools, int(i), int(t), T[i], rollouts.rewards[i])
+    E = len(T)
+    if float(pp.lam) >= 0:
+      lam = np.full((E, 1), float(pp.lam), np.float32)
+    else:  # cross-fitted: even traces take the odd ones' weight and the reverse
+      even = (np.arange(E) % 2 == 0)[:, None]
+      args = (jnp.asarray(f), jnp.asarray(d), jnp.asarray(z), jnp.asarray(p))
+      lam_even = np.asarray(tuned_weight(*args, jnp.asarray(~even)))
+      lam_odd = np.asarray(tuned_weight(*args, jnp.asarray(even)))
+      lam = np.where(even, lam_even, lam_odd).astype(np.float32)
+    adv = np.asarray(pp_signal(f, d, z, p, lam, mask))
+    labelled = z.sum()
+    record = {"label_share": float(labelled / max(mask.sum(), 1)),
+              "lam": float(np.broadcast_to(lam, mask.shape)[mask].mean())}  # fmt: skip
+    if labelled >= 2:
+      resid, dz = (d - f)[z], d[z]
+      record["explained_variance"] = float(1 - resid.var() / max(dz.var(), 1e-12))
+    return Signal([adv[i, : T[i]] for i in range(E)], spend, record)
+
+  def predict(self, rollouts):
+    return [f for f, _ in self.ctx.models().credit_values(rollouts)]
+
+
+def prefix_pools_of(ctx):
+  """ctx.pools: prefix_pools with the run's sampler, tokenizer, verifier and budget."""
+
+  def pools(state, rollouts, wanted, K, key):
+    return prefix_pools(ctx.sampler, state, rollouts, wanted, K, int(ctx.config.grpo.max_tokens),
+                        key, ctx.tokenizer, ctx.verify)  # fmt: skip
+
+  return pools

@@ -1,0 +1,281 @@
+"""GRPO of a language model on per-step credit (`hindsight rl --config rl_text`): the
+per-token advantage, one update's direction, the experiment's files, resuming, and the trained
+policy reloaded and sampled by a loop of this file's own."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from hindsight.config_io import load_config
+from hindsight.model.encoders.tokenizer import bytes_tokenizer, train_bpe
+from hindsight.text import world
+from hindsight.text.trace import chunk_text
+from hindsight.text.verify import last_boxed, same_answer
+from tests.conftest import assert_one_line_error, run_cli
+
+# One worker holds the small policy LM and the experiment trained from it.
+pytestmark = pytest.mark.xdist_group("rl_text")
+SOURCES = ("outcome", "mc_credit", "pp_credit", "prm", "shaped")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+  """The smoke config's policy LM (`rl_text:smoke`'s lm_train), trained once."""
+  from hindsight.lm.rl.trainer import policy_lm
+
+  out = str(tmp_path_factory.mktemp("rl_text_lm"))
+  return policy_lm(load_config("rl_text:smoke"), out)
+
+
+@pytest.fixture(scope="module")
+def experiment(policy, tmp_path_factory):
+  """Every source on the smoke config, through the CLI (in process), measured at updates 0
+  and 2."""
+  out = tmp_path_factory.mktemp("rl_text") / "exp"
+  proc = run_cli("rl", "--config", "rl_text:smoke", "--sources", ",".join(SOURCES),
+                 "--workdir", out, f"--config.lm={policy}", "--config.eval.every=2")  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  return str(out)
+
+
+# -- the per-token advantage -----------------------------------------------------------------
+
+
+def test_each_steps_signal_lands_on_exactly_its_tokens():
+  from hindsight.lm.rl.grpo import token_advantages
+  from hindsight.lm.rl.rollout import split_steps
+
+  steps = ["Reading the first label, box one holds 2. ", "Let me double-check. ",
+           "So the answer is \\boxed{6}."]  # fmt: skip
+  text = "".join(steps)
+  # Bytes: one token per character, so the split is read off the characters by hand.
+  tok = bytes_tokenizer()
+  ids = np.concatenate([tok.encode(text), [1]])  # EOS
+  got_text, got_steps, token_step = split_steps(tok, ids, (1,))
+  assert got_text == text and got_steps == steps
+  by_hand = np.concatenate([np.full(len(s), i) for i, s in enumerate(steps)] + [[2]])
+  np.testing.assert_array_equal(token_step, by_hand)
+  signal = np.array([0.5, -1.0, 2.0], np.float32)
+  np.testing.assert_array_equal(token_advantages(signal, token_step), signal[by_hand])
+  # BPE: a word's leading space is one token with the word (" Let", " So"), so by hand the
+  # tokens of step s are those of its text with the space moved from its end to the next
+  # step's start.
+  bpe = train_bpe([t.completion() for t in world.sample_traces(0, 200)] + [text], 512)
+  assert len(bpe.encode(" Let")) == len(bpe.encode(" So")) == 1
+  ids = np.concatenate([bpe.encode(text), [1]])
+  pieces = [steps[0].rstrip(), " " + steps[1].strip(), " " + steps[2].strip()]
+  by_hand = [bpe.encode(p) for p in pieces]
+  np.testing.assert_array_equal(ids[:-1], np.concatenate(by_hand))
+  _, got_steps, token_step = split_steps(bpe, ids, (1,))
+  assert got_steps == steps
+  expected = np.concatenate([np.full(len(x), i) for i, x in enumerate(by_hand)] + [[2]])
+  np.testing.assert_array_equal(token_step, expected)
+  np.testing.assert_array_equal(token_advantages(signal, token_step), signal[expected])
+
+
+# -- one update ------------------------------------------------------------------------------
+
+
+class _Stub:
+  """A source whose signal is +1 on step `k` of every trace, 0 elsewhere (or 0 everywhere)."""
+
+  name, learned, standardised = "stub", False, False
+
+  def __init__(self, k):
+    self.k = k
+
+  def signal(self, state, rollouts, key):
+    from hindsight.lm.rl.credit import Spend
+    from hindsight.lm.rl.sources import Signal
+
+    steps = [np.zeros(c.num_steps, np.float32) for c in rollouts.completions]
+    if self.k is not None:
+      for s in steps:
+        s[min(self.k, len(s) - 1)] = 1.0
+    return Signal(steps, Spend())
+
+
+def _step_logps(ctx, state, ro, batch, k) -> float:
+  """Sum over the batch of the log-probability of step k's tokens under `state`."""
+  from tunix.rl import common
+
+  logps = np.asarray(common.compute_per_token_logps(
+    ctx.lm.graphdef, state, jnp.asarray(batch["prompt_ids"]), jnp.asarray(batch["completion_ids"]),
+    pad_id=ctx.lm.cfg.pad_id, eos_id=ctx.lm.cfg.eos_ids[0],
+  ))  # fmt: skip
+  total = 0.0
+  for i, c in enumerate(ro.completions):
+    total += logps[i, : len(c.ids)][c.token_step == min(k, c.num_steps - 1)].sum()
+  return total
+
+
+def test_a_stub_source_raises_its_steps_log_probability_and_a_zero_source_moves_nothing(
+  policy, tmp_path
+):
+  from hindsight.lm.rl.context import Context
+  from hindsight.lm.rl.grpo import make_learner
+  from hindsight.lm.rl.trainer import update_batch
+  from hindsight.lm.train import load_lm
+
+  config = load_config("rl_text:smoke", [f"lm={policy}", "grpo.prompts=4", "grpo.group=4"])
+  lm = load_lm(policy)
+  ctx = Context(config, lm, str(tmp_path))
+  learner = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
+  parts = learner.init(lm.state)
+  key = jax.random.key(3)
+  ro, _, batch = update_batch(ctx, _Stub(1), lm.state, key, 0, 0)
+  assert sum(len(c.ids) for c in ro.completions) == batch["completion_mask"].sum()
+  before = _step_logps(ctx, lm.state, ro, batch, 1)
+  after_parts, _ = learner.update(parts, batch)
+  after = _step_logps(ctx, after_parts["model"], ro, batch, 1)
+  assert after > before + 1e-3, (before, after)
+  # The same batch, signal 0 everywhere, the KL term off (its k3 estimator's gradient at the
+  # starting policy is 0 only up to the rounding of two forwards, which Adam scales up; the
+  # loss has no entropy term): not one weight moves.
+  _, _, zero = update_batch(ctx, _Stub(None), lm.state, key, 0, 0)
+  assert not np.any(zero["advantages"])
+  config.grpo.beta = 0.0
+  plain = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
+  still, _ = plain.update(plain.init(lm.state), zero)
+  for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(still["model"])),
+                  jax.tree.leaves(nnx.to_pure_dict(lm.state)), strict=True):  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# -- the experiment --------------------------------------------------------------------------
+
+
+def test_the_experiment_writes_its_table_plots_and_every_sources_cost(experiment):
+  with open(os.path.join(experiment, "results.json")) as f:
+    results = json.load(f)
+  with open(os.path.join(experiment, "table.md")) as f:
+    table = f.read()
+  for name in ("curves.png", "budget.png"):
+    assert os.path.getsize(os.path.join(experiment, name)) > 10_000
+  runs = results["sources"]
+  assert set(runs) == set(SOURCES)
+  for name in SOURCES:
+    assert f"| {name} |" in table
+    curve = runs[name]["curve"]
+    assert [p["update"] for p in curve] == [0, 2]
+    # Seed i of every source draws the same prompts: the same start at update 0.
+    for s, o in zip(curve[0]["seeds"], runs["outcome"]["curve"][0]["seeds"], strict=True):
+      assert (s["success"], s["tokens"], s["length"]) == (o["success"], o["tokens"], o["length"])
+    for p in curve:
+      assert len(p["seeds"]) == 2 and all(0 <= s["success"] <= 1 for s in p["seeds"])
+  spent = {n: runs[n]["seeds"][0]["credit_env_steps"] for n in SOURCES}
+  setup = runs["prm"]["setup"]["completions"]
+  assert spent["outcome"] == 0 and spent["prm"] == spent["shaped"] == setup == 8
+  # mc_credit draws K = 2 continuations at every step's prefix of its training traces;
+  # pp_credit at a share of them, on top of the models' data and labels.
+  steps = sum(u["steps"] for u in runs["mc_credit"]["updates_log"][0])
+  assert spent["mc_credit"] == 2 * steps > 0
+  pp_setup = runs["pp_credit"]["setup"]["completions"]
+  assert pp_setup > setup and spent["pp_credit"] - pp_setup < spent["mc_credit"]
+  assert "mc_credit minus outcome, paired by seed" in table
+  # The learned sources are held against the reference per sentence class.
+  for name in ("pp_credit", "prm", "shaped"):
+    drift = runs[name]["seeds"][0]["drift"]
+    assert drift["mae"] is not None and drift["tags"]
+  assert "Mean gap to the reference" in table
+
+
+def test_the_trained_policy_sampled_by_this_loop_reproduces_results_json(experiment):
+  """Each seed's last-point success, tokens and steps per trace, against 96 fresh prompts
+  completed by the trained policy through a plain loop: the forward on the whole sequence at
+  every token, a categorical draw, EOS or the budget ends it."""
+  from hindsight.lm import backbone
+  from hindsight.lm.rl.trainer import load_policy
+  from hindsight.lm.train import load_lm
+
+  run = os.path.join(experiment, "outcome")
+  with open(os.path.join(run, "results.json")) as f:
+    results = json.load(f)
+  start = load_lm(results["config"]["lm"])
+  for seed, reported in enumerate(results["seeds"]):
+    lm, config = load_policy(run, seed)
+    # the trained weights, not the start's
+    moved = [not np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(nnx.to_pure_dict(lm.state)), jax.tree.leaves(nnx.to_pure_dict(start.state)),
+      strict=True)]  # fmt: skip
+    assert any(moved)
+    budget, n = int(config.grpo.max_tokens), 96
+    problems = world.problems(10_000 + seed, n, tuple(lm.record["counts"]))
+    prompts = [lm.tokenizer.encode(p.prompt(), start=True) for p in problems]
+    P = max(len(p) for p in prompts)
+    seq = np.zeros((n, P + budget), np.int32)
+    pos = np.array([len(p) for p in prompts])
+    for i, p in enumerate(prompts):
+      seq[i, : len(p)] = p
+
+    def last_logits(state, s, at, graphdef=lm.graphdef, cfg=lm.cfg):
+      return backbone.forward(nnx.merge(graphdef, state), cfg, s)[0][jnp.arange(len(at)), at]
+
+    logits_at = jax.jit(last_logits, static_argnames=("graphdef", "cfg"))
+
+    done, count = np.zeros(n, bool), np.zeros(n, int)
+    key = jax.random.key(seed)
+    for j in range(budget):
+      logits = logits_at(lm.state, jnp.asarray(seq), jnp.asarray(pos - 1))
+      token = np.asarray(jax.random.categorical(jax.random.fold_in(key, j), logits))
+      live = ~done
+      seq[np.flatnonzero(live), pos[live]] = token[live]
+      pos, count = pos + live, count + live
+      done |= live & np.isin(token, lm.cfg.eos_ids)
+      if done.all():
+        break
+    success, tokens, steps = [], count, []
+    for i, p in enumerate(problems):
+      words = [t for t in seq[i, len(prompts[i]) : pos[i]] if t not in lm.cfg.eos_ids]
+      text = lm.tokenizer.decode(words)
+      success.append(same_answer(last_boxed(text), str(p.total)))
+      steps.append(len(chunk_text(text)) if text.strip() else 1)
+    m = int(config.eval.prompts)
+    p = (np.sum(success) + reported["success"] * m) / (n + m)
+    binomial = np.sqrt(max(p * (1 - p), 1 / (n + m)) * (1 / n + 1 / m))
+    assert abs(np.mean(success) - reported["success"]) <= 4 * binomial, seed
+    for ours, theirs in ((tokens, reported["tokens"]), (steps, reported["length"])):
+      se = np.std(ours, ddof=1) * np.sqrt(1 / n + 1 / m)
+      assert abs(np.mean(ours) - theirs) <= 4 * se + 1e-9, (seed, np.mean(ours), theirs)
+
+
+def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path):
+  """A run stopped after its first update's checkpoint (the same config with one update),
+  then rerun with two, ends where one uninterrupted two-update run ends: the same points and
+  bitwise the same parameters (every key is of the seed and the update)."""
+  from hindsight.lm.rl.trainer import load_policy, train_and_evaluate
+
+  shared = [f"lm={policy}", "num_seeds=1", "source=mc_credit"]
+  whole = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "whole"))
+  train_and_evaluate(load_config("rl_text:smoke", [*shared, "grpo.updates=1"]),
+                     str(tmp_path / "cut"))  # fmt: skip
+  cut = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "cut"))
+  assert cut["curve"] == whole["curve"] and cut["updates_log"] == whole["updates_log"]
+  a, _ = load_policy(str(tmp_path / "whole"))
+  b, _ = load_policy(str(tmp_path / "cut"))
+  for x, y in zip(jax.tree.leaves(nnx.to_pure_dict(a.state)),
+                  jax.tree.leaves(nnx.to_pure_dict(b.state)), strict=True):  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_bad_rl_text_input_is_one_line(policy, tmp_path):
+  proc = run_cli("rl", "--config", "rl_text:smoke", "--workdir", tmp_path / "a",
+                 f"--config.lm={policy}", "--config.source=vibes")  # fmt: skip
+  assert_one_line_error(proc, "source 'vibes' is unknown", "mc_credit")
+  proc = run_cli("rl", "--config", "rl_text:smoke", "--workdir", tmp_path / "a",
+                 f"--config.lm={policy}", "--config.grpo.group=1")  # fmt: skip
+  assert_one_line_error(proc, "grpo.group must be >= 2")
+  proc = run_cli("rl", "--config", "rl_text:smoke", "--workdir", tmp_path / "a",
+                 f"--config.lm={tmp_path / 'nothing'}")  # fmt: skip
+  assert_one_line_error(proc, "no language model")
+  missing = tmp_path / "none.jsonl"
+  proc = run_cli("rl", "--config", "rl_text:smoke", "--workdir", tmp_path / "a",
+                 f"--config.lm={policy}", f"--config.prompts={missing}")  # fmt: skip
+  assert_one_line_error(proc, "none.jsonl: cannot read it")
