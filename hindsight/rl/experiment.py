@@ -167,7 +167,8 @@ def chunk_means(result: dict) -> dict:
   return out
 
 
-def _ci(v, fmt=".3f") -> str:
+def ci_text(v, fmt=".3f") -> str:
+  """(mean, lo, hi) as "m [lo, hi]" in `fmt`; "n/a" for None."""
   if v is None:
     return "n/a"
   m, lo, hi = v
@@ -205,17 +206,17 @@ def markdown(
   voided, notes = [], []
   for name, r in rows.items():
     undetermined = r["undetermined"][0] if r["undetermined"] else 0.0
-    decorative = _ci(r["decorative"])
+    decorative = ci_text(r["decorative"])
     if not planted and undetermined > UNDETERMINED_WARNING:
       decorative = f"n/a (undetermined {undetermined:.2f})"
       voided.append(name)
-    drift = _ci(r["drift"], "+.3f") if r["drift"] else ""
+    drift = ci_text(r["drift"], "+.3f") if r["drift"] else ""
     rho = ""
     if r["drift"]:
       # undefined in every seed: results.json's spearman_note says why
-      rho = _ci(r["spearman"]) if r["spearman"] else "n/a (undefined: see spearman_note)"
+      rho = ci_text(r["spearman"]) if r["spearman"] else "n/a (undefined: see spearman_note)"
     lines.append(
-      f"| {name} | {_ci(r['success'])} | {_ci(r['length'], '.2f')} | {decorative} "
+      f"| {name} | {ci_text(r['success'])} | {ci_text(r['length'], '.2f')} | {decorative} "
       f"| {r['collapsed']}/{seeds} | {r['policy_env_steps']:.3g} | {r['credit_env_steps']:.3g} "
       f"| {r['amortised_credit_env_steps']:.3g} | {r['wall_seconds']:.0f} "
       f"| {r['policy_steps_per_second']:.3g} | {drift} | {rho} |"
@@ -262,9 +263,9 @@ def markdown(
               "| source | labelled share | explained variance | lam | rectifier share "
               "| label-noise share |", "|---|---|---|---|---|---|"]  # fmt: skip
     for n, r in own.items():
-      lines.append(f"| {n} | {_ci(r['label_share'])} | {_ci(r.get('explained_variance'))} "
-                   f"| {_ci(r.get('lam'))} | {_ci(r.get('rectifier_share'))} "
-                   f"| {_ci(r.get('noise_share'))} |")  # fmt: skip
+      lines.append(f"| {n} | {ci_text(r['label_share'])} | {ci_text(r.get('explained_variance'))} "
+                   f"| {ci_text(r.get('lam'))} | {ci_text(r.get('rectifier_share'))} "
+                   f"| {ci_text(r.get('noise_share'))} |")  # fmt: skip
   if notes:
     lines += ["", "Warnings:", *notes]
   return "\n".join(lines) + "\n"

@@ -12,10 +12,9 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 from hindsight.files import atomic_open
-from hindsight.lm.rl.credit import Spend, all_prefixes, trace_fields
+from hindsight.lm.rl.credit import Spend, all_prefixes, prefix_pools, trace_fields
 from hindsight.lm.rl.models import PRM, CreditHead, Features
 from hindsight.lm.rl.rollout import PolicySampler, Prompt, rollout
-from hindsight.lm.rl.sources import prefix_pools_of
 from hindsight.text.trace import TextTrace, read_traces
 from hindsight.text.verify import load_verifier
 
@@ -99,13 +98,17 @@ class Context:
     self.sampler = PolicySampler(lm.graphdef, lm.cfg, float(config.grpo.temperature))
     self.verify = load_verifier(config.verifier)
     self.prompts = Prompts(config.prompts, lm)
-    self.pools = prefix_pools_of(self)
     self.root = jax.random.key(int(config.seed))
     self._models = None
 
   def rollout(self, state, prompts, key):
     return rollout(self.sampler, state, prompts, int(self.config.grpo.max_tokens), key,
                    self.tokenizer, self.verify)  # fmt: skip
+
+  def pools(self, state, rollouts, wanted, K: int, key):
+    """`credit.prefix_pools` with the run's sampler, budget, tokenizer and verifier."""
+    return prefix_pools(self.sampler, state, rollouts, wanted, K, int(self.config.grpo.max_tokens),
+                        key, self.tokenizer, self.verify)  # fmt: skip
 
   def models(self) -> Models:
     if self._models is None:

@@ -23,6 +23,7 @@ import numpy as np
 from hindsight.rl.experiment import (
   COLLAPSE_DROP,
   check_sources,
+  ci_text,
   collapsed,
   curves,
   mean_ci,
@@ -85,13 +86,6 @@ def paired(results: dict, a: str, b: str, measure: str):
   return mean_ci(x)
 
 
-def _ci(v, fmt=".3f") -> str:
-  if v is None:
-    return "n/a"
-  m, lo, hi = v
-  return f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
-
-
 def answer(results: dict, rows: dict) -> list[str]:
   """The question's answer in lines: mc_credit against outcome, paired by seed, and how each
   learned source stands against mc_credit's length and cost."""
@@ -101,7 +95,7 @@ def answer(results: dict, rows: dict) -> list[str]:
               ""]  # fmt: skip
     for m, fmt in (("tokens", ".1f"), ("length", ".2f"), ("decorative", ".3f"),
                    ("success", ".3f")):  # fmt: skip
-      lines.append(f"- {m}: {_ci(paired(results, 'mc_credit', 'outcome', m), fmt)}")
+      lines.append(f"- {m}: {ci_text(paired(results, 'mc_credit', 'outcome', m), fmt)}")
     lo, hi = rows["outcome"]["success"][1:]
     inside = lo <= rows["mc_credit"]["success"][0] <= hi
     where = "inside" if inside else "outside"
@@ -145,12 +139,13 @@ def markdown(rows: dict, results: dict, start: dict, seeds: int, command: str) -
   notes = []
   for n, r in rows.items():
     lines.append(
-      f"| {n} | {_ci(r['success'])} | {_ci(r['tokens'], '.1f')} | {_ci(r['length'], '.2f')} "
-      f"| {_ci(r['decorative'])} | {_ci(r['recovered'], '.2f')} | {r['collapsed']}/{seeds} "
+      f"| {n} | {ci_text(r['success'])} | {ci_text(r['tokens'], '.1f')} "
+      f"| {ci_text(r['length'], '.2f')} "
+      f"| {ci_text(r['decorative'])} | {ci_text(r['recovered'], '.2f')} | {r['collapsed']}/{seeds} "
       f"| {r['policy_completions']:.0f} | {r['credit_completions']:.0f} "
       f"| {r['amortised_completions']:.0f} | {r['credit_tokens']:.3g} | {r['wall_seconds']:.0f} "
-      f"| {_ci(r['gap'], '+.3f') if r['gap'] else ''} "
-      f"| {_ci(r['spearman']) if r['spearman'] else ''} |"
+      f"| {ci_text(r['gap'], '+.3f') if r['gap'] else ''} "
+      f"| {ci_text(r['spearman']) if r['spearman'] else ''} |"
     )
     notes += [f"- {n}: {m}" for m in r["warnings"].values()]
   lines += answer(results, rows)

@@ -91,9 +91,6 @@ class Learner:
     """The shape of `init(state)` (a checkpoint's restore target)."""
     return nnx.state(nnx.eval_shape(lambda: self.parts(state)))
 
-  def model_state(self, parts_state) -> nnx.State:
-    return parts_state["model"]
-
   def _step(self, parts_state, batch):
     parts = nnx.merge(self._graphdef, parts_state)
     ref = common.compute_per_token_logps(

@@ -28,7 +28,7 @@ import numpy as np
 from tunix.rl.algo_core import compute_advantages
 
 from hindsight.errors import HindsightError
-from hindsight.lm.rl.credit import Spend, all_prefixes, prefix_pools, step_credit, trace_fields
+from hindsight.lm.rl.credit import Spend, all_prefixes, step_credit, trace_fields
 from hindsight.rl.sources.base import HACKABLE, UNBIASED
 from hindsight.rl.sources.prediction_powered import allocate, pp_signal, tuned_weight
 
@@ -132,8 +132,15 @@ class _Modelled(TextSource):
     return self.ctx.models().spend_for(self.name)
 
 
+class _PRMSource(_Modelled):
+  """A source of the PRM: the credit it predicts is the PRM's increments."""
+
+  def predict(self, rollouts):
+    return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
+
+
 @register_text_source
-class ProcessReward(_Modelled):
+class ProcessReward(_PRMSource):
   name = "prm"
   summary = "the PRM's increments p(x_{t+1}) - p(x_t)"
   unbiased = False
@@ -141,12 +148,9 @@ class ProcessReward(_Modelled):
   def signal(self, state, rollouts, key):
     return Signal(self.predict(rollouts), Spend())
 
-  def predict(self, rollouts):
-    return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
-
 
 @register_text_source
-class Shaped(_Modelled):
+class Shaped(_PRMSource):
   name = "shaped"
   summary = "R - p(x_t): the PRM as a shaping potential"
 
@@ -154,9 +158,6 @@ class Shaped(_Modelled):
     values = self.ctx.models().prm_values(rollouts)
     pairs = zip(values, rollouts.rewards, strict=True)
     return Signal([(r - p[:-1]).astype(np.float32) for p, r in pairs], Spend())
-
-  def predict(self, rollouts):
-    return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
 
 
 def padded(values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -215,13 +216,3 @@ class PredictionPoweredCredit(_Modelled):
 
   def predict(self, rollouts):
     return [f for f, _ in self.ctx.models().credit_values(rollouts)]
-
-
-def prefix_pools_of(ctx):
-  """ctx.pools: prefix_pools with the run's sampler, tokenizer, verifier and budget."""
-
-  def pools(state, rollouts, wanted, K, key):
-    return prefix_pools(ctx.sampler, state, rollouts, wanted, K, int(ctx.config.grpo.max_tokens),
-                        key, ctx.tokenizer, ctx.verify)  # fmt: skip
-
-  return pools
