@@ -178,11 +178,11 @@ def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:
   from hindsight.text.trace import chunk_text
 
   options = TextOptions(endpoint=url, model=world.MODEL_NAME)
-  labeler = TextLabeler(f"text:{prompts}", traces, LabelConfig(num_rollouts=16), options, 0)
+  labeler = TextLabeler(f"text:{prompts}", traces, LabelConfig(num_rollouts=16), options)
   labeler.open(cache)
   plain_err, strat_err, shares = [], [], []
   requests_before = labeler.client.stats.requests
-  for found in labeler.resamples(0, traces):
+  for found in labeler.resamples(0, traces, seed=0):  # the part 4 job's seed
     trace, pools, outcomes, R = found.trace, found.pools, found.outcomes, found.outcome
     T = len(trace.steps)
     truth = exact_labels({"prompt": trace.prompt, "step_text": [s.text for s in trace.steps]},

@@ -16,6 +16,8 @@ _plugins.declare("text", "hindsight.text.plugin")
 # The step encoder on a language model's backbone (the llm extra): loaded when a config or a
 # checkpoint names the kind `lm_backbone`.
 _plugins.declare("lm_backbone", "hindsight.lm.credit_encoder", on_demand=True)
+# A language model's RL runs (the llm extra): `hindsight.rl.load_policy` of a run of kind `lm`.
+_plugins.declare("lm", "hindsight.lm.rl.trainer", on_demand=True)
 
 # Name -> the module that defines it. Loaded on first use (PEP 562), so `import hindsight`
 # (and the CLI, which imports it) does not pay for TFDS, orbax and matplotlib up front.

@@ -9,7 +9,6 @@ import json
 import os
 import sys
 
-import jax
 from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError, make_dir
@@ -194,5 +193,6 @@ def check_workdir(config: ConfigDict, workdir: str, launch_fields=()) -> None:
 
 
 def _process_index() -> int:
+  import jax  # here: the CLI's parser lists the shipped configs without starting JAX
 
   return jax.process_index()

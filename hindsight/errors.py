@@ -3,7 +3,8 @@
 Every user-facing mistake (a malformed file, a config that does not fit, a request that
 cannot be served) raises `HindsightError` with a one-line message naming what is wrong.
 Programs run their work through `report_errors`, which turns it (and the filesystem's
-refusals, OSError) into `PROG: error: <message>` and exit code 2, never a traceback.
+refusals, OSError) into `PROG: error: <message>` and exit code 2, never a traceback; servers
+answer it as a 4xx with `error_body`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,19 @@ class HindsightError(ValueError):
 def one_line(message: object) -> str:
   """Any message folded into one line (third-party messages can span several)."""
   return " ".join(str(message).split())
+
+
+# OpenAI's error type of each status every server here answers with.
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "NotFoundError", 409: "conflict_error",
+               413: "request_too_large", 503: "service_unavailable"}  # fmt: skip
+
+
+def error_body(status: int, message: str, kind: str | None = None) -> dict:
+  """The JSON body of a refused request, OpenAI's shape (vLLM's and every server of this
+  package): {"error": {"message": one line, "type", "param": null, "code": status}}."""
+  kind = kind or ERROR_TYPES.get(status, "internal_server_error" if status >= 500 else "error")
+  return {"error": {"message": one_line(message), "type": kind, "param": None, "code": status}}
 
 
 def note(message: str) -> None:

@@ -80,15 +80,24 @@ class Registry(dict):
 
 
 def import_function(spec: str, flag: str):
-  """(module, FN) of `flag MODULE:FN`; a one-line error if either cannot be had."""
+  """(module, FN) of `flag MODULE:FN`; a one-line error if either cannot be had. MODULE is
+  imported from the Python path with the working directory first on it (as `python -m`
+  does): a `myverify.py` beside the command is found without PYTHONPATH."""
+  import os
+  import sys
+
   module_name, _, name = spec.partition(":")
   if not module_name or not name:
     raise HindsightError(f"{flag} {spec}: expected MODULE:FN")
+  here = os.getcwd()
+  if here not in sys.path and "" not in sys.path:
+    sys.path.insert(0, here)
   try:
     module = importlib.import_module(module_name)
     fn = getattr(module, name)
   except (ImportError, AttributeError, ValueError) as e:
-    raise HindsightError(f"{flag} {spec}: cannot load it ({e})") from None
+    where = f"; MODULE is looked up in {here} and on PYTHONPATH" * isinstance(e, ImportError)
+    raise HindsightError(f"{flag} {spec}: cannot load it ({e}{where})") from None
   if not callable(fn):
     raise HindsightError(f"{flag} {spec}: not callable")
   return module, fn

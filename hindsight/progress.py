@@ -15,16 +15,19 @@ class CompileAwareBar(tqdm):
   update the description says "(compiling)" and no rate or ETA is shown; from then on the
   rate is the average over what followed (smoothing 0: steady work, and no moving average
   that remembers the compile). The elapsed clock runs from the start, compile included.
+  `compiles=False`: the description never says "(compiling)" (the rate still counts from the
+  first update).
   """
 
-  def __init__(self, *args, desc: str = "", **kwargs):
+  def __init__(self, *args, desc: str = "", compiles: bool = True, **kwargs):
     kwargs.setdefault("smoothing", 0.0)
     # The terminal's width at every refresh: a line wider than the terminal wraps, and the
     # next refresh rewrites only its last row (two interleaved copies of the bar).
     kwargs.setdefault("dynamic_ncols", True)
     self._plain_desc = desc
     self._origin: tuple[float, float] | None = None  # (n, time) the rate counts from
-    super().__init__(*args, desc=f"{desc} (compiling)", **kwargs)
+    # compiles False: work that compiles nothing (requests to a server) is not "compiling".
+    super().__init__(*args, desc=f"{desc} (compiling)" if compiles else desc, **kwargs)
 
   @property
   def format_dict(self):

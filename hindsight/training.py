@@ -53,11 +53,12 @@ from hindsight.data.labels import (
   open_training_labels,
 )
 from hindsight.distributed import CONFIG_NAMES, any_process, check_processes, initialize
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, note
 from hindsight.evaluators.label_fit import summary_text
 from hindsight.files import finished_report, mark_finished, sha256_file, write_json
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
+from hindsight.metrics.drift import MIN_EPISODES as MIN_TEST_EPISODES
 from hindsight.model.batching import (
   BatchPlan,
   EpisodeReader,
@@ -311,6 +312,10 @@ def _load_data(config: ConfigDict, workdir: str) -> _Data:
   reader = EpisodeReader(labels)
   fractions = (config.data.validation_fraction, config.data.test_fraction)
   splits = split_episodes(len(labels), fractions, int(config.seed))
+  if splits["test"].size < MIN_TEST_EPISODES and jax.process_index() == 0:
+    note(f"the test split holds {splits['test'].size} of {len(labels)} episodes: the report's "
+         f"intervals and `hindsight eval` need at least {MIN_TEST_EPISODES} (label more "
+         "episodes or raise --config.data.test_fraction)")  # fmt: skip
   # The step encoder: the data's kind, or the one `data.encoder` names, fitted with the
   # config's options for it (text: `data.tokenizer`, `data.vocab_size`, configs/text.py).
   options = {

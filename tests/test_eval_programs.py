@@ -149,3 +149,56 @@ def test_budget_curve_scores_every_point_against_one_shared_reference(tabular_ru
   assert rows[0]["spearman"] == rows[1]["spearman"] and rows[0]["mae"] == rows[1]["mae"]
   cached = os.listdir(out / "tabular_cache")
   assert sorted(f.split("-")[0] for f in cached) == ["check", "fresh"], cached
+
+
+def test_bench_rl_smoke():
+  out = _run("eval/bench_rl.py", "--config", "configs/rl_reasoning.py:smoke", "--sources",
+             "outcome,mc_credit", "--updates", 1)  # fmt: skip
+  rows = {line.split()[0]: line.split() for line in out.splitlines()
+          if line.split() and line.split()[0] in ("outcome", "mc_credit")}  # fmt: skip
+  assert set(rows) == {"outcome", "mc_credit"}, out
+  assert float(rows["outcome"][1]) > 0 and float(rows["outcome"][2]) == 1.0
+  # Outcome RL branches nothing; MC credit pays credit env steps for every policy step.
+  assert float(rows["outcome"][-1]) == 0 and float(rows["mc_credit"][-1]) > 1
+
+
+@pytest.mark.slow
+def test_bench_text_smoke(tmp_path):
+  """Every part of `eval/bench_text.py`, the language model's endpoint included (a tiny
+  random Qwen2 folder), on its smallest sizes."""
+  from hindsight.lm import backbone, hf
+  from hindsight.lm.config import BackboneConfig
+  from hindsight.model.encoders.tokenizer import train_bpe
+  from hindsight.text import world
+
+  texts = [t.prompt + t.completion() for t in world.sample_traces(0, 50)]
+  cfg = BackboneConfig("qwen2", 300, 32, 1, 4, 2, 8, 48, max_len=1024)
+  folder = hf.write_hf(backbone.build(cfg, jax.random.key(0)), cfg, train_bpe(texts, 300),
+                       str(tmp_path / "lm"))  # fmt: skip
+  out = _run("eval/bench_text.py", "--traces", 2, "--completions", 32, "--lm", folder,
+             "--port", 8137)  # fmt: skip
+  for part in range(1, 7):
+    assert f"\n{part}. " in "\n" + out, (part, out)
+  assert "100.0% from the cache, 0 requests sent" in out
+  # Part 4: a label costs K completions per step, and each prompt's trace one more.
+  table = [line.split() for line in out.split("4. labels")[1].splitlines()[2:4]]
+  for K, steps, completions in ((int(r[0]), int(r[1]), int(r[2])) for r in table):
+    assert completions == K * steps + 2, (K, steps, completions)
+  rows = [line.split() for line in out.split("6. the language")[1].splitlines()[2:5]]
+  assert [int(r[0]) for r in rows] == [1, 16, 64]
+  assert all(float(r[1]) > 0 and 1 <= int(r[3]) <= 64 for r in rows), rows
+
+
+def test_every_make_bench_program_has_a_smoke_test():
+  """A program `make bench` runs that no test runs breaks silently (a signature change)."""
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    recipe = f.read().split("\nbench:")[1].split("\n\n")[0]
+  programs = set(re.findall(r"eval/(\w+)\.py", recipe))
+  assert programs >= {"bench_labeler", "bench_model", "bench_rl", "bench_text", "bench_serve"}
+  tested = ""
+  for name in os.listdir(os.path.join(ROOT, "tests")):
+    if name.startswith("test_") and name.endswith(".py"):
+      with open(os.path.join(ROOT, "tests", name)) as f:
+        tested += f.read()
+  for program in programs:
+    assert f'"eval/{program}.py"' in tested, f"no test runs eval/{program}.py"

@@ -74,7 +74,7 @@ def test_rerun_is_noop_and_other_args_are_refused(tmp_path, mdp_file):
   before = _array_record_bytes(out)
   run_label_job(job, out)  # finished already: nothing to do
   assert _array_record_bytes(out) == before
-  with pytest.raises(HindsightError, match=r"different job \(seed differ\)"):
+  with pytest.raises(HindsightError, match=r"different job \(seed: 1 stored, 2 given\)"):
     run_label_job(
       LabelJob(f"tabular:{mdp_file}", 8, LabelConfig(num_rollouts=4), seed=2, chunk_size=8), out
     )

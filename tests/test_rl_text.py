@@ -192,8 +192,8 @@ def test_the_trained_policy_sampled_by_this_loop_reproduces_results_json(experim
   completed by the trained policy through a plain loop: the forward on the whole sequence at
   every token, a categorical draw, EOS or the budget ends it."""
   from hindsight.lm import backbone
-  from hindsight.lm.rl.trainer import load_policy
   from hindsight.lm.train import load_lm
+  from hindsight.rl import load_policy  # one loader for both trainers
 
   run = os.path.join(experiment, "outcome")
   with open(os.path.join(run, "results.json")) as f:
@@ -244,6 +244,41 @@ def test_the_trained_policy_sampled_by_this_loop_reproduces_results_json(experim
     for ours, theirs in ((tokens, reported["tokens"]), (steps, reported["length"])):
       se = np.std(ours, ddof=1) * np.sqrt(1 / n + 1 / m)
       assert abs(np.mean(ours) - theirs) <= 4 * se + 1e-9, (seed, np.mean(ours), theirs)
+
+
+def test_a_tuned_policy_exports_as_a_hugging_face_folder_of_the_same_model(experiment, tmp_path):
+  from hindsight.lm import backbone
+  from hindsight.lm.train import load_lm
+  from hindsight.rl import load_policy
+
+  run = os.path.join(experiment, "mc_credit")
+  got = run_cli("lm", "export", run, "--out", tmp_path / "hf", "--seed", 1)
+  assert got.returncode == 0, got.stderr
+  tuned, _ = load_policy(run, 1)
+  folder = load_lm(str(tmp_path / "hf"))
+  assert folder.cfg.eos_ids == tuned.cfg.eos_ids
+  prompt = world.problems(3, 1)[0].prompt()
+  # The folder's tokenizer.json reads back as the same tokenizer: same ids, same text.
+  assert folder.tokenizer.encode(prompt, start=True).tolist() == (
+    tuned.tokenizer.encode(prompt, start=True).tolist()
+  )
+  ids = jnp.asarray([tuned.tokenizer.encode(prompt, start=True)])
+  assert folder.tokenizer.decode(ids[0].tolist()) == tuned.tokenizer.decode(ids[0].tolist())
+  a = backbone.forward(tuned.model, tuned.cfg, ids)[0]
+  b = backbone.forward(folder.model, folder.cfg, ids)[0]
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+  # The one-line result says where each measure started and where it ended.
+  from hindsight.lm.rl.trainer import results_text
+
+  with open(os.path.join(run, "results.json")) as f:
+    results = json.load(f)
+  line = results_text(results, run)
+  start = np.mean([s["success"] for s in results["curve"][0]["seeds"]])
+  assert f"success {start:.3f} -> " in line
+  interval = [float(x) for x in line.split("success ")[1].split("[")[1].split("]")[0].split(",")]
+  assert 0.0 <= interval[0] <= interval[1] <= 1.0, line
+  again = run_cli("lm", "export", run, "--out", tmp_path / "hf")
+  assert_one_line_error(again, "exists and is not an empty directory")
 
 
 def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path):

@@ -135,7 +135,7 @@ def test_limits_and_bad_requests_are_4xx_with_a_message(client, episodes):
     (b"not json", 400, "not valid JSON"),
     (json.dumps({"trajectories": []}), 400, "empty"),
     (json.dumps({"trajectories": [good] * 33}), 413, "limit is 32"),
-    (json.dumps({"trajectories": [long]}), 413, "limit is 24"),
+    (json.dumps({"trajectories": [long]}), 413, "limit is 24 (`hindsight serve --max-steps N`"),
     (json.dumps({"trajectories": [dict(good, actions=good["actions"][:-1])]}), 400, "per action"),
     (json.dumps({"trajectories": [dict(good, rewards=["x"] * len(good["rewards"]))]}), 400, ""),
     (json.dumps({"trajectories": [{"actions": [1]}]}), 400, "missing field"),
@@ -143,13 +143,13 @@ def test_limits_and_bad_requests_are_4xx_with_a_message(client, episodes):
   for body, status, fragment in cases:
     r = client.post("/v1/credit", content=body)
     assert r.status_code == status, (body[:80], r.text)
-    assert fragment in r.json()["error"]
+    assert fragment in r.json()["error"]["message"]
   big = ServeConfig(checkpoint="x").max_body_bytes + 1
   r = client.post("/v1/credit", content=b" " * big)
-  assert r.status_code == 413 and "the body has" in r.json()["error"]
+  assert r.status_code == 413 and "the body has" in r.json()["error"]["message"]
   # Streamed (chunked, no Content-Length): refused once what arrived passes the limit.
   r = client.post("/v1/credit", content=iter([b" " * (1 << 20)] * 9))
-  assert r.status_code == 413 and "exceeds the limit" in r.json()["error"], r.text
+  assert r.status_code == 413 and "exceeds the limit" in r.json()["error"]["message"], r.text
   metrics = client.get("/metrics").text
   assert 'hindsight_requests_total{code="413",route="credit"}' in metrics
   assert "hindsight_request_seconds_bucket" in metrics and "hindsight_batch_trajectories" in metrics
@@ -191,7 +191,7 @@ def test_fuzzed_bodies_never_5xx(client, body):
   r = client.post("/v1/credit", content=json.dumps(body, allow_nan=True))
   assert r.status_code < 500, (body, r.text)
   if r.status_code != 200:
-    assert r.json()["error"]
+    assert r.json()["error"]["message"]
 
 
 def test_still_serving_after_the_fuzz(client, episodes):
@@ -234,7 +234,7 @@ def test_hot_reload_under_load_drops_nothing_and_a_damaged_one_is_refused(client
     shutil.copytree(os.path.join(run, "checkpoints"), os.path.join(damaged, "checkpoints"))
     flip_byte_in_largest_file(os.path.join(damaged, "checkpoints", str(old.step)))
     r = client.post("/v1/reload", json={"checkpoint": damaged, "step": old.step}, headers=ADMIN)
-    assert r.status_code == 409 and "damaged" in r.json()["error"], r.text
+    assert r.status_code == 409 and "damaged" in r.json()["error"]["message"], r.text
     assert damaged not in r.text and "<path>" in r.text  # no server path in the answer
     assert client.get("/readyz").json()["model"]["digest"] == new.digest
   finally:
@@ -265,7 +265,8 @@ def test_an_incompatible_reload_is_refused_and_the_model_stays(client, run, tmp_
   r = client.post("/v1/reload", json={"checkpoint": narrow}, headers=ADMIN)
   assert r.status_code == 409, r.text
   assert (
-    "float32[4, 32] parameter where the served model has float32[4, 16]" in r.json()["error"]
+    "float32[4, 32] parameter where the served model has float32[4, 16]"
+    in r.json()["error"]["message"]
   ), r.text
   assert client.get("/readyz").json()["model"] == before
 
@@ -290,8 +291,8 @@ def test_reload_is_an_admin_action_confined_to_its_roots(client, run, tmp_path, 
   for checkpoint in (str(outside), "/etc", os.path.join(run, *[".."] * 4), link, sibling):
     r = client.post("/v1/reload", json={"checkpoint": checkpoint}, headers=ADMIN)
     assert r.status_code == 403, (checkpoint, r.text)
-    assert "outside the directories" in r.json()["error"]
-    assert not re.search(r"(^|\s)/\w", r.json()["error"]), r.text  # no absolute path
+    assert "outside the directories" in r.json()["error"]["message"]
+    assert not re.search(r"(^|\s)/\w", r.json()["error"]["message"]), r.text  # no absolute path
   r = client.post("/v1/reload", json={"checkpoint": str(tmp_path / "missing")}, headers=ADMIN)
   assert r.status_code == 409 and str(tmp_path) not in r.text, r.text
   assert client.get("/readyz").json()["model"] == before
@@ -310,7 +311,7 @@ def test_without_an_admin_token_reload_over_http_is_off(run, monkeypatch):
   with TestClient(app) as c:
     for headers in ({}, ADMIN):
       r = c.post("/v1/reload", json={}, headers=headers)
-      assert r.status_code == 403 and "reload over HTTP is off" in r.json()["error"]
+      assert r.status_code == 403 and "reload over HTTP is off" in r.json()["error"]["message"]
     assert 'hindsight_admin_denied_total{reason="disabled"} 2.0' in c.get("/metrics").text
   monkeypatch.setenv("HINDSIGHT_ADMIN_TOKEN", TOKEN)
   assert ServeConfig(checkpoint=run).admin_token() == TOKEN
@@ -547,7 +548,7 @@ def test_a_missing_success_is_a_400_where_success_is_an_event(run, episodes):
         break
       time.sleep(0.05)
     r = c.post("/v1/credit", json={"trajectories": [bare]})
-    assert r.status_code == 400 and "'success'" in r.json()["error"], r.text
+    assert r.status_code == 400 and "'success'" in r.json()["error"]["message"], r.text
 
 
 def test_not_ready_until_warm_then_concurrent_requests_share_batches(run, episodes):
@@ -568,7 +569,7 @@ def test_not_ready_until_warm_then_concurrent_requests_share_batches(run, episod
   with TestClient(create_app(cfg, predictor)) as c:
     assert c.get("/readyz").status_code == 503
     r = c.post("/v1/credit", json=body)
-    assert r.status_code == 503 and "loading" in r.json()["error"]
+    assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
     warm.set()
     for _ in range(600):
       if c.get("/readyz").status_code == 200:

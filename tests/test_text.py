@@ -4,6 +4,7 @@ the thought-anchors importer."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -72,6 +73,16 @@ def test_thought_anchors_chunking_tiles_the_text():
   ]
   assert chunk_text("a\nb\n", "newlines") == ["a\n", "b\n"]
   assert chunk_text("x;y;z", "re:;") == ["x;", "y;", "z"]
+  # A piece with nothing visible is no step under any rule: it joins the step before it
+  # (leading blank lines the first one).
+  paragraphs = "\n\nOne.\n\nTwo.\n \n\nThree"
+  assert chunk_text(paragraphs, "newlines") == ["\n\nOne.\n\n", "Two.\n \n\n", "Three"]
+  assert chunk_text("a\n\n \nb", "re:\\n") == ["a\n\n \n", "b"]
+  for rule in ("sentences", "newlines", "re:\\s"):
+    for text in (paragraphs, "x \n\n\n y\t\n", "Ok.   Then.\n\n\n"):
+      chunks = chunk_text(text, rule)
+      assert "".join(chunks) == text and all(c.strip() for c in chunks), (rule, text)
+  assert chunk_text("  \n", "newlines") == ["  \n"]  # nothing visible at all: one chunk
   with pytest.raises(HindsightError, match="unknown chunking 'words'"):
     chunk_text("x", "words")
   with pytest.raises(HindsightError, match="not a regular expression"):
@@ -89,12 +100,30 @@ def test_trace_files_bad_lines_are_named(tmp_path):
   path.write_text('{"prompt": "p", "steps": []}\n')
   with pytest.raises(HindsightError, match="`steps` is empty"):
     read_traces(str(path))
+  path.write_text('{"prompt": "p", "text": "a."}\n{"id": "q", "prompt": "p", "steps": '
+                  '[{"text": "a. "}, {"text": "\\n\\n"}]}\n')  # fmt: skip
+  with pytest.raises(HindsightError, match=r"t.jsonl:2: trace q: step 1 is blank"):
+    read_traces(str(path))
   with pytest.raises(HindsightError, match="cannot read it"):
     read_traces(str(tmp_path / "missing.jsonl"))
   trace = TextTrace(prompt="Q: ", steps=[TextStep("a. ", role="assistant"), TextStep("b.")])
   write_traces(str(path), [trace])
   assert read_traces(str(path)) == [trace]
   assert trace.prefix(1) == "Q: a. "
+
+
+def test_a_verifier_beside_the_command_loads_without_pythonpath(tmp_path, monkeypatch):
+  import sys
+
+  from hindsight.plugins import import_function
+
+  (tmp_path / "myverify_here.py").write_text("def verify(c, t):\n  return 1.0\n")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+  _, fn = import_function("myverify_here:verify", "--verifier")
+  assert fn("x", None) == 1.0
+  with pytest.raises(HindsightError, match=f"looked up in {tmp_path} and on PYTHONPATH"):
+    import_function("nosuch_module_here:verify", "--verifier")
 
 
 def raising_verifier(completion, trace):
@@ -288,7 +317,7 @@ def test_a_rerun_from_the_cache_sends_no_request(tmp_path, world_url, prompts):
 def test_a_model_that_never_stops_is_cut_at_max_tokens(tmp_path, world_url, prompts, capfd):
   job = _job(prompts, 1, world_url, K=4, max_tokens=6)
   labels = open_labels(run_label_job(job, str(tmp_path / "out"), progress=False))
-  assert "ended at --max-tokens 6" in capfd.readouterr().err
+  assert "ended at their token cap (--max-tokens 6;" in capfd.readouterr().err
   assert labels[0]["length"] >= 1  # the base trace too was cut: its steps are what it wrote
   # Six tokens reach no \boxed{} answer: every continuation of both arms fails alike, so
   # each credit is exactly 0, bounded by the tie bound (not a false exact zero), and
@@ -443,3 +472,33 @@ def test_text_world_cli_prompts_and_exact(tmp_path, world_url, capsys):
   line = capsys.readouterr().out.strip()
   assert line.startswith(f"{summary['steps']} steps of 3 traces: z RMS {summary['z_rms']:.3f}")
   assert 0.3 < summary["z_rms"] < 2.0, summary  # K=16 labels against the truth
+
+
+def test_the_summary_of_constant_credit_prints_no_scipy_warning():
+  """A small text dataset often has every credit 0: the correlation is undefined, said as
+  nan, not as scipy's ConstantInputWarning with a source path."""
+  import warnings
+
+  from hindsight.metrics.summary import tag_table
+
+  T = 5
+  ex = {"tags": ["step"] * T, "credit": np.zeros(T), "progress": np.zeros(T),
+        "klass": np.zeros(T, int), "credit_stderr": np.zeros(T), "return": 1.0,
+        "success": True}  # fmt: skip
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    table = tag_table([ex, ex])
+  assert np.isnan(table["_all"]["spearman_progress_credit"])
+
+
+def test_a_text_bar_never_says_compiling(tmp_path, prompts, world_url):
+  from hindsight.progress import CompileAwareBar
+  from hindsight.text.source import TextSource
+
+  assert TextSource(_job(prompts, 1, world_url), str(tmp_path)).info.compiles is False
+  for compiles, shown in ((False, "label text"), (True, "label text (compiling)")):
+    with CompileAwareBar(total=3, desc="label text", compiles=compiles, file=io.StringIO(),
+                         mininterval=0) as bar:  # fmt: skip
+      assert bar.format_dict["prefix"].rstrip(": ") == shown
+      bar.update(1)  # after the first unit no bar says it
+      assert bar.format_dict["prefix"].rstrip(": ") == "label text"

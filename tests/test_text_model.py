@@ -174,7 +174,7 @@ def test_score_and_serve_take_text_traces(text_run, tmp_path):
     assert got.status_code == 200
     np.testing.assert_allclose(got.json()["credit"][0], rows[0]["predicted_credit"], atol=1e-6)
     bad = client.post("/v1/credit", json={"trajectories": [{"steps": ["", "x"], "outcome": 1}]})
-    assert bad.status_code == 400 and "step 0 is empty" in bad.json()["error"]
+    assert bad.status_code == 400 and "step 0 is empty" in bad.json()["error"]["message"]
     raw = b'{"trajectories": [{"steps": ["caf\xe9 "], "outcome": 1}]}'  # not UTF-8
     bad = client.post("/v1/credit", content=raw, headers={"content-type": "application/json"})
     assert bad.status_code == 400
@@ -249,6 +249,8 @@ def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_ru
     lm_run["tokenizer"].encode("Box 3 holds 7.").tolist()
   )
   assert encoder.cfg.arch == "qwen2" and encoder.cfg.width == 32
+  # A pretrained backbone reads as far as its own context, not a fixed bucket.
+  assert encoder.max_tokens == 1024
   # It started from the policy's weights: after 60 small steps its embedding is still the
   # policy's, not a fresh draw (which would sit at a relative distance near sqrt(2)).
   start = load_file(os.path.join(lm_run["policy"], "model.safetensors"))[

@@ -18,7 +18,7 @@ from the library's own dataclasses (`add_parser`) and running them (`run`).
   hindsight import  thought-anchors DIR --out OUT   (their resamples as a label dataset)
   hindsight text-world serve|prompts|exact   (a local model whose credit is exact)
   hindsight lm train --workdir W [--lm PATH] | serve (--workdir W | --lm PATH)
-                    (a Qwen2 / Llama 3 language model: the llm extra)
+                    | export RUN --out DIR   (a Qwen2 / Llama 3 language model: the llm extra)
 
 --run names a training run's directory (--checkpoint, its older name, works the same).
 Bad input exits with code 2 and one line on stderr: `hindsight: error: <what is wrong>`.
@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     return report_errors("hindsight", command.run, args, words=in_flag_terms)
   except KeyboardInterrupt:
-    print("hindsight: interrupted (rerun the same command to resume)", file=sys.stderr)
+    # A server stops; a job resumes when rerun (a command module's `interrupted` says which).
+    said = getattr(command, "interrupted", None)
+    message = said(args) if said else "interrupted (rerun the same command to resume)"
+    print(f"hindsight: {message}", file=sys.stderr)
     return 130
   except BrokenPipeError:
     # `hindsight export DIR | head`: the reader left; that is not an error.

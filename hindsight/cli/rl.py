@@ -11,6 +11,9 @@ TAKES_CONFIG_OVERRIDES = True
 
 
 def add_parser(sub):
+  from hindsight.config_io import shipped_configs
+
+  shipped = ", ".join(shipped_configs("rl_"))
   rl = sub.add_parser(
     NAME,
     help=HELP,
@@ -23,8 +26,7 @@ def add_parser(sub):
     "hindsight/lm/rl/config.py).",
   )
   rl.add_argument("--config", default="rl_reasoning",
-                  help="a shipped RL config (rl_reasoning, rl_key_to_door, rl_cartpole, "
-                  "rl_text: a language model; "
+                  help=f"a shipped RL config ({shipped}; rl_text trains a language model; "
                   "NAME:smoke for a tiny one) or FILE.py[:VARIANT]")  # fmt: skip
   rl.add_argument("--workdir", default="",
                   help="checkpoints, TensorBoard, results.json (required without --sources; "

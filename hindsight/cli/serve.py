@@ -31,6 +31,12 @@ def add_parser(sub):
   return sv
 
 
+def interrupted(args) -> str:
+  """What Ctrl-C says: the server stopped (nothing to resume)."""
+  del args
+  return "stopped"
+
+
 def run(args) -> int:
   from hindsight.serving.app import serve
   from hindsight.serving.config import ServeConfig

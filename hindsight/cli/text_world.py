@@ -27,6 +27,11 @@ def add_parser(sub):
   return tw
 
 
+def interrupted(args) -> str:
+  """What Ctrl-C says: the server stopped (nothing to resume)."""
+  return "stopped" if args.world_command == "serve" else "interrupted"
+
+
 def run(args) -> int:
   from hindsight.text import world
 

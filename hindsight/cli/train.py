@@ -9,6 +9,9 @@ TAKES_CONFIG_OVERRIDES = True
 
 
 def add_parser(sub):
+  from hindsight.config_io import shipped_configs
+
+  shipped = ", ".join(n for n in shipped_configs() if not n.startswith("rl_") and n != "generic")
   trn = sub.add_parser(
     NAME,
     help=HELP,
@@ -21,8 +24,8 @@ def add_parser(sub):
   trn.add_argument(
     "--config",
     default="",
-    help="a shipped config (reasoning, key_to_door, tabular, team; NAME:smoke for a tiny one) "
-    "or FILE.py[:VARIANT] (default: the generic config, on --labels)",
+    help=f"a shipped config ({shipped}; NAME:smoke for a tiny one) or FILE.py[:VARIANT] "
+    "(default: the generic config, on --labels)",
   )
   return trn
 

@@ -12,6 +12,7 @@ An `Episode` holds T valid steps (no padding) of what an observer of the trace s
   agent         int32 [T] who acted (multi-agent environments), or None
   step_text     T strings, the text of each step (text traces; empty otherwise)
   prompt        what the model was given before step 0 (text traces; "" otherwise)
+  trace_id      the trace's name (text traces; "" otherwise), for messages about it
 
 and, when it comes from a label dataset, its labels (None otherwise):
 
@@ -86,6 +87,7 @@ class Episode:
   agent_shapley_stderr: np.ndarray | None = None
   step_text: tuple[str, ...] = ()
   prompt: str = ""
+  trace_id: str = ""
 
   def __len__(self) -> int:
     return int(self.actions.shape[0])
@@ -124,6 +126,7 @@ class Episode:
       agent_shapley_stderr=optional("agent_shapley_stderr", np.float32),
       step_text=tuple(as_text(x) for x in ex.get("step_text", ())),
       prompt=as_text(ex.get("prompt", "")),
+      trace_id=as_text(ex.get("trace_id", "")),
     )
 
   @classmethod
@@ -176,9 +179,9 @@ class Episode:
     out = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if f.name in ("tags", "step_text", "prompt"):
+      if f.name in ("tags", "step_text", "prompt", "trace_id"):
         if value:
-          out[f.name] = value if f.name == "prompt" else list(value)
+          out[f.name] = value if isinstance(value, str) else list(value)
       elif value is not None:
         out[f.name] = value
     return out

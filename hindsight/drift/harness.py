@@ -29,8 +29,9 @@ from hindsight.drift.backend import drift_backend
 from hindsight.drift.config import DriftConfig
 from hindsight.drift.functional import FUNCTIONAL, FunctionalEvaluation, open_functional, test_ids
 from hindsight.drift.sets import EpisodeSet, Run, open_run
-from hindsight.errors import make_dir
+from hindsight.errors import HindsightError, make_dir
 from hindsight.files import finished_report, mark_finished
+from hindsight.metrics.drift import MIN_EPISODES
 from hindsight.model.batching import EpisodeReader
 from hindsight.model.predictor import load_predictor
 
@@ -73,6 +74,20 @@ def reference_credit(
   return ev.test_split_set(test_ids(cfg, run))[0]
 
 
+def _check_episodes(cfg: DriftConfig, run) -> None:
+  """Before any work: the evaluated set must hold MIN_EPISODES episodes (its intervals
+  resample episodes)."""
+  given = cfg.episodes if cfg.env else len(test_ids(cfg, run))
+  if cfg.env and cfg.episodes == 0:
+    return  # fresh episodes at the backend's default count
+  if given < MIN_EPISODES:
+    where = "--episodes" if cfg.env or cfg.episodes else "the run's test split"
+    raise HindsightError(
+      f"{where} holds {given} episode(s); the report's bootstrap intervals need at least "
+      f"{MIN_EPISODES} (label more episodes, or train with a larger data.test_fraction)"
+    )
+
+
 def run_drift(cfg: DriftConfig) -> dict:
   """The whole harness; returns the report (also written under cfg.out)."""
   cfg.check()
@@ -80,6 +95,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   predictor = load_predictor(cfg.checkpoint, cfg.step)
   versus = load_predictor(cfg.versus, "best") if cfg.versus else None
   run = open_run(cfg.checkpoint)
+  _check_episodes(cfg, run)
   out = make_dir(cfg.out or _default_out(run), "--out")
   backend = drift_backend(run.labels.metadata.env, FUNCTIONAL)
   ev = backend.open(cfg, run, predictor, out)

@@ -93,9 +93,19 @@ def _episodes_from_chunks(paths: list[str], tag_names: tuple[str, ...]):
       yield label_io.make_example(fields)
 
 
-def _differing(previous: dict, described: dict) -> str:
-  """The job arguments whose values differ, comma-separated."""
-  return ", ".join(sorted(k for k in described if previous.get(k) != described[k]))
+def _differing(previous: dict, described: dict, parent: str = "") -> str:
+  """The job arguments whose values differ, each with its two values, `; `-separated (a
+  family's own options by their names: `text.max_tokens: 1024 stored, 512 given`)."""
+  out = []
+  for k in sorted(set(previous) | set(described)):
+    a, b = previous.get(k), described.get(k)
+    if a == b:
+      continue
+    if isinstance(a, dict) and isinstance(b, dict):
+      out.append(_differing(a, b, f"{parent}{k}."))
+    else:
+      out.append(f"{parent}{k}: {json.dumps(a)} stored, {json.dumps(b)} given")
+  return "; ".join(out)
 
 
 def _prepare(out_dir: str, work: str, described: dict) -> str | None:
@@ -109,8 +119,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
     if previous != described:
       differ = _differing(previous, described)
       raise HindsightError(
-        f"out {out_dir} already holds labels of a different job ({differ} differ); choose "
-        "another --out"
+        f"out {out_dir} already holds labels of a different job ({differ}); choose another --out"
       )
     shutil.rmtree(work, ignore_errors=True)
     return label_io.dataset_dir(out_dir)
@@ -201,6 +210,7 @@ def run_label_job(job: LabelJob, out_dir: str, progress: bool = True) -> str:
     desc=f"label {source.info.env_name}" + (f" (process 0 of {count})" if count > 1 else ""),
     disable=not progress or rank != 0,
     dynamic_ncols=True,
+    compiles=source.info.compiles,
   )
   env_steps = 0
   with together("labeling"), bar:

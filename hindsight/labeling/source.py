@@ -44,6 +44,8 @@ class SourceInfo:
   with_states: chunks carry `state_index` (tabular states, for the exact DP).
   coalitions: chunks carry every coalition's value (enumerated Shapley values).
   texts: chunks carry the text fields (prompt, trace_id, step_text).
+  compiles: its first chunk compiles XLA programs (the progress bar says "compiling" until
+    it is done); a source whose work is requests to a server does not.
   """
 
   env_name: str
@@ -61,6 +63,7 @@ class SourceInfo:
   with_states: bool = False
   coalitions: bool = False
   texts: bool = False
+  compiles: bool = True
 
   @property
   def num_agents(self) -> int:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, note
 from hindsight.lm.config import BackboneConfig
 from hindsight.model.encoders.base import TextObservations, register_encoder
 from hindsight.model.encoders.tokenizer import Tokenizer, make_tokenizer
@@ -60,7 +60,8 @@ class BackboneEncoder(TextObservations):
   init: "pretrained" (the parameters of `source` at the start of training) or "random".
   source: the model folder the backbone and tokenizer came from ("" for a fresh one).
   sequence_tokens: the tokens training batches are padded to (the longest training trace's
-    bucket); max_tokens: the longest trace (prompt and steps) it reads.
+    bucket); max_tokens: the longest trace (prompt and steps) it reads: the decoder's context
+    (a fresh decoder's is twice the longest training trace's bucket).
   """
 
   backbone: str
@@ -116,13 +117,17 @@ class BackboneEncoder(TextObservations):
     record = cls(json.dumps(cfg.to_json()), tok.to_json(), init, source, MIN_BUCKET, cfg.max_len)
     longest = max(record.trace_lengths(prompts, steps))
     bucket = sequence_bucket(longest)
-    max_tokens = min(cfg.max_len, 2 * bucket)
+    # A policy's decoder reads what its context holds; a fresh one (rotary positions have no
+    # table, so any context is its own) twice the longest training trace's bucket.
+    max_tokens = cfg.max_len if source else min(cfg.max_len, 2 * bucket)
     if longest > max_tokens:
       raise HindsightError(
         f"a training trace is {longest} tokens, longer than the backbone's context {cfg.max_len}"
       )
-    if not source:  # rotary positions have no table: the fresh model's context is what it reads
+    if not source:
       cfg = dataclasses.replace(cfg, max_len=max_tokens)
+    note(f"step encoder {KIND}: reads traces of up to {max_tokens} tokens, prompt and steps (the "
+         f"decoder's context); the longest training trace is {longest}")  # fmt: skip
     return dataclasses.replace(
       record,
       backbone=json.dumps(cfg.to_json()),

@@ -9,8 +9,12 @@ One worker thread runs the loop
   decode   `chunk` one-token steps of every slot in the shortest prefix of slots (1, 4, 16 or
            all R) that holds every live one (rows take the lowest free slots), one program per
            (attention window: the prompt bucket above the furthest live position, prefix);
-  finish   slots whose choice hit EOS or its budget hand back (tokens, ended by EOS) and free
-           their slot for the next admit.
+  finish   slots whose choice hit EOS, its budget or one of its stop strings hand back
+           (tokens, why it ended) and free their slot for the next admit. Stop strings are
+           matched on the host after each decode call, on the text the choice has written:
+           its tokens are cut after the one that completes the stop string (what it is billed
+           for), and the slot is released on the device at once, so the next call decodes
+           nothing more for it.
 
 Token i of a choice is drawn with fold_in(its key, i) exactly as `sample.generate` draws it,
 so a choice is the same whatever it was batched with and whenever it was admitted (up to the
@@ -38,18 +42,24 @@ from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, decode_step, prompt_buc
 CHUNK = 8  # tokens per decode call: host round trips against slots idle after their end
 
 
+# Why a choice ended: the model's end-of-sequence token, a stop string, the token budget.
+EOS, STOP, LENGTH = "eos", "stop", "length"
+
+
 @dataclasses.dataclass
 class Row:
-  """One choice to sample: prompt ids, token budget, sampling settings, key, and `done`,
-  called with (token ids, ended by EOS) from the worker thread ((None, False) if the model
-  failed)."""
+  """One choice to sample: prompt ids, token budget, sampling settings, key, stop strings,
+  and `done`, called with (token ids, EOS | STOP | LENGTH) from the worker thread ((None,
+  "error") if the model failed). The tokens never hold the EOS; after a stop string they
+  end with the token that completed it (the text is cut before it by the caller)."""
 
   ids: np.ndarray
   budget: int
   temperature: float
   top_p: float
   key: jax.Array
-  done: Callable[[np.ndarray, bool], None] | None = None
+  done: Callable[[np.ndarray, str], None] | None = None
+  stop: tuple[str, ...] = ()
 
 
 def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, slots, ids, lengths, new, bias):
@@ -124,6 +134,10 @@ class SlotEngine:
       functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2)
     )
     self._decode = {}  # (window, width) -> program
+    # Marks slots done on the device (a choice that met a stop string): no more decoding.
+    self._release = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask},
+                            donate_argnums=0)  # fmt: skip
+    self.tokenizer = lm.tokenizer
     R = self.slots
     self.cache = jax.device_put(empty_cache(self.cfg, R), device)
     self.rows = jax.device_put({
@@ -142,7 +156,7 @@ class SlotEngine:
     self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
     self.waiting: deque[Row] = deque()
     self.wake = threading.Condition()
-    self.stats = {"decode_calls": 0, "prefills": 0, "max_live": 0}
+    self.stats = {"decode_calls": 0, "prefills": 0, "max_live": 0, "stopped": 0}
     self._thread: threading.Thread | None = None
     self._stop = False
 
@@ -157,15 +171,15 @@ class SlotEngine:
 
   def submit_all(self, rows: list[Row], finished: Callable[[list], None]) -> None:
     """Queues `rows` (their own `done` replaced) and calls `finished` once, on the worker
-    thread, with every row's (token ids, ended by EOS) in order when the last has ended
-    ((None, False) for a row the model failed on)."""
+    thread, with every row's (token ids, why it ended) in order when the last has ended
+    ((None, "error") for a row the model failed on)."""
     out: list = [None] * len(rows)
     left = [len(rows)]
     lock = threading.Lock()
 
     def done_at(i):
-      def done(tokens, eos):
-        out[i] = (tokens, eos)
+      def done(tokens, reason):
+        out[i] = (tokens, reason)
         with lock:
           left[0] -= 1
           last = left[0] == 0
@@ -176,8 +190,8 @@ class SlotEngine:
 
     self.submit([dataclasses.replace(r, done=done_at(i)) for i, r in enumerate(rows)])
 
-  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, bool]]:
-    """(token ids, ended by EOS) of every row, in order, blocking until all have ended."""
+  def complete(self, rows: list[Row]) -> list[tuple[np.ndarray, str]]:
+    """(token ids, why it ended) of every row, in order, blocking until all have ended."""
     got: list = []
     ended = threading.Event()
     self.submit_all(rows, lambda out: (got.append(out), ended.set()))
@@ -189,6 +203,11 @@ class SlotEngine:
     with self.wake:
       self._stop = True
       self.wake.notify()
+
+  def program_count(self) -> int:
+    """How many programs `warmup` compiles."""
+    buckets = len(prompt_buckets(self.cfg.max_len))
+    return buckets * (len([r for r in ROW_BUCKETS if r <= self.slots]) + len(self.widths()))
 
   def warmup(self) -> int:
     """Compiles every prefill (row bucket x prompt bucket) and decode (window x width)
@@ -227,7 +246,7 @@ class SlotEngine:
         for slot, row in enumerate(self.owner):
           if row is not None:
             self.owner[slot] = None
-            row.done(None, False)
+            row.done(None, "error")
         raise
 
   def _take_waiting(self) -> list[tuple[int, Row]]:
@@ -297,13 +316,38 @@ class SlotEngine:
                                                               self.rows, self.bias)  # fmt: skip
     self.stats["decode_calls"] += 1
     out, done, eos = jax.device_get((out, self.rows["done"], self.rows["eos"]))
+    released = np.zeros(self.slots, bool)
     for slot in live:
       drawn = out[slot][out[slot] >= 0]
+      before = len(self.tokens[slot])
       self.tokens[slot].extend(int(t) for t in drawn)
       self.pos[slot] += drawn.size
-      if done[slot]:
-        row, self.owner[slot] = self.owner[slot], None
-        tokens = np.asarray(self.tokens[slot], np.int32)
-        if eos[slot]:
-          tokens = tokens[:-1]  # EOS is not part of the text
-        row.done(tokens, bool(eos[slot]))
+      row = self.owner[slot]
+      end = self._stop_at(slot, before) if row.stop else None
+      if end is not None:
+        del self.tokens[slot][end:]
+        released[slot] = not done[slot]
+        self.stats["stopped"] += 1
+      elif not done[slot]:
+        continue
+      self.owner[slot] = None
+      tokens = np.asarray(self.tokens[slot], np.int32)
+      if end is None and eos[slot]:
+        tokens = tokens[:-1]  # EOS is not part of the text
+      row.done(tokens, STOP if end is not None else EOS if eos[slot] else LENGTH)
+    if released.any():
+      self.rows = self._release(self.rows, jnp.asarray(released))
+
+  def _stop_at(self, slot: int, before: int) -> int | None:
+    """The token count up to and including the token that completes the first stop string
+    of the slot's row in its text (None: none has appeared). The first `before` tokens were
+    checked by earlier calls: the stop string ends after them."""
+    stops = self.owner[slot].stop
+    tokens = [t for t in self.tokens[slot] if t not in self.cfg.eos_ids]
+    decode = self.tokenizer.decode
+    if not any(s in decode(tokens) for s in stops):
+      return None
+    for end in range(max(before, 1), len(tokens) + 1):
+      if any(s in decode(tokens[:end]) for s in stops):
+        return end
+    return len(tokens)

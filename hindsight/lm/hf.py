@@ -27,7 +27,7 @@ import numpy as np
 from hindsight.errors import HindsightError
 from hindsight.lm.config import BackboneConfig
 
-CONFIG, TOKENIZER = "config.json", "tokenizer.json"
+CONFIG, TOKENIZER, GENERATION = "config.json", "tokenizer.json", "generation_config.json"
 MODEL_TYPES = {"qwen2": "qwen2", "llama": "llama3"}
 DEFAULT_MAX_LEN = 2048  # the context a loaded model is run at unless told (its KV cache size)
 
@@ -65,8 +65,7 @@ def read_config(path: str, max_len: int | None = None) -> BackboneConfig:
       rope_scaling = (float(scaling["factor"]), float(scaling["low_freq_factor"]),
                       float(scaling["high_freq_factor"]),
                       int(scaling["original_max_position_embeddings"]))  # fmt: skip
-    eos = c.get("eos_token_id")
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    eos = end_ids(path, c)
     context = int(c.get("max_position_embeddings", DEFAULT_MAX_LEN))
     pad = c.get("pad_token_id")
     return BackboneConfig(
@@ -83,11 +82,48 @@ def read_config(path: str, max_len: int | None = None) -> BackboneConfig:
       norm_eps=float(c.get("rms_norm_eps", 1e-6)),
       tied=bool(c.get("tie_word_embeddings", False)),
       max_len=int(max_len or min(context, DEFAULT_MAX_LEN)),
-      eos_ids=tuple(int(i) for i in eos) or (0,),
-      pad_id=int(pad if pad is not None else (eos[0] if eos else 0)),
+      eos_ids=tuple(eos),
+      pad_id=int(pad if pad is not None else eos[0]),
     )
   except (KeyError, TypeError, ValueError) as e:
     raise HindsightError(f"{file}: missing or bad field ({e})") from None
+
+
+def _ids(value) -> list[int]:
+  return [value] if isinstance(value, int) else [int(i) for i in value or ()]
+
+
+def end_ids(path: str, config: dict) -> list[int]:
+  """The ids that end a completion, as Hugging Face's generate and vLLM read them: config.json's
+  `eos_token_id` and generation_config.json's (an Instruct model lists its end-of-turn token,
+  Llama 3's <|eot_id|>, only there), else tokenizer_config.json's `eos_token` looked up in
+  tokenizer.json; none at all is a one-line error (a completion would never end)."""
+  out = _ids(config.get("eos_token_id"))
+  generation = os.path.join(path, GENERATION)
+  if os.path.isfile(generation):
+    try:
+      with open(generation) as f:
+        out += _ids(json.load(f).get("eos_token_id"))
+    except (OSError, ValueError, TypeError, AttributeError):
+      raise HindsightError(f"{generation}: not JSON with an eos_token_id") from None
+  if not out:
+    from hindsight.lm.chat import TOKENIZER_CONFIG, _token_text
+
+    try:
+      with open(os.path.join(path, TOKENIZER_CONFIG)) as f:
+        token = _token_text(json.load(f).get("eos_token"))
+      from tokenizers import Tokenizer as HfTokenizer
+
+      found = HfTokenizer.from_file(os.path.join(path, TOKENIZER)).token_to_id(token or "")
+      out = [] if found is None else [int(found)]
+    except Exception:  # a missing or unreadable file; the library raises its own types
+      out = []
+  if not out:
+    raise HindsightError(
+      f"{path}: no end-of-sequence id (eos_token_id in {CONFIG} or {GENERATION}, or eos_token "
+      "in tokenizer_config.json): a completion would never end"
+    )
+  return list(dict.fromkeys(out))
 
 
 def hf_shapes(cfg: BackboneConfig) -> dict[str, tuple[int, ...]]:
@@ -172,6 +208,11 @@ def load_hf(path: str, max_len: int | None = None, mesh=None, dtype=None):
   cfg = read_config(path, max_len)
   check_weights(path, cfg)
   tokenizer = read_tokenizer(path)
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise HindsightError(
+      f"{path}: {TOKENIZER} holds {tokenizer.vocab_size} tokens, more than the model's "
+      f"vocab_size {cfg.vocab_size} ({CONFIG}): the ids past it have no embedding"
+    )
   require_llm()
   if cfg.arch == "qwen2":
     from tunix.models.qwen2.params import create_model_from_safe_tensors

@@ -1,19 +1,34 @@
-"""`hindsight lm serve`: a language model behind an OpenAI-compatible `/v1/completions`.
+"""`hindsight lm serve`: a language model behind an OpenAI-compatible server, as vLLM serves it
+for what a labeler or an RL loop asks of it.
 
 The model is a `hindsight lm train` workdir or a Hugging Face Qwen2 / Llama 3 folder
-(`--lm PATH`, `train.load_lm`). Request fields (those of vLLM and SGLang that matter here;
-docs/text.md): `prompt` (a string or a list; choices come back prompt-major), `n`,
-`max_tokens` (default: the rest of the context), `temperature`, `top_p`, `seed` (choice j
-draws with fold_in(key(seed), j), so a seeded request is reproducible), `stop` (the text is
-cut before the first stop string, finish_reason "stop"), `echo`; `logprobs` is answered with
-null, `stream` refused. A choice ends with finish_reason "stop" at EOS or a stop string,
-"length" at its token budget.
+(`--lm PATH`, `train.load_lm`), served under its folder's name or `--served-model-name`.
+Routes (the protocol and its refusals: `text.protocol`):
+
+  POST /v1/completions       `prompt` (a string, a list of strings, token ids or lists of
+                             them; choices come back prompt-major), `n`, `max_tokens`
+                             (default 16, as OpenAI's and vLLM's), `temperature`, `top_p`,
+                             `seed` (choice j draws with fold_in(key(seed), j), so a seeded
+                             request is reproducible), `stop` (decoding stops at the first
+                             stop string: the text is cut before it, finish_reason "stop",
+                             and `usage` counts the tokens up to it), `echo`
+  POST /v1/chat/completions  `messages`, rendered with the folder's chat template
+                             (`lm.chat`; a model without one: 400), the same sampling fields
+                             (`max_completion_tokens` too; default: the rest of the
+                             context, as vLLM's)
+  POST /tokenize             vLLM's: {"prompt" | "messages", "add_special_tokens"} ->
+                             {"count", "max_model_len", "tokens"}  (the labeler measures
+                             prefixes with it); POST /detokenize {"tokens"} -> {"prompt"}
+  GET  /v1/models            the model with `max_model_len`; /v1/models/{id}, /health, /stats
+
+A choice ends with finish_reason "stop" at EOS or a stop string, "length" at its token budget.
+A prompt that fills the context, or prompt + max_tokens over it, is a 400 (vLLM's message);
+`logprobs` and `stream` are refused (400), and so is any field the protocol does not know.
 
 Batching is continuous (`engine.SlotEngine`): every choice of every request takes one of
-`max_batch` slots as one frees, so throughput grows with concurrency up to the slots. Bad
-requests are a 4xx with one line: a body that is not a request, an unknown model, n out of
-[1, 256], a prompt that is not valid UTF-8 or fills the context. `GET /stats` counts
-requests, completions, decode calls, prefills and the most slots live at once.
+`max_batch` slots as one frees, so throughput grows with concurrency up to the slots. `GET
+/stats` counts requests, completions, decode calls, prefills, choices ended by a stop string
+and the most slots live at once.
 """
 
 from __future__ import annotations
@@ -21,21 +36,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 
 import jax
 import msgspec
+import numpy as np
 
 from hindsight.errors import HindsightError
-from hindsight.lm.engine import Row, SlotEngine, failed
-from hindsight.text.server import (
+from hindsight.lm.engine import EOS, STOP, Row, SlotEngine, failed
+from hindsight.text.protocol import (
+  DEFAULT_MAX_TOKENS,
   CompletionRequest,
+  Refusal,
+  check_request,
   completion_body,
-  completions_app,
-  error_response,
-  read_completion_request,
+  prompts_of,
+  protocol_app,
+  read_request,
 )
 
 MAX_BATCH = 64  # slots: choices sampled at once
+
+
+class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
+  """A POST /v1/chat/completions body (the fields `CompletionRequest` shares, and chat's)."""
+
+  model: str
+  messages: list[dict]
+  n: int = 1
+  max_tokens: int | None = None
+  max_completion_tokens: int | None = None
+  temperature: float = 1.0
+  top_p: float = 1.0
+  seed: int | None = None
+  stop: str | list[str] | None = None
+  logprobs: bool | None = None
+  top_logprobs: int | None = None
+  stream: bool = False
+  user: str | None = None
+  add_generation_prompt: bool = True
+  presence_penalty: float = 0.0
+  frequency_penalty: float = 0.0
+  repetition_penalty: float = 1.0
+  top_k: int = -1
+  min_p: float = 0.0
+  logit_bias: dict | None = None
+  stream_options: dict | None = None
+
+  stops = CompletionRequest.stops
+
+
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+  """vLLM's POST /tokenize: a prompt, or chat messages (with the chat template)."""
+
+  model: str | None = None
+  prompt: str | None = None
+  messages: list[dict] | None = None
+  add_special_tokens: bool = True
+  add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+  model: str | None = None
+  tokens: list[int] = []
 
 
 def open_engine(path: str, max_batch: int = MAX_BATCH, max_len: int | None = None) -> SlotEngine:
@@ -54,7 +117,7 @@ def _key(seed: int | None, j: int) -> jax.Array:
 
 
 def _submit(engine: SlotEngine, rows: list[Row]) -> asyncio.Future:
-  """A future of every row's (tokens, ended by EOS), in order, once all have ended."""
+  """A future of every row's (tokens, why it ended), in order, once all have ended."""
   loop = asyncio.get_running_loop()
   fut = loop.create_future()
 
@@ -69,76 +132,188 @@ def _submit(engine: SlotEngine, rows: list[Row]) -> asyncio.Future:
   return fut
 
 
-def create_app(engine: SlotEngine):
-  """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
-  from starlette.requests import Request
+def create_app(engine: SlotEngine, name: str | None = None):
+  """The Starlette app (module docstring's routes), serving the model as `name` (default its
+  own name)."""
   from starlette.responses import JSONResponse
+
+  from hindsight.lm.chat import ChatTemplate
 
   stats = engine.stats  # the engine's counters, and the requests' beside them
   stats.update(requests=0, completions=0)
-  decoder = msgspec.json.Decoder(CompletionRequest)
-  name = engine.lm.name
-  tokenizer = engine.lm.tokenizer
-  max_len = engine.cfg.max_len
+  name = name or engine.lm.name
+  tokenizer, cfg = engine.lm.tokenizer, engine.cfg
+  S, V = cfg.max_len, cfg.vocab_size
+  chat = ChatTemplate.from_json(engine.lm.record.get("chat"))
+  decoders = {
+    kind: msgspec.json.Decoder(kind)
+    for kind in (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
+  }
 
-  async def completions(request: Request):
-    parsed = await read_completion_request(request, decoder, name)
-    if not isinstance(parsed, tuple):
-      return parsed
-    req, prompts = parsed
-    if not prompts:
-      return error_response(400, "prompt is empty")
+  def encode(prompts: list, start: bool) -> list[np.ndarray]:
+    """Token ids of text prompts (start tokens where `start`) or id prompts, checked."""
+    texts = [p for p in prompts if isinstance(p, str)]
     try:
-      encoded = tokenizer.encode_batch(prompts, start=True)
+      encoded = iter(tokenizer.encode_batch(texts, start=start))
     except HindsightError as e:
-      return error_response(400, f"prompt: {e}")
+      raise Refusal(400, f"prompt: {e}") from None
+    out = []
+    for i, p in enumerate(prompts):
+      ids = next(encoded) if isinstance(p, str) else np.asarray(p, np.int64)
+      if ids.size and (ids.min() < 0 or ids.max() >= V):
+        raise Refusal(400, f"prompt {i}: token ids must be in [0, {V})")
+      if ids.size == 0:
+        raise Refusal(400, f"prompt {i} is empty")
+      out.append(ids.astype(np.int32))
+    return out
+
+  def rendered(messages: list[dict], add_generation_prompt: bool) -> str:
+    if chat is None:
+      raise Refusal(400, f"the model {name} has no chat template (its folder's "
+                    "tokenizer_config.json names none): use /v1/completions")  # fmt: skip
+    for i, m in enumerate(messages):
+      if not isinstance(m.get("role"), str) or "content" not in m:
+        raise Refusal(400, f"messages[{i}] needs a role and a content")
+      if isinstance(m["content"], list):  # content parts: their texts, in order
+        parts = m["content"]
+        if not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+          raise Refusal(400, f"messages[{i}]: only text content parts are served")
+        m["content"] = "".join(str(p.get("text", "")) for p in parts)
+    try:
+      return chat.render(messages, add_generation_prompt)
+    except HindsightError as e:
+      raise Refusal(400, str(e)) from None
+
+  async def sample(req, encoded: list[np.ndarray], max_tokens: int | None, chat=False) -> list:
+    """Every choice of every prompt: [(tokens, text, finish_reason)], prompt-major. Without
+    max_tokens a completion draws DEFAULT_MAX_TOKENS, a chat answer the rest of the context
+    (OpenAI's and vLLM's defaults)."""
     rows = []
     for i, ids in enumerate(encoded):
-      if ids.size == 0:
-        return error_response(400, f"prompt {i} is empty")
-      room = max_len - ids.size
-      if room < 1:
-        return error_response(
-          400, f"prompt {i} is {ids.size} tokens; the model's context is {max_len}"
-        )
-      budget = room if req.max_tokens is None else min(req.max_tokens, room)
+      budget = max_tokens or (S - ids.size if chat else DEFAULT_MAX_TOKENS)
+      if ids.size >= S:
+        raise Refusal(400, f"prompt {i} is {ids.size} tokens; the model's context is {S}")
+      if ids.size + budget > S:
+        raise Refusal(400, f"This model's maximum context length is {S} tokens. However, you "
+                      f"requested {ids.size + budget} tokens ({ids.size} in the prompt, "
+                      f"{budget} in the completion). Please reduce the length of the prompt "
+                      "or completion.")  # fmt: skip
       for j in range(req.n):
-        rows.append(Row(ids, budget, req.temperature, req.top_p, _key(req.seed, j)))
+        rows.append(Row(ids, budget, req.temperature, req.top_p, _key(req.seed, j),
+                        stop=req.stops))  # fmt: skip
     try:
       results = await _submit(engine, rows)
     except HindsightError as e:
-      return error_response(500, str(e))
-    stops = [req.stop] if isinstance(req.stop, str) else [s for s in req.stop or [] if s]
-    choices, used = [], 0
-    for index, (tokens, eos) in enumerate(results):
+      raise Refusal(500, str(e), "internal_server_error") from None
+    out = []
+    for tokens, reason in results:
       text = tokenizer.decode(tokens)
-      finish = "stop" if eos else "length"
-      cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+      cut = min((i for i in (text.find(s) for s in req.stops) if i >= 0), default=-1)
       if cut >= 0:
-        text, finish = text[:cut], "stop"
-      used += int(tokens.size)
-      prompt = prompts[index // req.n]
-      choices.append({"index": index, "text": (prompt + text) if req.echo else text,
-                      "finish_reason": finish, "logprobs": None})  # fmt: skip
+        text = text[:cut]
+      finish = "stop" if reason in (EOS, STOP) or cut >= 0 else "length"
+      out.append((tokens, text, finish))
+    return out
+
+  def answer(req, choices: list, encoded: list, sampled: list, kind: str):
     stats["requests"] += 1
     stats["completions"] += len(choices)
+    used = int(sum(tokens.size for tokens, _, _ in sampled))
     prompt_tokens = int(sum(x.size for x in encoded))
-    return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
+    return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used,
+                                        kind))  # fmt: skip
 
-  return completions_app(completions, name, stats)
+  async def completions(request):
+    req = await read_request(request, decoders[CompletionRequest])
+    check_request(req, name)
+    prompts = prompts_of(req)
+    encoded = encode(prompts, start=True)
+    sampled = await sample(req, encoded, req.max_tokens)
+    choices = []
+    for index, (_, text, finish) in enumerate(sampled):
+      prompt = prompts[index // req.n]
+      if req.echo:
+        text = (prompt if isinstance(prompt, str) else tokenizer.decode(prompt)) + text
+      choices.append({"index": index, "text": text, "finish_reason": finish, "logprobs": None})
+    return answer(req, choices, encoded, sampled, "text_completion")
+
+  async def chat_completions(request):
+    req = await read_request(request, decoders[ChatRequest])
+    check_request(req, name)
+    if req.top_logprobs is not None:
+      raise Refusal(400, "top_logprobs is not supported by this server")
+    if not req.messages:
+      raise Refusal(400, "messages is empty")
+    if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
+      raise Refusal(400, f"max_completion_tokens must be >= 1, got {req.max_completion_tokens}")
+    prompt = rendered(req.messages, req.add_generation_prompt)
+    # The template writes the start tokens it wants (vLLM adds none to a chat prompt).
+    encoded = encode([prompt], start=False)
+    sampled = await sample(req, encoded, req.max_completion_tokens or req.max_tokens, chat=True)
+    choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                "finish_reason": finish, "logprobs": None}
+               for i, (_, text, finish) in enumerate(sampled)]  # fmt: skip
+    return answer(req, choices, encoded, sampled, "chat.completion")
+
+  def check_model(model: str | None) -> None:
+    if model is not None and model != name:
+      raise Refusal(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+  async def tokenize(request):
+    req = await read_request(request, decoders[TokenizeRequest])
+    check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+      raise Refusal(400, "give prompt or messages (one of them)")
+    if req.messages is not None:
+      [ids] = encode([rendered(req.messages, req.add_generation_prompt)], start=False)
+    else:
+      try:
+        ids = tokenizer.encode(req.prompt, start=req.add_special_tokens)
+      except HindsightError as e:
+        raise Refusal(400, f"prompt: {e}") from None
+    return JSONResponse({"count": int(ids.size), "max_model_len": S, "tokens": ids.tolist()})
+
+  async def detokenize(request):
+    req = await read_request(request, decoders[DetokenizeRequest])
+    check_model(req.model)
+    if any(not 0 <= t < V for t in req.tokens):
+      raise Refusal(400, f"token ids must be in [0, {V})")
+    return JSONResponse({"prompt": tokenizer.decode(req.tokens)})
+
+  routes = {"/v1/completions": completions, "/v1/chat/completions": chat_completions,
+            "/tokenize": tokenize, "/detokenize": detokenize}  # fmt: skip
+  return protocol_app(routes, name, stats, max_model_len=S)
 
 
 def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True,
-             max_batch: int = MAX_BATCH, max_len: int | None = None):  # fmt: skip
-  """Serves the model at `path` until SIGTERM/SIGINT."""
+             max_batch: int = MAX_BATCH, max_len: int | None = None,
+             name: str | None = None):  # fmt: skip
+  """Serves the model at `path` until SIGTERM/SIGINT, saying what it does while it starts."""
   import uvicorn
 
+  from hindsight.lm.backbone import parameter_count
+
+  def say(text: str) -> None:
+    print(f"hindsight: {text}", flush=True)
+
+  tic = time.perf_counter()
+  say(f"loading {path}")
   engine = open_engine(path, max_batch, max_len)
+  c = engine.cfg
+  name = name or engine.lm.name
+  say(
+    f"{name}: a {c.arch} decoder of {parameter_count(engine.lm.model):,} parameters, context "
+    f"{c.max_len} tokens, {engine.slots} slots (loaded in {time.perf_counter() - tic:.0f} s)"
+  )
   if warmup:
+    tic = time.perf_counter()
+    say(f"compiling its {engine.program_count()} programs (--no-warmup serves at once and "
+        "compiles each on the first request that needs it)")  # fmt: skip
     engine.warmup()
-  server = uvicorn.Server(uvicorn.Config(create_app(engine), host=host, port=port,
+    say(f"compiled in {time.perf_counter() - tic:.0f} s")
+  server = uvicorn.Server(uvicorn.Config(create_app(engine, name), host=host, port=port,
                                          log_level="warning"))  # fmt: skip
-  print(f"hindsight: {engine.lm.name} on http://{host}:{port}/v1", flush=True)
+  say(f"{name} on http://{host}:{port}/v1 (Ctrl-C stops it)")
   try:
     server.run()
   finally:
@@ -147,7 +322,7 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
 
 @contextlib.contextmanager
 def running_lm(path: str, host: str = "127.0.0.1", port: int = 0, warmup: bool = False,
-               max_batch: int = MAX_BATCH):  # fmt: skip
+               max_batch: int = MAX_BATCH, name: str | None = None):  # fmt: skip
   """The model served from a thread: yields (base URL http://HOST:PORT/v1, model name)."""
   from hindsight.text.server import running_app
 
@@ -155,7 +330,7 @@ def running_lm(path: str, host: str = "127.0.0.1", port: int = 0, warmup: bool =
   if warmup:
     engine.warmup()
   try:
-    with running_app(create_app(engine), host, port) as url:
-      yield url, engine.lm.name
+    with running_app(create_app(engine, name), host, port) as url:
+      yield url, name or engine.lm.name
   finally:
     engine.close()

@@ -105,10 +105,13 @@ def epoch_batches(rows: np.ndarray, bucket: np.ndarray, batch_size: int, seed: i
   return [out[i] for i in shuffle]
 
 
-def lm_files(cfg: BackboneConfig, tok: Tokenizer, counts, ascii: bool, name=MODEL_NAME):
+def lm_files(cfg: BackboneConfig, tok: Tokenizer, counts, ascii: bool, name=MODEL_NAME,
+             chat: dict | None = None):  # fmt: skip
   record = {"format": 2, "model": name, "backbone": cfg.to_json(), "ascii": ascii}
   record["counts"] = list(counts)  # the box counts of the problems it was trained on
   record["tokenizer"] = tok.to_json()
+  if chat:  # the chat template of the folder it was fine-tuned from
+    record["chat"] = chat
   return {LM_FILE: json.dumps(record, indent=1, sort_keys=True)}
 
 
@@ -169,7 +172,8 @@ def train_lm(config: LMTrainConfig, workdir: str) -> dict:
   lengths = mask.shape[1] - np.argmax(mask[:, ::-1], 1) + 1
   bucket = np.minimum(-(-lengths // LENGTH_BUCKET) * LENGTH_BUCKET, config.max_len)
   held_ids, held_mask = jnp.asarray(ids[held]), jnp.asarray(mask[held])
-  files = lm_files(cfg, tok, config.counts, ascii=start_from is None)
+  chat = None if start_from is None else start_from.record.get("chat")
+  files = lm_files(cfg, tok, config.counts, ascii=start_from is None, chat=chat)
   val = float("nan")
   progress = CompileAwareBar(total=config.steps, initial=start, desc="lm train", unit="step",
                              disable=not config.progress)  # fmt: skip
@@ -202,9 +206,14 @@ def load_lm(path: str, max_len: int | None = None) -> LoadedLM:
   from hindsight.model.checkpoints import Checkpoints
 
   if hf.is_hf_folder(path):
+    from hindsight.lm.chat import read_chat_template
+
     model, cfg, tok = hf.load_hf(path, max_len)
     name = os.path.basename(os.path.normpath(path))
     record = {"model": name, "backbone": cfg.to_json(), "ascii": False, "counts": [3, 60]}
+    chat = read_chat_template(path)
+    if chat is not None:
+      record["chat"] = chat.to_json()
     return LoadedLM(*nnx.split(model), cfg, tok, record)
   directory = os.path.join(path, "checkpoints")
   if not os.path.isdir(directory):

@@ -44,6 +44,8 @@ POINT_METRICS = (
   "mean_gap",
 )
 COVERAGE_LEVELS = (0.5, 0.8, 0.95)
+# The bootstrap resamples episodes: with one, no interval exists.
+MIN_EPISODES = 2
 RELIABILITY_LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 

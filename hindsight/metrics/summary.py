@@ -13,6 +13,7 @@ from scipy import stats
 
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.labels import as_text
+from hindsight.metrics.credit_fit import correlation
 
 
 def tag_table(labels) -> dict:
@@ -44,7 +45,8 @@ def tag_table(labels) -> dict:
       klass={name: float(np.mean(klass[sel] == i)) for i, name in enumerate(KLASS_NAMES)},
     )
   ok = ~np.isnan(credit) & ~np.isnan(progress)
-  rho = stats.spearmanr(progress[ok], credit[ok]).statistic if ok.sum() > 2 else float("nan")
+  # NaN where either side is constant (scipy would warn and give NaN).
+  rho = correlation(stats.spearmanr, progress[ok], credit[ok]) if ok.sum() > 2 else float("nan")
   table["_all"] = dict(
     episodes=len(returns),
     steps=int(tags.size),

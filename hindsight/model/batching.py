@@ -101,6 +101,7 @@ class EpisodeReader:
       value_scale=value_scale(np.concatenate(credits)),
       decorative_tolerance=meta.decorative_tolerance,
       confidence=meta.confidence,
+      label_options=meta.text or "",
     )
     return lengths, spec
 

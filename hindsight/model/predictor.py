@@ -382,6 +382,8 @@ class Predictor:
       out = jax.device_get(out)
       for row, i in enumerate(chunk):
         results[i] = {k: np.asarray(v[row, : lengths[i]]) for k, v in out.items()}
+        if eps[i].step_text:  # a text trace: the steps the scores are of, as it was cut
+          results[i]["steps"] = list(eps[i].step_text)
     return results
 
   def describe(self) -> dict:

@@ -51,6 +51,7 @@ class DataSpec:
   confidence: float = 0.95
   success_threshold: float = 0.0
   success_from_return: bool = True
+  label_options: str = ""
 
   def to_json(self) -> str:
     d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -24,10 +24,17 @@ from scipy import stats
 # presents a tie as a finding): the trainer warns at the same level (rl.measure).
 from hindsight.rl.measure import UNDETERMINED_WARNING, decorative_tags_of
 
+# The range of every measure bounded by its definition (a rate, a share, a count): its
+# interval is cut to it (a t-interval over a few seeds can reach past it: 0.81 [-0.78, 2.40]).
+RANGES = {"success": (0.0, 1.0), "decorative": (0.0, 1.0), "klass_decorative": (0.0, 1.0),
+          "undetermined": (0.0, 1.0), "tokens": (0.0, np.inf), "length": (0.0, np.inf),
+          "recovered": (0.0, np.inf)}  # fmt: skip
 
-def mean_ci(values) -> tuple[float, float, float] | None:
-  """(mean, lo, hi): the 95% t-interval of the mean over seeds (lo = hi = mean for one);
-  None when no seed has a value (a metric that was undefined everywhere)."""
+
+def mean_ci(values, within: tuple[float, float] = (-np.inf, np.inf)):
+  """(mean, lo, hi): the 95% t-interval of the mean over seeds (lo = hi = mean for one), cut
+  to the range `within` the quantity cannot leave (`RANGES`); None when no seed has a value
+  (a metric that was undefined everywhere)."""
   x = np.asarray([v for v in values if v is not None], np.float64)
   x = x[np.isfinite(x)]
   if x.size == 0:
@@ -36,7 +43,7 @@ def mean_ci(values) -> tuple[float, float, float] | None:
   if x.size < 2:
     return m, m, m
   half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
-  return m, m - half, m + half
+  return m, max(m - half, within[0]), min(m + half, within[1])
 
 
 def decorative_share(seed: dict, decorative_tags) -> float:
@@ -120,11 +127,17 @@ def summarize(results: dict, decorative_tags) -> dict:
     setup = float(np.mean(r["curve"][0]["credit_steps"]))
     credit = float(np.mean([s["credit_env_steps"] for s in seeds]))
     rows[name] = {
-      "success": mean_ci([s["success"] for s in seeds]),
-      "length": mean_ci([s["length"] for s in seeds]),
-      "decorative": mean_ci([decorative_share(s, decorative_tags) for s in seeds]),
-      "klass_decorative": mean_ci([s["klass_share"]["decorative"] for s in seeds]),
-      "undetermined": mean_ci([s["klass_share"]["undetermined"] for s in seeds]),
+      "success": mean_ci([s["success"] for s in seeds], RANGES["success"]),
+      "length": mean_ci([s["length"] for s in seeds], RANGES["length"]),
+      "decorative": mean_ci(
+        [decorative_share(s, decorative_tags) for s in seeds], RANGES["decorative"]
+      ),
+      "klass_decorative": mean_ci(
+        [s["klass_share"]["decorative"] for s in seeds], RANGES["klass_decorative"]
+      ),
+      "undetermined": mean_ci(
+        [s["klass_share"]["undetermined"] for s in seeds], RANGES["undetermined"]
+      ),
       "policy_env_steps": float(np.mean([s["policy_env_steps"] for s in seeds])),
       "credit_env_steps": credit,
       "setup_env_steps": setup,

@@ -1,4 +1,10 @@
-"""`load_policy(dir)`: a trained RL policy, ready for the labeler or a plain rollout."""
+"""`load_policy(dir)`: a trained RL policy, ready for the labeler or a plain rollout.
+
+One loader for every trainer: a run of the symbolic trainer (its config.json) loads here; a
+run another trainer wrote names its kind in results.json's config (`hindsight rl --config
+rl_text`: kind "lm") and loads through the loader its plug-in registers
+(`register_policy_loader`; the language model's is `hindsight.lm.rl.trainer.load_policy`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from ml_collections import ConfigDict
 
 # Imported for its absl filter: orbax warns that a read-only manager is read-only.
 import hindsight.model.checkpoints  # noqa: F401
+from hindsight import plugins
 from hindsight.config_io import current_names
 from hindsight.envs.base import Environment
 from hindsight.errors import HindsightError
@@ -42,13 +49,47 @@ def _config(flat: dict) -> ConfigDict:
   return config
 
 
+# kind -> load(workdir, seed, update) of the runs of other trainers (module docstring).
+_LOADERS: plugins.Registry = plugins.Registry()
+
+
+def register_policy_loader(kind: str, load) -> None:
+  """Registers load(workdir, seed, update) for RL runs whose config's `kind` is `kind`."""
+  _LOADERS[kind] = load
+
+
+def _other_kind(workdir: str) -> str | None:
+  """The `kind` of a finished run of another trainer (results.json's config), else None."""
+  path = os.path.join(workdir, "results.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      kind = json.load(f).get("config", {}).get("kind")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return kind if isinstance(kind, str) and kind else None
+
+
 def load_policy(workdir: str, seed: int = 0, update: int | None = None):
-  """(environment, policy) of an RL run's seed `seed` (an index into its seeds) at its
-  last saved update (or `update`): `policy.default_params()` are the trained parameters,
-  so `Labeler(env, policy, config)` labels the trained behaviour as it is."""
+  """The trained policy of an RL run's seed `seed` (an index into its seeds) at its last
+  saved update (or `update`).
+
+  A symbolic run: (environment, policy), `policy.default_params()` the trained parameters,
+  so `Labeler(env, policy, config)` labels the trained behaviour as it is. A language model's
+  run (`hindsight rl --config rl_text`): (LoadedLM, the run's config), the LM's `.model` and
+  `.tokenizer` ready to sample (`hindsight lm export RUN --out DIR` writes it as a Hugging
+  Face folder)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
-    raise HindsightError(f"{os.path.abspath(workdir)}: no config.json (not an RL run's directory)")
+    kind = _other_kind(workdir)
+    load = _LOADERS.lookup(kind) if kind else None
+    if load is not None:
+      return load(workdir, seed, update)
+    raise HindsightError(
+      f"{os.path.abspath(workdir)}: no config.json nor a finished run's results.json (not an "
+      "RL run's directory)"
+    )
   with open(path) as f:
     config = _config(json.load(f))
   if not 0 <= seed < int(config.num_seeds):

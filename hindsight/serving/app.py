@@ -3,7 +3,8 @@
   POST /v1/credit   {"trajectories": [{"observations", "actions", "rewards", "agent"?}]}
                     (JSON, or msgpack with Content-Type application/msgpack)
                  -> {"credit": [[...]], "credit_std": [[...]], "p_zero": [[...]],
-                     "klass": [[name, ...]], "model": {"step", "digest"}}
+                     "klass": [[name, ...]], "model": {"step", "digest"},
+                     "steps": [[text, ...]] (a text model: each trace's steps as cut)}
   POST /v1/reload   {"checkpoint"?: DIR, "step"?: "best" | "last" | N}: load, verify, warm
                     up, then swap; requests in flight finish on the model they started on.
                     An admin action: it needs `Authorization: Bearer TOKEN` (the server's
@@ -47,7 +48,7 @@ from starlette.routing import Route
 
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode
-from hindsight.errors import HindsightError, note, one_line
+from hindsight.errors import HindsightError, error_body, note, one_line
 from hindsight.model.predictor import Predictor
 from hindsight.serving.config import ServeConfig
 
@@ -229,7 +230,11 @@ def _trajectories(body, server: Server) -> list[dict]:
     if isinstance(t, dict):
       steps = next((t[k] for k in ("actions", "steps", "step_text") if t.get(k) is not None), None)
     if isinstance(steps, list) and len(steps) > server.max_steps:
-      raise _Failure(413, f"{where}: {len(steps)} steps; the limit is {server.max_steps}")
+      raise _Failure(
+        413,
+        f"{where}: {len(steps)} steps; the limit is {server.max_steps} (`hindsight serve "
+        "--max-steps N` serves longer ones)",
+      )
     try:
       out.append(Episode.parse(t, spec, where))
     except HindsightError as e:
@@ -239,13 +244,16 @@ def _trajectories(body, server: Server) -> list[dict]:
 
 def _answer(scores: list[dict], predictor: Predictor) -> dict:
   names = np.asarray(KLASS_NAMES)
-  return {
+  out = {
     "credit": [s["credit"].astype(float).tolist() for s in scores],
     "credit_std": [s["std"].astype(float).tolist() for s in scores],
     "p_zero": [s["p_zero"].astype(float).tolist() for s in scores],
     "klass": [names[s["klass"]].tolist() for s in scores],
     "model": {"step": predictor.step, "digest": predictor.digest},
   }
+  if all("steps" in s for s in scores):  # text traces: the steps as the model cut them
+    out["steps"] = [s["steps"] for s in scores]
+  return out
 
 
 def create_app(
@@ -265,7 +273,7 @@ def create_app(
     """(status, JSON body, media type) of an answer, counted in the metrics."""
     server.requests.labels(route, str(status)).inc()
     if "error" in content:  # clients never learn the server's paths; its log keeps them
-      content = dict(content, error=redact_paths(content["error"]))
+      content = dict(content, **error_body(status, redact_paths(content["error"])))
     # msgspec encodes the nested float lists several times faster than the json module.
     return status, msgspec.json.encode(content), "application/json"
 

@@ -1,7 +1,9 @@
 """`hindsight score`: batch-score a JSONL file or a label dataset into JSONL.
 
 Each output line is the input episode (the export format) plus, per step,
-`predicted_credit`, `predicted_std`, `predicted_p_zero` and `predicted_klass` (names). The
+`predicted_credit`, `predicted_std`, `predicted_p_zero` and `predicted_klass` (names), and
+for a text model `step_text`, the steps the scores are of (a trace given as `text` is cut by
+the chunking rule of the model's labels). The
 output is written to a temporary file and renamed when complete: a killed run leaves no
 half-written file that looks finished.
 """
@@ -82,6 +84,8 @@ def score_file(
         ep["predicted_std"] = sc["std"].astype(float).tolist()
         ep["predicted_p_zero"] = sc["p_zero"].astype(float).tolist()
         ep["predicted_klass"] = names[sc["klass"]].tolist()
+        if "steps" in sc:  # a text trace: its steps as the model cut them
+          ep["step_text"] = sc["steps"]
         f.write(json.dumps(ep, sort_keys=True) + "\n")
       count += len(chunk)
       bar.update(len(chunk))

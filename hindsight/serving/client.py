@@ -50,8 +50,9 @@ class Client:
         return json.loads(response.read())
     except urllib.error.HTTPError as e:
       try:
-        message = json.loads(e.read()).get("error", e.reason)
-      except ValueError:
+        error = json.loads(e.read()).get("error", e.reason)
+        message = error.get("message", e.reason) if isinstance(error, dict) else error
+      except (ValueError, AttributeError):
         message = e.reason
       raise HindsightError(f"{path}: {e.code} {message}") from None
 

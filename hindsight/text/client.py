@@ -14,6 +14,12 @@ seed, a block of sample indices). It
   * refuses to go past its budget in completions or tokens (checked before each request:
     the run stops with what it has cached, and a rerun with a larger budget goes on).
 
+`context` is the model's context in tokens from GET /v1/models (`max_model_len`, as vLLM and
+`hindsight lm serve` report it; None where the endpoint says nothing), and
+`count_tokens(prompts)` their lengths from POST /tokenize at the server's root (vLLM, SGLang
+and `hindsight lm serve`; None where it is missing), cached beside the completions: the
+labeler clamps each request's max_tokens to what its prompt leaves of the context.
+
 A sample's cache key is SHA-256 of (model, prompt, sampling parameters, seed, index). Which
 indices share a request is fixed by (start, n) of the draw, never by what is cached, so a
 resumed job sends exactly the requests the killed one had not finished.
@@ -61,12 +67,17 @@ class Completion:
 
 @dataclasses.dataclass(frozen=True)
 class Draw:
-  """Samples start .. start + n - 1 of (prompt, seed): one request when not cached."""
+  """Samples start .. start + n - 1 of (prompt, seed): one request when not cached.
+  max_tokens: this draw's own cap (None: the client's sampling), where the prompt leaves
+  less of the model's context than that; where: what it continues, for messages ("trace
+  p3, step 7")."""
 
   prompt: str
   seed: int
   start: int
   n: int
+  max_tokens: int | None = None
+  where: str = ""
 
 
 def block_seed(seed: int, start: int) -> int:
@@ -91,6 +102,9 @@ class CompletionCache:
         "CREATE TABLE IF NOT EXISTS completions "
         "(key TEXT PRIMARY KEY, text TEXT NOT NULL, finish TEXT NOT NULL, tokens INTEGER)"
       )
+      # Prompt lengths in the endpoint's tokens (`CompletionClient.count_tokens`).
+      self._db.execute("CREATE TABLE IF NOT EXISTS prompt_tokens (key TEXT PRIMARY KEY, "
+                       "count INTEGER NOT NULL)")  # fmt: skip
     except sqlite3.DatabaseError as e:
       raise HindsightError(f"cache {path}: not a completion cache ({e})") from None
 
@@ -117,6 +131,18 @@ class CompletionCache:
       [(k, c.text, c.finish_reason, c.tokens) for k, c in items],
     )
     self._db.execute("COMMIT")
+
+  def get_counts(self, keys: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for lo in range(0, len(keys), 500):
+      part = keys[lo : lo + 500]
+      marks = ",".join("?" * len(part))
+      rows = self._db.execute(f"SELECT key, count FROM prompt_tokens WHERE key IN ({marks})", part)
+      out.update(dict(rows))
+    return out
+
+  def put_counts(self, items: list[tuple[str, int]]) -> None:
+    self._db.executemany("INSERT OR REPLACE INTO prompt_tokens VALUES (?, ?)", items)
 
   def __len__(self) -> int:
     return int(self._db.execute("SELECT COUNT(*) FROM completions").fetchone()[0])
@@ -200,9 +226,16 @@ class CompletionClient:
     self.bar = bar  # a tqdm bar to show the rates on (its postfix)
     self._started = time.monotonic()
 
+  def sampling_of(self, draw: Draw) -> Sampling:
+    """The sampling a draw's requests carry: the client's, at the draw's own cap if any."""
+    if draw.max_tokens is None:
+      return self.sampling
+    return dataclasses.replace(self.sampling, max_tokens=draw.max_tokens)
+
   def _keys(self, draw: Draw) -> list[str]:
+    sampling = self.sampling_of(draw)
     return [
-      CompletionCache.key(self.model, draw.prompt, self.sampling, draw.seed, draw.start + j)
+      CompletionCache.key(self.model, draw.prompt, sampling, draw.seed, draw.start + j)
       for j in range(draw.n)
     ]
 
@@ -213,64 +246,123 @@ class CompletionClient:
     missing = [i for i, ks in enumerate(keys) if any(k not in found for k in ks)]
     self.stats.cached += sum(len(ks) for ks in keys) - sum(len(keys[i]) for i in missing)
     if missing:
-      fetched = asyncio.run(self._fetch_all([draws[i] for i in missing]))
+      fetched = self._run_all([draws[i] for i in missing], self._fetch)
       for i, completions in zip(missing, fetched, strict=True):
         found.update(zip(keys[i], completions, strict=True))
+    self._report(force=True)
     return [[found[k] for k in ks] for ks in keys]
 
-  async def _fetch_all(self, draws: list[Draw]) -> list[list[Completion]]:
-    """`concurrency` workers take the draws in order, each on a connection of its own: one
-    shared httpx pool serialises its requests on a lock, and its throughput fell as
-    concurrency rose (encode/httpx#3215)."""
+  # -- the model's context --------------------------------------------------------------------
+  @functools.cached_property
+  def context(self) -> int | None:
+    """The model's context in tokens as the endpoint reports it (`max_model_len` in its
+    `/v1/models` entry, as vLLM, SGLang and `hindsight lm serve` give it), else None."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+    try:
+      with httpx.Client(headers=self._headers(), timeout=self.timeout,
+                        transport=self._sync_transport()) as http:  # fmt: skip
+        response = http.get(self.endpoint.rstrip("/") + "/models")
+      models = response.json()["data"] if response.status_code == 200 else []
+      entry = next((m for m in models if m.get("id") == self.model), {})
+      length = entry.get("max_model_len")
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+      return None
+    return int(length) if isinstance(length, int) and length > 0 else None
+
+  def count_tokens(self, prompts: list[str]) -> list[int] | None:
+    """Each prompt's length in the endpoint's tokens (what its completions request would
+    prefill, start tokens included) from its `/tokenize` route (vLLM's and SGLang's, at the
+    server's root), cached with the completions; None when the endpoint has no such route."""
+    keys = [_count_key(self.model, p) for p in prompts]
+    found = self.cache.get_counts(keys)
+    missing = sorted({p for p, k in zip(prompts, keys, strict=True) if k not in found})
+    if missing:
+      # One request first: an endpoint without the route answers it, and no more are sent.
+      first = self._run_all(missing[:1], self._tokenize)
+      if first[0] is None:
+        return None
+      counts = first + self._run_all(missing[1:], self._tokenize)
+      new = [(_count_key(self.model, p), c) for p, c in zip(missing, counts, strict=True)]
+      self.cache.put_counts(new)
+      found.update(new)
+    return [found[k] for k in keys]
+
+  # -- requests -----------------------------------------------------------------------------
+  def _headers(self) -> dict:
+    return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+  def _sync_transport(self):
+    """The transport of one-off synchronous requests (a test's mock transport serves both)."""
+    import httpx
+
+    if self.transport is None or isinstance(self.transport, httpx.BaseTransport):
+      return self.transport
+    return None
+
+  def _run_all(self, items: list, fetch) -> list:
+    """`await fetch(http, item)` of every item: `concurrency` workers take the items in
+    order, each on a connection of its own (one shared httpx pool serialises its requests on
+    a lock, and its throughput fell as concurrency rose: encode/httpx#3215)."""
+    return asyncio.run(self._gather(items, fetch))
+
+  async def _gather(self, items: list, fetch) -> list:
+    import httpx
+
     # One TLS context for every worker (each would load the CA bundle again, 30 ms apiece).
     verify = _tls_context() if self.url.startswith("https://") else False
-    todo = collections.deque(enumerate(draws))
-    results: list[list[Completion] | None] = [None] * len(draws)
+    todo = collections.deque(enumerate(items))
+    results: list = [None] * len(items)
     started = self._started = time.monotonic()
 
     async def worker():
       limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
       async with httpx.AsyncClient(
-        headers=headers,
+        headers=self._headers(),
         timeout=self.timeout,
         limits=limits,
         transport=self.transport,
         verify=verify,
       ) as http:
         while todo:
-          i, draw = todo.popleft()
-          results[i] = await self._fetch(http, draw)
+          i, item = todo.popleft()
+          results[i] = await fetch(http, item)
 
     try:
       async with asyncio.TaskGroup() as group:
-        for _ in range(min(self.concurrency, len(draws))):
+        for _ in range(min(self.concurrency, len(items))):
           group.create_task(worker())
     except* HindsightError as errors:
       raise errors.exceptions[0] from None
     finally:
       self.stats.seconds += time.monotonic() - started
-    return results  # type: ignore[return-value]
+    return results
+
+  async def _retried(self, request, where: str):
+    """`await request()`, retried on the failures worth another try (module docstring)."""
+    for attempt in range(self.retries + 1):
+      try:
+        return await request()
+      except _Retry as e:
+        if attempt == self.retries:
+          raise HindsightError(
+            f"endpoint {self.endpoint}: {e}{where} after {self.retries} retries"
+          ) from None
+        self.stats.retries += 1
+        wait = self.backoff * 2**attempt if e.wait is None else e.wait
+        await asyncio.sleep(min(wait, 30.0))
+    raise AssertionError("unreachable")
 
   async def _fetch(self, http, draw: Draw) -> list[Completion]:
     """One draw: its request, retried (module docstring), its samples cached."""
     self.budget.reserve(draw.n)
     body = {"model": self.model, "prompt": draw.prompt, "n": draw.n,
-            "seed": block_seed(draw.seed, draw.start), **self.sampling.body()}  # fmt: skip
-    for attempt in range(self.retries + 1):
-      try:
-        completions, tokens = await self._request(http, body, draw.n)
-        break
-      except _Retry as e:
-        if attempt == self.retries:
-          raise HindsightError(
-            f"endpoint {self.endpoint}: {e} after {self.retries} retries"
-          ) from None
-        self.stats.retries += 1
-        wait = self.backoff * 2**attempt if e.wait is None else e.wait
-        await asyncio.sleep(min(wait, 30.0))
+            "seed": block_seed(draw.seed, draw.start), **self.sampling_of(draw).body()}  # fmt: skip
+    where = f" (for {draw.where})" if draw.where else ""
+    parse = functools.partial(_choices, n=draw.n)
+    completions, tokens = await self._retried(
+      lambda: self._request(http, self.url, body, parse, where), where
+    )
     self.cache.put(list(zip(self._keys(draw), completions, strict=True)))
     self.budget.spent_tokens += tokens
     s = self.stats
@@ -281,24 +373,34 @@ class CompletionClient:
     self._report()
     return completions
 
-  def _report(self) -> None:
-    """Requests/s, tokens/s and the cache's share on the progress bar (at most 5 times/s)."""
+  async def _tokenize(self, http, prompt: str) -> int | None:
+    """The prompt's token count from the endpoint's /tokenize, or None if it has none."""
+    url = self.endpoint.rstrip("/").removesuffix("/v1") + "/tokenize"
+    body = {"model": self.model, "prompt": prompt}
+    return await self._retried(lambda: self._request(http, url, body, _count, missing=True), "")
+
+  def _report(self, force: bool = False) -> None:
+    """Completions, requests/s, tokens/s and the cache's share on the progress bar (at most
+    5 times/s, and once more when a batch of draws is done, so its last figures are the
+    totals)."""
     now = time.monotonic()
-    if self.bar is None or now - getattr(self, "_reported", 0.0) < 0.2:
+    if self.bar is None or (not force and now - getattr(self, "_reported", 0.0) < 0.2):
       return
     self._reported = now
     s = self.stats
-    elapsed = max(s.seconds + now - self._started, 1e-9)
+    elapsed = max(s.seconds + (0 if force else now - self._started), 1e-9)
     rates = {"req_s": f"{s.requests / elapsed:.1f}", "tok_s": f"{s.tokens / elapsed:.3g}"}
     self.bar.set_postfix(completions=s.completions, cached=s.cached, **rates)
 
-  async def _request(self, http, body: dict, n: int) -> tuple[list[Completion], int]:
-    """The n completions of one request and the completion tokens it used (the server's
-    `usage`, else the samples' words)."""
+  async def _request(self, http, url: str, body: dict, parse, where: str = "",
+                     missing: bool = False):  # fmt: skip
+    """parse(the JSON answer) of one POST of `body` to `url`: a failure worth another try
+    raises _Retry, a refusal a one-line HindsightError (naming `where`); `missing`: a route
+    the server does not have (404, 405) answers None."""
     import httpx
 
     try:
-      response = await http.post(self.url, json=body)
+      response = await http.post(url, json=body)
     except httpx.TimeoutException:
       raise _Retry(f"no answer within {self.timeout:g} s") from None
     except httpx.TransportError as e:
@@ -310,22 +412,41 @@ class CompletionClient:
       except ValueError:
         wait = None
       raise _Retry(f"HTTP {response.status_code}", wait)
+    if missing and response.status_code in (404, 405):
+      return None
     if response.status_code >= 400:
       raise HindsightError(
-        f"endpoint {self.endpoint} refused the request (HTTP {response.status_code}): "
+        f"endpoint {self.endpoint} refused the request{where} (HTTP {response.status_code}): "
         f"{_error_message(response)}"
       )
     try:
-      payload = response.json()
-      choices = sorted(payload["choices"], key=lambda c: int(c["index"]))
-      out = [_completion(c) for c in choices]
-    except (ValueError, KeyError, TypeError):
-      raise _Retry("malformed response (not a completions JSON body)") from None
-    if len(out) != n:
-      raise _Retry(f"malformed response ({len(out)} choices for n = {n})")
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return out, int(tokens) if isinstance(tokens, int) else sum(c.tokens for c in out)
+      return parse(response.json())
+    except (ValueError, KeyError, TypeError, AttributeError):
+      raise _Retry("malformed response (not a JSON answer of the route)") from None
+
+
+def _count_key(model: str, prompt: str) -> str:
+  return hashlib.sha256(json.dumps([model, prompt, "tokens"]).encode()).hexdigest()
+
+
+def _choices(payload: dict, n: int) -> tuple[list[Completion], int]:
+  """The n completions of a completions answer and the completion tokens it used (the
+  server's `usage`, else the samples' words)."""
+  choices = sorted(payload["choices"], key=lambda c: int(c["index"]))
+  out = [_completion(c) for c in choices]
+  if len(out) != n:
+    raise _Retry(f"malformed response ({len(out)} choices for n = {n})")
+  usage = payload.get("usage")
+  tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+  return out, int(tokens) if isinstance(tokens, int) else sum(c.tokens for c in out)
+
+
+def _count(payload: dict) -> int:
+  """The token count of a /tokenize answer (vLLM's `count`, else its `tokens`)."""
+  count = payload["count"] if "count" in payload else len(payload["tokens"])
+  if not isinstance(count, int):
+    raise TypeError("count")
+  return count
 
 
 @functools.cache

@@ -2,19 +2,24 @@
 
 This is the `text` episode format (`data.formats`, registered by the text plug-in): a text
 model's `Episode.parse` takes a trace in the JSONL format of docs/text.md (`steps` as
-objects with `text` or as strings, or `text` cut into sentences, or a dataset episode's
-`step_text`) with its outcome: `outcome` in [0, 1], `success`, the `rewards` of an exported
-episode, or a `reference` that the built-in `\\boxed{}` verifier checks the completion against.
+objects with `text` or as strings, or `text` cut into steps by the chunking rule its labels
+used, or a dataset episode's `step_text`) with its outcome: `outcome` in [0, 1], `success`, the
+`rewards` of an exported episode, or a `reference` that the labels' verifier checks the
+completion against (`DataSpec.label_options`: the label job's `chunking` and `verifier`; a
+model of labels that record none cuts sentences and checks the last `\\boxed{}`).
 The T steps become an Episode of T steps: rewards 0 but the last (the outcome), actions 0
 (text has no action ids), observations t / T (the position feature of text datasets), tags
 "step" or "tool_call", and the trace's `prompt` (read by an LM-backbone credit model).
 
 Every step must hold visible text, be valid UTF-8 and fit the model's text encoder
 (`TextEncoder.check_steps`: at most its `max_step_tokens`); otherwise a one-line
-HindsightError names the trace and the step.
+HindsightError names the trace (its place, and its `id` where it has one) and the step.
 """
 
 from __future__ import annotations
+
+import functools
+import json
 
 import numpy as np
 
@@ -24,7 +29,22 @@ from hindsight.model.spec import DataSpec
 from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 
-def _steps_of(episode: dict, where: str) -> tuple[list[str], list[str]]:
+@functools.cache
+def _reading(label_options: str) -> tuple[str, str]:
+  """(chunking, verifier) of a model's labels (`DataSpec.label_options`)."""
+  options = json.loads(label_options) if label_options else {}
+  return str(options.get("chunking", "sentences")), str(options.get("verifier", "boxed"))
+
+
+@functools.cache
+def _verifier(spec: str):
+  """The verifier `spec` names, loaded once (a server checks every request with it)."""
+  from hindsight.text.verify import load_verifier
+
+  return load_verifier(spec)
+
+
+def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list[str]]:
   """(the steps' texts, their tags) of a trace in any of the accepted layouts."""
   if episode.get("step_text") is not None:
     texts, roles = list(episode["step_text"]), [None] * len(episode["step_text"])
@@ -45,7 +65,7 @@ def _steps_of(episode: dict, where: str) -> tuple[list[str], list[str]]:
   elif isinstance(episode.get("text"), str):
     from hindsight.text.trace import chunk_text
 
-    texts = chunk_text(episode["text"])
+    texts = chunk_text(episode["text"], chunking)
     roles = [None] * len(texts)
   else:
     raise HindsightError(f"{where}: missing field 'steps' (a text trace: steps, text or step_text)")
@@ -62,7 +82,7 @@ def _steps_of(episode: dict, where: str) -> tuple[list[str], list[str]]:
   return texts, [r or "step" for r in roles]
 
 
-def _outcome(episode: dict, texts: list[str], where: str) -> float:
+def _outcome(episode: dict, texts: list[str], verifier: str, where: str) -> float:
   """The trace's outcome in [0, 1] (module docstring: where it may come from)."""
   if episode.get("outcome") is not None:
     value = episode["outcome"]
@@ -74,9 +94,12 @@ def _outcome(episode: dict, texts: list[str], where: str) -> float:
     except (TypeError, ValueError):
       raise HindsightError(f"{where}: 'rewards' must be numbers") from None
   elif episode.get("reference") is not None:
-    from hindsight.text.verify import last_boxed, same_answer
+    from hindsight.text.trace import TextStep, TextTrace
 
-    return float(same_answer(last_boxed("".join(texts)), str(episode["reference"])))
+    trace = TextTrace(prompt=str(episode.get("prompt") or ""),
+                      steps=[TextStep(text=t) for t in texts], id=_name(episode),
+                      reference=str(episode["reference"]))  # fmt: skip
+    return _verifier(verifier)(trace.completion(), trace)
   else:
     raise HindsightError(f"{where}: missing field 'outcome' (or success, or a reference)")
   if isinstance(value, bool | np.bool_):
@@ -84,6 +107,11 @@ def _outcome(episode: dict, texts: list[str], where: str) -> float:
   if not isinstance(value, int | float | np.number) or not 0.0 <= float(value) <= 1.0:
     raise HindsightError(f"{where}: 'outcome' must be a number in [0, 1]")
   return float(value)
+
+
+def _name(episode: dict) -> str | None:
+  name = episode.get("id") or episode.get("trace_id")
+  return str(name) if name else None
 
 
 def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode:
@@ -94,13 +122,17 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
     episode = msgspec.to_builtins(episode)
   if not isinstance(episode, dict):
     raise HindsightError(f"{where}: expected an object with the trace's steps")
-  texts, tags = _steps_of(episode, where)
+  name = _name(episode)
+  if name:
+    where = f"{where} (trace {name})"
+  chunking, verifier = _reading(spec.label_options)
+  texts, tags = _steps_of(episode, chunking, where)
   prompt = episode.get("prompt") or ""
   if not isinstance(prompt, str):
     raise HindsightError(f"{where}: 'prompt' must be a string")
   spec.encoder.check_steps(texts, where, prompt)
   T = len(texts)
-  outcome = _outcome(episode, texts, where)
+  outcome = _outcome(episode, texts, verifier, where)
   rewards = np.zeros(T, np.float32)
   rewards[-1] = outcome
   out = {
@@ -111,6 +143,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
     "tags": tuple(tags),
     "step_text": tuple(texts),
     "prompt": prompt,
+    "trace_id": name or "",
   }
   out.update(parse_labels(episode, T, where))
   return Episode(**out)

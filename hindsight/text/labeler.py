@@ -78,6 +78,28 @@ def text_path(env: str) -> str:
   return path
 
 
+def name_of(trace: TextTrace, episode: int) -> str:
+  """The trace's name: its `id`, else trace_<its index in the file>."""
+  return trace.id or f"trace_{episode}"
+
+
+def step_name(trace: TextTrace, episode: int, t: int) -> str:
+  """What a request from the prefix before step t continues, for messages."""
+  return f"trace {name_of(trace, episode)}, step {t}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+  """Samples lo .. hi-1 of the continuations of `prompt` under request seed `seed`; where:
+  what it continues ("trace p3, step 7"), for messages."""
+
+  prompt: str
+  seed: int
+  lo: int
+  hi: int
+  where: str
+
+
 def tag_of(step: TextStep) -> str:
   return "tool_call" if step.tool_call is not None else (step.role or "step")
 
@@ -155,23 +177,69 @@ class TextLabeler:
     )
 
   # -- draws ------------------------------------------------------------------------------
-  def _blocks(self, prompt: str, seed: int, lo: int, hi: int) -> list[Draw]:
+  def _blocks(self, ask: Ask, cap: int | None) -> list[Draw]:
     """Draws of samples lo .. hi-1 in the fixed blocks of the request size: the first K in
-    blocks of n from 0 (the last cut at K), later ones in blocks of n from K."""
+    blocks of n from 0 (the last cut at K), later ones in blocks of n from K (the last cut
+    at the most a step may draw, max_draws x K)."""
     K, n = self.config.num_rollouts, min(self.options.samples_per_request, self.config.num_rollouts)
+    most = self.options.max_draws * K
     out = []
-    for b in [*range(0, K, n), *range(K, hi, n)]:
-      size = min(n, K - b) if b < K else n
-      if b < hi and b + size > lo:
-        out.append(Draw(prompt, seed, b, size))
+    for b in [*range(0, K, n), *range(K, ask.hi, n)]:
+      size = min(n, K - b) if b < K else min(n, most - b)
+      if b < ask.hi and b + size > ask.lo:
+        out.append(Draw(ask.prompt, ask.seed, b, size, cap, ask.where))
     return out
 
-  def sample(self, requests: list[tuple[str, int, int, int]]) -> list[list]:
-    """Completions of (prompt, seed, lo, hi) requests: [len][hi - lo]."""
+  def caps(self, asks: list[Ask]) -> list[int | None]:
+    """Each request's own max_tokens where its prompt leaves less of the model's context
+    than --max-tokens (None: --max-tokens), from the endpoint's context and token counts
+    (`CompletionClient.context`, `count_tokens`); none where it reports neither. A prompt
+    that fills the context is a one-line error naming the trace and step."""
+    context = self.client.context
+    counts = self.client.count_tokens([a.prompt for a in asks]) if context else None
+    if counts is None:
+      return [None] * len(asks)
+    out = []
+    for ask, count in zip(asks, counts, strict=True):
+      room = context - count
+      if room < 1:
+        raise HindsightError(
+          f"{ask.where}: the text before it is {count} tokens, which fills the model's "
+          f"context of {context} (nothing is left to continue it): shorten the trace or serve "
+          "the model with a longer context"
+        )
+      out.append(room if room < self.options.max_tokens else None)
+    return out
+
+  def check_context(self) -> None:
+    """Before anything is spent: the longest prefix every trace of the file will be continued
+    from (the prompt of a trace still to sample) must leave room in the model's context
+    (`caps`: one line naming the first trace and step that does not)."""
+    asks = []
+    for e, trace in enumerate(self.traces):
+      if trace.steps is None and trace.text is None:
+        asks.append(Ask(trace.prompt, 0, 0, 1, f"trace {name_of(trace, e)}'s prompt"))
+        continue
+      trace = chunked(trace, self.options.chunking, str(e))
+      last = len(trace.steps) - 1
+      null = self.options.null_text if self.config.replacement == "null" else ""
+      asks.append(Ask(trace.prefix(last) + null, 0, 0, 1, step_name(trace, e, last)))
+    try:
+      self.caps(asks)
+    except HindsightError:  # name the first step whose prefix does not fit
+      for e, trace in enumerate(self.traces):
+        if trace.steps is not None or trace.text is not None:
+          trace = chunked(trace, self.options.chunking, str(e))
+          self.caps([Ask(trace.prefix(t), 0, 0, 1, step_name(trace, e, t))
+                     for t in range(len(trace.steps))])  # fmt: skip
+      raise
+
+  def sample(self, asks: list[Ask]) -> list[list]:
+    """Completions of every request: [len(asks)][hi - lo]."""
     draws, spans = [], []
-    for prompt, seed, lo, hi in requests:
-      blocks = self._blocks(prompt, seed, lo, hi)
-      spans.append((len(draws), len(blocks), lo, hi))
+    for ask, cap in zip(asks, self.caps(asks), strict=True):
+      blocks = self._blocks(ask, cap)
+      spans.append((len(draws), len(blocks), ask.lo, ask.hi))
       draws.extend(blocks)
     got = self.client.sample(draws)
     out = []
@@ -189,8 +257,12 @@ class TextLabeler:
     todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
       seeds = [int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
-      got = self.sample([(traces[i].prompt, s, 0, 1) for i, s in zip(todo, seeds, strict=True)])
-      for i, completions in zip(todo, got, strict=True):
+      asks = [Ask(traces[i].prompt, s, 0, 1, f"trace {name_of(traces[i], episodes[i])}'s prompt")
+              for i, s in zip(todo, seeds, strict=True)]  # fmt: skip
+      # One completion each: the trace (sample 0 of its seed, as a block of n would start).
+      draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
+               for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
+      for i, completions in zip(todo, self.client.sample(draws), strict=True):
         out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
     return [chunked(t, self.options.chunking, str(e)) for t, e in zip(out, episodes, strict=True)]
 
@@ -216,7 +288,8 @@ class TextLabeler:
     traces = self.with_steps(self.traces[start:stop], episodes, seed)
     seeds = [request_seeds(seed, e, ARM_POOL, len(t.steps)) for e, t in
              zip(episodes, traces, strict=True)]  # fmt: skip
-    requests = [(t.prefix(j), int(s[j]), 0, K) for t, s in zip(traces, seeds, strict=True)
+    requests = [Ask(t.prefix(j), int(s[j]), 0, K, step_name(t, e, j))
+                for t, s, e in zip(traces, seeds, episodes, strict=True)
                 for j in range(len(t.steps))]  # fmt: skip
     got = iter(self.sample(requests))
     out = []
@@ -234,7 +307,9 @@ class TextLabeler:
     found = self.resamples(start, stop, seed)
     if q == "null":
       null = self.options.null_text
-      requests = [(r.trace.prefix(j) + null, int(s), 0, K) for r in found
+      requests = [Ask(r.trace.prefix(j) + null, int(s), 0, K,
+                      step_name(r.trace, r.episode, j) + " (its null replacement)")
+                  for r in found
                   for j, s in enumerate(request_seeds(seed, r.episode, ARM_NULL,
                                                       len(r.trace.steps)))]  # fmt: skip
       got = iter(self.sample(requests))
@@ -283,8 +358,9 @@ class TextLabeler:
         return accepted, extra
       requests = []
       for i, t in short:
-        lo = len(draws[i][t])
-        requests.append((found[i].trace.prefix(t), int(found[i].seeds[t]), lo, min(lo + n, cap)))
+        lo, r = len(draws[i][t]), found[i]
+        requests.append(Ask(r.trace.prefix(t), int(r.seeds[t]), lo, min(lo + n, cap),
+                            step_name(r.trace, r.episode, t)))  # fmt: skip
       for (i, t), more in zip(short, self.sample(requests), strict=True):
         draws[i][t].extend(more)
 
@@ -297,6 +373,6 @@ class TextLabeler:
       "tags": [self.tag_names.index(tag_of(s)) for s in trace.steps],
       "step_text": [s.text for s in trace.steps],
       "prompt": trace.prompt,
-      "trace_id": trace.id or f"trace_{episode}",
+      "trace_id": name_of(trace, episode),
       "completions": drawn,
     }

@@ -5,13 +5,14 @@
 problem header and whole sentences); every choice continues it by parsing it back to the
 state (`world.parse_prefix`) and sampling the scripted policy to the end of the episode.
 
-The request fields of vLLM and SGLang that matter here are honoured: `prompt` (a string or a
-list: choices come back flattened, prompt-major), `n`, `max_tokens` (tokens are words here;
-a continuation cut short ends with finish_reason "length"), `temperature`, `top_p`, `seed`
+The protocol is `text.protocol`'s (the fields vLLM and SGLang take that matter here, the
+same refusals and error bodies as `hindsight lm serve`): `prompt` (a string or a list:
+choices come back flattened, prompt-major; token ids are refused, the world has no
+tokenizer), `n`, `max_tokens` (tokens are words here, default WORLD_MAX_TOKENS; a
+continuation cut short ends with finish_reason "length"), `temperature`, `top_p`, `seed`
 (choice j of a seeded request draws from the generator seeded with (seed, j), so a seeded
-request is reproducible at any concurrency), `stop`, `echo`. `logprobs` is accepted and
-answered with null. `GET /stats` counts the requests and completions served (what a rerun
-from the cache must leave unchanged).
+request is reproducible at any concurrency), `stop`, `echo`. `GET /stats` counts the requests
+and completions served (what a rerun from the cache must leave unchanged).
 """
 
 from __future__ import annotations
@@ -25,24 +26,18 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 from hindsight.text import world
+from hindsight.text.protocol import (
+  CompletionRequest,
+  Refusal,
+  check_request,
+  completion_body,
+  prompts_of,
+  protocol_app,
+  read_request,
+)
 
-DEFAULT_MAX_TOKENS = 512
-MAX_N = 256
-
-
-class CompletionRequest(msgspec.Struct):
-  model: str
-  prompt: str | list[str]
-  n: int = 1
-  max_tokens: int | None = None
-  temperature: float = 1.0
-  top_p: float = 1.0
-  seed: int | None = None
-  stop: str | list[str] | None = None
-  echo: bool = False
-  logprobs: int | None = None
-  stream: bool = False
-  user: str | None = None
+# A whole continuation: the world's episodes are far shorter than this many words.
+WORLD_MAX_TOKENS = 512
 
 
 def _words(text: str) -> int:
@@ -58,11 +53,10 @@ def complete_one(
   lead = "" if not sentences or prompt[-1:].isspace() else " "
   text = lead + " ".join(sentences)
   finish = "stop"
-  stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-  cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+  cut = min((i for i in (text.find(s) for s in req.stops) if i >= 0), default=-1)
   if cut >= 0:
     text = text[:cut]
-  limit = DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+  limit = WORLD_MAX_TOKENS if req.max_tokens is None else req.max_tokens
   words = text.split(" ")
   if _words(text) > limit:
     # Keep the first `limit` words (and the whitespace before them).
@@ -76,78 +70,25 @@ def complete_one(
   return text, finish, _words(text)
 
 
-def request_error(req: CompletionRequest, model: str) -> tuple[int, str, str] | None:
-  """(status, message, kind) of a request a completions server refuses, or None: another
-  model, a stream, n outside [1, MAX_N], max_tokens < 1, a bad temperature or top_p."""
-  if req.model != model:
-    return 404, f"The model `{req.model}` does not exist.", "NotFoundError"
-  if req.stream:
-    return 400, "stream is not supported by this server", "invalid_request_error"
-  if not 1 <= req.n <= MAX_N:
-    return 400, f"n must be in [1, {MAX_N}], got {req.n}", "invalid_request_error"
-  if req.max_tokens is not None and req.max_tokens < 1:
-    return 400, f"max_tokens must be >= 1, got {req.max_tokens}", "invalid_request_error"
-  if not (req.temperature >= 0 and 0 < req.top_p <= 1):
-    return 400, "temperature must be >= 0 and top_p in (0, 1]", "invalid_request_error"
-  return None
-
-
-def error_response(status: int, message: str, kind: str = "invalid_request_error"):
-  """An OpenAI-style error answer: {"error": {"message", "type"}} with `status`."""
-  from starlette.responses import JSONResponse
-
-  return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
-
-async def read_completion_request(request, decoder, model: str):
-  """(the request, its prompts as a list) of a POST /v1/completions, or the 400/404 answer
-  that refuses it (a body that does not decode, or `request_error`)."""
-  try:
-    req = decoder.decode(await request.body())
-  except msgspec.DecodeError as e:
-    return error_response(400, f"bad request body: {e}")
-  refused = request_error(req, model)
-  if refused is not None:
-    return error_response(*refused)
-  return req, [req.prompt] if isinstance(req.prompt, str) else req.prompt
-
-
-def completion_body(req: CompletionRequest, number: int, choices: list, prompt_tokens: int,
-                    completion_tokens: int) -> dict:  # fmt: skip
-  """The OpenAI `text_completion` answer to request number `number`."""
-  return {
-    "id": f"cmpl-{number}",
-    "object": "text_completion",
-    "created": int(time.time()),
-    "model": req.model,
-    "choices": choices,
-    "usage": {
-      "prompt_tokens": prompt_tokens,
-      "completion_tokens": completion_tokens,
-      "total_tokens": prompt_tokens + completion_tokens,
-    },
-  }
-
-
 def create_app():
-  """The Starlette app: POST /v1/completions, GET /v1/models, GET /stats."""
-  from starlette.requests import Request
-  from starlette.responses import JSONResponse
-
+  """The Starlette app: POST /v1/completions and `protocol_app`'s GET routes."""
   stats = {"requests": 0, "completions": 0}
   decoder = msgspec.json.Decoder(CompletionRequest)
 
-  async def completions(request: Request):
-    parsed = await read_completion_request(request, decoder, world.MODEL_NAME)
-    if not isinstance(parsed, tuple):
-      return parsed
-    req, prompts = parsed
+  async def completions(request):
+    from starlette.responses import JSONResponse
+
+    req = await read_request(request, decoder)
+    check_request(req, world.MODEL_NAME)
+    prompts = prompts_of(req)
+    if not all(isinstance(p, str) for p in prompts):
+      raise Refusal(400, "prompt: the text world reads text, not token ids")
     choices, used = [], 0
     for p_index, prompt in enumerate(prompts):
       try:
         state = world.parse_prefix(prompt)
       except HindsightError as e:
-        return error_response(400, str(e))
+        raise Refusal(400, str(e)) from None
       for j in range(req.n):
         rng = np.random.default_rng(None if req.seed is None else [req.seed & (2**63 - 1), j])
         text, finish, tokens = complete_one(prompt, state, rng, req)
@@ -160,31 +101,7 @@ def create_app():
     prompt_tokens = sum(_words(p) for p in prompts)
     return JSONResponse(completion_body(req, stats["requests"], choices, prompt_tokens, used))
 
-  return completions_app(completions, world.MODEL_NAME, stats)
-
-
-def completions_app(completions, model: str, stats: dict):
-  """A Starlette app serving the handler `completions` at POST /v1/completions, the one
-  `model` at GET /v1/models and the counters `stats` at GET /stats."""
-  from starlette.applications import Starlette
-  from starlette.responses import JSONResponse
-  from starlette.routing import Route
-
-  async def models(request):
-    del request
-    return JSONResponse({"object": "list", "data": [{"id": model, "object": "model"}]})
-
-  async def get_stats(request):
-    del request
-    return JSONResponse(dict(stats))
-
-  return Starlette(
-    routes=[
-      Route("/v1/completions", completions, methods=["POST"]),
-      Route("/v1/models", models, methods=["GET"]),
-      Route("/stats", get_stats, methods=["GET"]),
-    ]
-  )
+  return protocol_app({"/v1/completions": completions}, world.MODEL_NAME, stats)
 
 
 def _server(host: str, port: int):

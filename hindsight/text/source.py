@@ -47,6 +47,7 @@ class TextSource:
       obs_shape=(1,),
       obs_dtype=np.float32,
       texts=True,
+      compiles=False,
     )
     self._truncated = 0
 
@@ -56,14 +57,17 @@ class TextSource:
   def label(self, seed: int, start: int, stop: int, bar) -> dict:
     if self.labeler.client is None:
       self.labeler.open(self.cache_path, bar)
+      self.labeler.check_context()
     rows = self.labeler.label(start, stop, seed)
     bar.update(stop - start)
     arrays = stack_traces(rows)
     truncated = self.labeler.client.stats.truncated
     if truncated > self._truncated:
-      cap = self.labeler.options.max_tokens
-      note(f"{truncated} continuations so far ended at --max-tokens {cap} (finish_reason "
-           "length): the verifier scored them as written")  # fmt: skip
+      cap, context = self.labeler.options.max_tokens, self.labeler.client.context
+      less = (f", or fewer where the text before them left less of the model's {context}-token "
+              "context") if context and context - 1 < cap else ""  # fmt: skip
+      note(f"{truncated} continuations so far ended at their token cap (--max-tokens {cap}{less};"
+           " finish_reason length): the verifier scored them as written")  # fmt: skip
       self._truncated = truncated
     return arrays
 

@@ -21,6 +21,10 @@ Chunking rules (`chunk_text`):
               into the next one (the last into the one before)
   newlines    one chunk per line
   re:PATTERN  split after every match of the regular expression PATTERN
+Under every rule a piece with no visible character (a blank line, a run of spaces) is no
+step: it joins the chunk before it (the first such piece joins the one after), so a step
+always holds text a model wrote and a label is never paid for whitespace. A trace given with
+`steps` of its own must hold visible text in each (`read_traces` refuses a blank one).
 """
 
 from __future__ import annotations
@@ -97,6 +101,24 @@ def _merge_short(chunks: list[str]) -> list[str]:
   return out
 
 
+def _join_blank(chunks: list[str]) -> list[str]:
+  """Chunks with no visible character appended to the chunk before them (leading ones to
+  the first visible chunk): each chunk keeps its trailing whitespace, as every rule cuts."""
+  out: list[str] = []
+  lead = ""
+  for chunk in chunks:
+    if chunk.strip():
+      out.append(lead + chunk)
+      lead = ""
+    elif out:
+      out[-1] += chunk
+    else:
+      lead += chunk
+  if lead:  # nothing visible at all: the text is one (blank) chunk
+    out.append(lead)
+  return out
+
+
 def check_chunking(rule: str) -> None:
   """A one-line HindsightError for a rule `chunk_text` does not know or cannot compile."""
   if rule in ("sentences", "newlines"):
@@ -113,16 +135,14 @@ def check_chunking(rule: str) -> None:
 
 
 def chunk_text(text: str, rule: str = "sentences") -> list[str]:
-  """text -> its chunks by `rule` (the module docstring); "".join(chunks) == text."""
+  """text -> its chunks by `rule` (the module docstring); "".join(chunks) == text, and every
+  chunk holds a visible character unless the whole text is blank (then it is one chunk)."""
   check_chunking(rule)
   if rule == "sentences":
-    chunks = _merge_short(_spans(text, _SENTENCE_END.finditer(text)))
-  elif rule == "newlines":
-    chunks = _spans(text, re.finditer(r"\n", text))
-  else:
-    chunks = _spans(text, re.finditer(rule[3:], text))
-  # Leading whitespace of the whole text stays with the first chunk.
-  return [c for c in chunks if c]
+    return _merge_short(_spans(text, _SENTENCE_END.finditer(text)))
+  if rule == "newlines":
+    return _join_blank(_spans(text, re.finditer(r"\n", text)))
+  return _join_blank(_spans(text, re.finditer(rule[3:], text)))
 
 
 def chunked(trace: TextTrace, rule: str, name: str = "") -> TextTrace:
@@ -161,6 +181,12 @@ def read_traces(path: str, limit: int | None = None) -> list[TextTrace]:
         raise HindsightError(f"{path}:{number}: give `steps` or `text`, not both")
       if trace.steps is not None and not trace.steps:
         raise HindsightError(f"{path}:{number}: `steps` is empty")
+      blank = next((i for i, s in enumerate(trace.steps or ()) if not s.text.strip()), None)
+      if blank is not None:
+        raise HindsightError(
+          f"{path}:{number}: trace {trace.id or number}: step {blank} is blank (whitespace "
+          "only): join it to the step before it (a step is text the model wrote)"
+        )
       traces.append(trace)
   if not traces:
     raise HindsightError(f"{path}: no traces in it")

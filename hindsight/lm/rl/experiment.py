@@ -22,6 +22,7 @@ import numpy as np
 
 from hindsight.rl.experiment import (
   COLLAPSE_DROP,
+  RANGES,
   check_sources,
   ci_text,
   collapsed,
@@ -43,7 +44,7 @@ def summarize(results: dict) -> dict:
     seeds = r["seeds"]
     setup = r["setup"]["completions"]
     credit = float(np.mean([s["credit_env_steps"] for s in seeds]))
-    row = {m: mean_ci([s[m] for s in seeds]) for m in MEASURES}
+    row = {m: mean_ci([s[m] for s in seeds], RANGES[m]) for m in MEASURES}
     drift = "drift" in seeds[0]
     row.update(
       policy_completions=float(np.mean([s["policy_env_steps"] for s in seeds])),

@@ -218,8 +218,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return results
 
 
-def load_policy(workdir: str, seed: int = 0):
-  """(LoadedLM of the trained policy of `seed`, its config): the last checkpoint's model."""
+def load_policy(workdir: str, seed: int = 0, update: int | None = None):
+  """(LoadedLM of the trained policy of `seed`, the run's config): its last checkpoint's
+  model (`update`, if given, must be that checkpoint's: a run keeps only its last). Also what
+  `hindsight.rl.load_policy` returns for a run of this trainer."""
   import dataclasses
 
   import jax
@@ -240,6 +242,8 @@ def load_policy(workdir: str, seed: int = 0):
     steps = ckpt.steps()
     if not steps:
       raise HindsightError(f"{workdir}: seed {seed} has no checkpoint")
+    if update is not None and int(update) != steps[-1]:
+      raise HindsightError(f"{workdir}: seed {seed} keeps its last update ({steps[-1]}) only")
     _, state = ckpt.restore({"model": nnx.state(nnx.eval_shape(lambda: lm.model))},
                             step=steps[-1], partial=True)  # fmt: skip
   finally:
@@ -248,11 +252,28 @@ def load_policy(workdir: str, seed: int = 0):
 
 
 def results_text(results: dict, path: str) -> str:
-  """The run's result in one console line (`hindsight rl`)."""
-  seeds = results["seeds"]
-  mean = {m: sum(s[m] for s in seeds) / len(seeds) for m in ("success", "tokens", "length")}
+  """The run's result in one console line (`hindsight rl`): each measure from its start
+  (update 0) to its end, the end's 95% interval over seeds cut to the measure's range."""
+  from hindsight.rl.experiment import RANGES, ci_text, mean_ci
+
+  seeds, start = results["seeds"], results["curve"][0]["seeds"]
+
+  def change(m: str, fmt: str) -> str:
+    first = float(np.mean([s[m] for s in start]))
+    return f"{first:{fmt}} -> {ci_text(mean_ci([s[m] for s in seeds], RANGES[m]), fmt)}"
+
   return (
-    f"{results['source']} on a language model: after {results['updates']} updates, success "
-    f"{mean['success']:.3f}, {mean['tokens']:.1f} tokens and {mean['length']:.2f} steps per "
-    f"trace (mean of {len(seeds)} seeds); {path}"
+    f"{results['source']} on a language model, {results['updates']} updates: success "
+    f"{change('success', '.3f')}, tokens per trace {change('tokens', '.1f')}, steps per "
+    f"trace {change('length', '.2f')} (over {len(seeds)} seeds); {path}"
   )
+
+
+def _register() -> None:
+  from hindsight.lm.rl.config import KIND
+  from hindsight.rl.load import register_policy_loader
+
+  register_policy_loader(KIND, load_policy)
+
+
+_register()  # this module is the `lm` plug-in of `hindsight.rl.load_policy`

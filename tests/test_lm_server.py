@@ -1,0 +1,229 @@
+"""`hindsight lm serve` as a new user meets it with their own folder: a tiny random Qwen2
+written in Hugging Face's layout with its own byte-level BPE (vocabulary 300, context 512),
+a chat template and a generation_config.json; the OpenAI surface held against the
+in-process sampler and `transformers`' own chat-template rendering."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import jax
+import numpy as np
+import pytest
+
+from hindsight.errors import HindsightError
+from hindsight.lm import backbone, hf
+from hindsight.lm.config import BackboneConfig
+from hindsight.model.encoders.tokenizer import train_bpe
+from hindsight.text import world
+from tests.conftest import FAST_COMPILE, HINDSIGHT, ROOT
+
+SERVER = pytest.mark.xdist_group("lm_server")
+CFG = BackboneConfig("qwen2", vocab_size=300, width=32, depth=2, num_heads=4, num_kv_heads=2,
+                     head_dim=8, hidden=48, max_len=512, tied=True)  # fmt: skip
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+
+
+def write_folder(path: str, seed: int = 0, cfg: BackboneConfig = CFG) -> str:
+  """A user's folder: weights, config.json, tokenizer.json, and a tokenizer_config.json with
+  a chat template."""
+  texts = [t.prompt + t.completion() for t in world.sample_traces(0, 60)]
+  folder = hf.write_hf(backbone.build(cfg, jax.random.key(seed)), cfg, train_bpe(texts, 300), path)
+  with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+    json.dump({"chat_template": TEMPLATE, "eos_token": "<eos>"}, f)
+  return folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+  return write_folder(str(tmp_path_factory.mktemp("user_lm") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def served(folder):
+  from hindsight.lm.server import running_lm
+
+  with running_lm(folder, name="tiny") as (url, name):
+    yield url, name
+
+
+def _post(url: str, route: str, body: dict) -> httpx.Response:
+  return httpx.post(url.removesuffix("/v1") + route, json=body, timeout=120)
+
+
+def _draws(folder: str, prompt_ids, seed: int, n: int, budget: int):
+  """The in-process sampler's draws of the server's keys: token ids [n] (EOS dropped)."""
+  from hindsight.lm.sample import pad_prompts, sampler
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  ids, lengths = pad_prompts([np.asarray(prompt_ids)] * n, lm.cfg.max_len)
+  R = ids.shape[0]
+  keys = jax.numpy.stack([jax.random.fold_in(jax.random.key(seed), min(j, n - 1))
+                          for j in range(R)])  # fmt: skip
+  out, count, eos = sampler(lm.graphdef, lm.cfg)(
+    lm.state, ids, lengths, np.full(R, budget, np.int32), np.ones(R, np.float32),
+    np.ones(R, np.float32), keys,
+  )  # fmt: skip
+  return [np.asarray(out[j, : int(count[j]) - int(eos[j])]) for j in range(n)], lm.tokenizer
+
+
+@SERVER
+def test_decoding_stops_at_a_stop_string_and_bills_the_tokens_up_to_it(served, folder):
+  url, name = served
+  prompt = "Problem 3: three boxes hold 1, 2 and 3 apples."
+  full, tok = _draws(folder, tok_ids(folder, prompt), seed=4, n=6, budget=60)
+  texts = [tok.decode(t) for t in full]
+  stop = next(c for c in "eoatn" if sum(c in t for t in texts) >= 3)
+  got = _post(url, "/v1/completions", {"model": name, "prompt": prompt, "n": 6, "seed": 4,
+                                       "max_tokens": 60, "stop": [stop]}).json()  # fmt: skip
+  billed = 0
+  for choice, tokens, text in zip(got["choices"], full, texts, strict=True):
+    if stop in text:
+      # The engine stopped at the first token whose text holds the stop string: the bill
+      # is that many tokens, not the 60 the choice would have drawn.
+      end = next(i for i in range(1, len(tokens) + 1) if stop in tok.decode(tokens[:i]))
+      assert choice["text"] == text.split(stop)[0] and choice["finish_reason"] == "stop"
+      billed += end
+    else:
+      assert choice["text"] == text
+      billed += len(tokens)
+  assert got["usage"]["completion_tokens"] == billed < sum(len(t) for t in full)
+  stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
+  assert stats["stopped"] == sum(stop in t for t in texts) >= 3
+
+
+def tok_ids(folder: str, text: str) -> list[int]:
+  return hf.read_tokenizer(folder).encode(text, start=True).tolist()
+
+
+@SERVER
+def test_the_context_is_enforced_as_vllm_does_and_max_tokens_defaults_to_16(served, folder):
+  url, name = served
+  ids = tok_ids(folder, "Problem 3: boxes")
+  over = _post(url, "/v1/completions", {"model": name, "prompt": "Problem 3: boxes",
+                                        "max_tokens": 512})  # fmt: skip
+  assert over.status_code == 400
+  message = over.json()["error"]["message"]
+  assert "maximum context length is 512 tokens" in message and f"{len(ids) + 512}" in message
+  assert over.json()["error"]["code"] == 400
+  plain = _post(url, "/v1/completions", {"model": name, "prompt": "Problem 3: boxes",
+                                         "seed": 1}).json()  # fmt: skip
+  (expected,), tok = _draws(folder, ids, seed=1, n=1, budget=16)
+  assert plain["choices"][0]["text"] == tok.decode(expected)
+  assert plain["usage"]["completion_tokens"] == len(expected) <= 16
+  # Token ids are a prompt too, and draw what their text draws.
+  by_ids = _post(url, "/v1/completions", {"model": name, "prompt": ids, "seed": 1}).json()
+  assert by_ids["choices"][0]["text"] == plain["choices"][0]["text"]
+  both = _post(url, "/v1/completions", {"model": name, "prompt": [ids, ids], "seed": 1})
+  assert [c["text"] for c in both.json()["choices"]] == [plain["choices"][0]["text"]] * 2
+  assert _post(url, "/v1/completions", {"model": name, "prompt": [5, 999]}).status_code == 400
+
+
+@SERVER
+def test_the_openai_surface_refuses_what_it_does_not_honour(served):
+  url, name = served
+  root = url.removesuffix("/v1")
+  models = httpx.get(url + "/models").json()["data"]
+  assert [(m["id"], m["max_model_len"]) for m in models] == [("tiny", 512)]
+  assert httpx.get(url + "/models/tiny").json()["max_model_len"] == 512
+  assert httpx.get(url + "/models/other").status_code == 404
+  assert httpx.get(root + "/health").status_code == 200
+  base = {"model": name, "prompt": "Problem 3:"}
+  refused = {
+    "logprobs": (1, "logprobs is not supported"),
+    "temperatur": (0.5, "unknown field `temperatur`"),
+    "presence_penalty": (0.5, "presence_penalty is not supported"),
+    "stream": (True, "stream is not supported"),
+  }
+  for field, (value, message) in refused.items():
+    r = _post(url, "/v1/completions", {**base, field: value})
+    assert r.status_code == 400 and message in r.json()["error"]["message"], (field, r.text)
+  assert _post(url, "/v1/completions", {**base, "logprobs": 0}).status_code == 400
+  # Neutral values of options no server here implements are what clients send by default.
+  assert _post(url, "/v1/completions", {**base, "presence_penalty": 0.0,
+                                        "top_k": -1}).status_code == 200  # fmt: skip
+  r = httpx.get(root + "/v1/embeddings")
+  assert r.status_code == 404 and "not served here" in r.json()["error"]["message"]
+  count = _post(url, "/tokenize", {"model": name, "prompt": "Problem 3:"}).json()
+  assert count["max_model_len"] == 512 and count["count"] == len(count["tokens"])
+  back = _post(url, "/detokenize", {"model": name, "tokens": count["tokens"]}).json()
+  assert back["prompt"] == "Problem 3:"
+
+
+@SERVER
+def test_chat_completions_render_the_folders_template_as_transformers_does(served, folder):
+  from transformers import PreTrainedTokenizerFast
+
+  url, name = served
+  messages = [{"role": "system", "content": "Count apples."},
+              {"role": "user", "content": "Boxes hold 1 and 2."}]  # fmt: skip
+  reference = PreTrainedTokenizerFast(tokenizer_file=os.path.join(folder, "tokenizer.json"))
+  reference.chat_template = TEMPLATE
+  text = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  ids = hf.read_tokenizer(folder).encode(text).tolist()  # the template writes its own start
+  counted = _post(url, "/tokenize", {"model": name, "messages": messages}).json()
+  assert counted["tokens"] == ids
+  chat = _post(url, "/v1/chat/completions", {"model": name, "messages": messages, "seed": 2,
+                                             "max_tokens": 12}).json()  # fmt: skip
+  plain = _post(url, "/v1/completions", {"model": name, "prompt": ids, "seed": 2,
+                                         "max_tokens": 12}).json()  # fmt: skip
+  assert chat["object"] == "chat.completion"
+  assert chat["choices"][0]["message"] == {"role": "assistant",
+                                           "content": plain["choices"][0]["text"]}  # fmt: skip
+
+
+def test_a_folders_end_ids_come_from_generation_config_and_are_required(tmp_path):
+  folder = write_folder(str(tmp_path / "a"))
+  with open(os.path.join(folder, "config.json")) as f:
+    config = json.load(f)
+  with open(os.path.join(folder, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [1, 7]}, f)
+  assert hf.read_config(folder).eos_ids == (1, 7)
+  # No eos_token_id anywhere: tokenizer_config.json's eos_token, by its id in tokenizer.json.
+  os.remove(os.path.join(folder, "generation_config.json"))
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump({k: v for k, v in config.items() if k != "eos_token_id"}, f)
+  assert hf.read_config(folder).eos_ids == (1,)  # "<eos>" is id 1 of the BPE
+  os.remove(os.path.join(folder, "tokenizer_config.json"))
+  with pytest.raises(HindsightError, match="no end-of-sequence id"):
+    hf.read_config(folder)
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
+  small = BackboneConfig("qwen2", vocab_size=290, width=32, depth=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, hidden=48, max_len=64)  # fmt: skip
+  folder = write_folder(str(tmp_path / "b"), cfg=small)  # its BPE has 300 tokens
+  with pytest.raises(
+    HindsightError, match="holds 300 tokens, more than the model's vocab_size 290"
+  ):
+    hf.load_hf(folder)
+
+
+@pytest.mark.slow
+def test_lm_serve_says_what_it_does_and_ctrl_c_stops_it(folder):
+  """The process boundary: its start is narrated, and SIGINT is a stop, not a resume."""
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, PYTHONUNBUFFERED="1")
+  proc = subprocess.Popen(
+    [*HINDSIGHT, "lm", "serve", "--lm", folder, "--port", "8193", "--served-model-name",
+     "mine", "--max-batch", "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  lines = []
+  deadline = time.time() + 240
+  while not any("on http://127.0.0.1:8193/v1" in line for line in lines):
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+    lines.append(proc.stdout.readline())
+  text = "".join(lines)
+  assert "loading" in text and "context 512 tokens, 4 slots" in text
+  assert "compiling its" in text and "compiled in" in text
+  assert httpx.get("http://127.0.0.1:8193/v1/models").json()["data"][0]["id"] == "mine"
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert "hindsight: stopped" in err and "resume" not in err, err
