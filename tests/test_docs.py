@@ -196,3 +196,21 @@ def test_readme_example_names_what_the_package_has():
           assert kw.arg in params, (node.func.attr, kw.arg)
           checked += 1
   assert checked >= 10, checked  # the example's label, train, load and score calls
+
+
+def test_help_lists_every_shipped_config():
+  """`hindsight train --help` and `hindsight rl --help` name each config the package ships
+  (a new one, such as `text_lm`, appears without an edit of the help text)."""
+  from hindsight.config_io import shipped_configs
+
+  subs = _subparsers()
+  helps = {
+    name: next(a.help for a in subs[name]._actions if "--config" in a.option_strings)
+    for name in ("train", "rl")
+  }
+  for config in shipped_configs():
+    if config == "generic":
+      continue
+    command = "rl" if config.startswith("rl_") else "train"
+    assert re.search(rf"\b{config}\b", helps[command]), (command, config, helps[command])
+  assert "text_lm" in helps["train"] and "rl_text" in helps["rl"]

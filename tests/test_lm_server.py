@@ -97,6 +97,21 @@ def test_decoding_stops_at_a_stop_string_and_bills_the_tokens_up_to_it(served, f
   assert got["usage"]["completion_tokens"] == billed < sum(len(t) for t in full)
   stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
   assert stats["stopped"] == sum(stop in t for t in texts) >= 3
+  # A stopped choice frees its slot on the device at once: a long draw stopped early costs
+  # the decode calls up to its stop, not those to its budget.
+  long = next((tokens, seed) for seed in range(20)
+              for tokens in _draws(folder, tok_ids(folder, prompt), seed, 1, 400)[0]
+              if len(tokens) >= 200)  # fmt: skip
+  tokens, seed = long
+  text = tok.decode(tokens)
+  stop = next(c for c in text[4:] if c.strip())  # appears within the first few tokens
+  end = next(i for i in range(1, len(tokens) + 1) if stop in tok.decode(tokens[:i]))
+  calls = stats["decode_calls"]
+  got = _post(url, "/v1/completions", {"model": name, "prompt": prompt, "seed": seed,
+                                       "max_tokens": 400, "stop": stop}).json()  # fmt: skip
+  assert got["usage"]["completion_tokens"] == end and got["choices"][0]["finish_reason"] == "stop"
+  spent = httpx.get(url.removesuffix("/v1") + "/stats").json()["decode_calls"] - calls
+  assert spent <= end // 8 + 2 < len(tokens) // 8, (spent, end, len(tokens))
 
 
 def tok_ids(folder: str, text: str) -> list[int]:
@@ -147,8 +162,11 @@ def test_the_openai_surface_refuses_what_it_does_not_honour(served):
     assert r.status_code == 400 and message in r.json()["error"]["message"], (field, r.text)
   assert _post(url, "/v1/completions", {**base, "logprobs": 0}).status_code == 400
   # Neutral values of options no server here implements are what clients send by default.
-  assert _post(url, "/v1/completions", {**base, "presence_penalty": 0.0,
-                                        "top_k": -1}).status_code == 200  # fmt: skip
+  for neutral in ({"presence_penalty": 0.0, "top_k": -1}, {"top_k": 0, "best_of": 1},
+                  {"logit_bias": {}, "min_p": 0.0}):  # fmt: skip
+    assert _post(url, "/v1/completions", {**base, **neutral}).status_code == 200, neutral
+  r = _post(url, "/v1/completions", {**base, "best_of": 2})
+  assert r.status_code == 400 and "best_of is not supported" in r.json()["error"]["message"]
   r = httpx.get(root + "/v1/embeddings")
   assert r.status_code == 404 and "not served here" in r.json()["error"]["message"]
   count = _post(url, "/tokenize", {"model": name, "prompt": "Problem 3:"}).json()

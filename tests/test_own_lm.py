@@ -14,6 +14,7 @@ import pytest
 
 from hindsight.data import open_labels
 from hindsight.text import world
+from hindsight.text.trace import chunk_text
 from tests.conftest import assert_one_line_error, run_cli
 from tests.test_lm_server import write_folder
 
@@ -54,7 +55,7 @@ def own(tmp_path_factory):
                     "--config.train.eval_every=30", "--config.data.test_fraction=0.04")  # fmt: skip
     assert train.returncode == 0, train.stderr
     yield {"root": root, "url": url, "name": name, "stats": stats, "served": served,
-           "traces": traces, "train": train}  # fmt: skip
+           "traces": traces, "train": train, "label": got}  # fmt: skip
 
 
 @OWN_LM
@@ -71,6 +72,11 @@ def test_blank_lines_are_no_steps_and_the_dataset_counts_what_was_served(own):
     == own["served"]
     == 4 * sum(len(labels[i]["step_text"]) for i in range(len(labels)))
   )
+  # The default --max-tokens 1024 is more than a 512-token model leaves: each request asked
+  # for the rest of the context, and the note says which cap cut the continuations.
+  note = own["label"].stderr
+  assert "ended at their token cap (--max-tokens 1024; " in note, note
+  assert "at fewer, what the text before them left of the model's 512-token context" in note
 
 
 @OWN_LM
@@ -109,15 +115,17 @@ def test_score_and_serve_read_text_as_the_labels_did_and_return_the_steps(own, t
   from hindsight.serving.config import ServeConfig
 
   run = str(own["root"] / "run")
-  text = "Box one holds 1, \\boxed{6}.\n\nNo: the answer is \\boxed{5}.\n"
+  text = "Box one holds 1. So \\boxed{6}.\n\nNo: the answer is \\boxed{5}.\n"
   trace = {"prompt": "Problem 2: boxes hold 1, 2 and 3.\n", "text": text, "reference": "6"}
   (tmp_path / "in.jsonl").write_text(json.dumps(trace) + "\n")
   got = run_cli("score", "--run", run, "--input", tmp_path / "in.jsonl", "--out",
                 tmp_path / "out.jsonl", "--no-progress")  # fmt: skip
   assert got.returncode == 0, got.stderr
   row = json.loads((tmp_path / "out.jsonl").read_text())
-  # Cut by the labels' rule (newlines; sentences would cut after "1," too) and returned.
-  assert row["step_text"] == ["Box one holds 1, \\boxed{6}.\n\n", "No: the answer is \\boxed{5}.\n"]
+  # Cut by the labels' rule (newlines; sentences would cut after "1. " too) and returned.
+  assert chunk_text(text, "sentences") != chunk_text(text, "newlines")
+  assert row["step_text"] == chunk_text(text, "newlines")
+  assert len(row["step_text"]) == 2
   # The reference is checked by the labels' verifier (the first \boxed{}: correct), not by
   # the built-in `boxed` (the last: wrong).
   predictor = Predictor.load(run)

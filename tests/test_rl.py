@@ -467,3 +467,17 @@ def test_a_source_with_a_loss_term_of_its_own_is_one_module(tmp_path, monkeypatc
   check_config(c)
   assert c.trust.beta == 1.0  # the node the module registered, at its default
   sys.modules.pop("my_trust", None)
+
+
+def test_intervals_over_seeds_stay_inside_the_measures_range():
+  """A t-interval over two seeds of success 0 and 1 reaches [-5.9, 6.9]: a rate's interval is
+  cut to [0, 1], a count's to [0, inf), and the mean is untouched."""
+  from hindsight.rl.experiment import RANGES, ci_text, mean_ci
+
+  mean, lo, hi = mean_ci([0.0, 1.0])
+  assert lo < -5 and hi > 6 and mean == 0.5
+  assert mean_ci([0.0, 1.0], RANGES["success"]) == (0.5, 0.0, 1.0)
+  assert mean_ci([0.2, 0.9, 1.0], RANGES["decorative"])[2] == 1.0
+  assert mean_ci([1.0, 30.0], RANGES["tokens"])[1:] == (0.0, pytest.approx(mean_ci([1, 30])[2]))
+  assert mean_ci([0.4], RANGES["success"]) == (0.4, 0.4, 0.4)
+  assert ci_text(mean_ci([0.0, 1.0], RANGES["success"]), ".3f") == "0.500 [0.000, 1.000]"

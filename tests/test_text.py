@@ -491,7 +491,12 @@ def test_the_summary_of_constant_credit_prints_no_scipy_warning():
   assert np.isnan(table["_all"]["spearman_progress_credit"])
 
 
-def test_a_text_bar_never_says_compiling(tmp_path, prompts, world_url):
+def test_a_text_job_counts_what_was_served_and_its_bar_never_says_compiling(
+  tmp_path, prompts, world_url, capfd
+):
+  """Traces sampled from their prompts: one completion each (not a request's n of them, one
+  kept), so the dataset's cost is what the endpoint served; the bar never says "compiling"
+  (a text job compiles nothing) and ends on that same count."""
   from hindsight.progress import CompileAwareBar
   from hindsight.text.source import TextSource
 
@@ -502,3 +507,12 @@ def test_a_text_bar_never_says_compiling(tmp_path, prompts, world_url):
       assert bar.format_dict["prefix"].rstrip(": ") == shown
       bar.update(1)  # after the first unit no bar says it
       assert bar.format_dict["prefix"].rstrip(": ") == "label text"
+  before = _served(world_url)["completions"]
+  job = _job(prompts, 3, world_url, K=4, samples_per_request=4)
+  labels = open_labels(run_label_job(job, str(tmp_path / "out"), progress=True))
+  served = _served(world_url)["completions"] - before
+  steps = sum(int(labels[i]["length"]) for i in range(3))
+  assert labels.metadata.completions == served == 3 + 4 * steps
+  err = capfd.readouterr().err
+  assert "label text" in err and "(compiling)" not in err, err
+  assert f"completions={served}," in err.split("\r")[-1], err.split("\r")[-1]

@@ -131,6 +131,8 @@ def test_bad_text_input_is_one_line(text_run):
   limit = predictor.spec.encoder.max_step_tokens
   cases = [
     ({"steps": ["Fine. ", "   "], "outcome": 1}, "step 1 is empty"),
+    # A trace is named by its id, not by its place in a split.
+    ({"id": "q7", "steps": ["Fine. ", "\n\n"], "outcome": 1}, r"\(trace q7\): step 1 is empty"),
     ({"steps": ["word " * (4 * limit)], "outcome": 1}, f"longer than the {limit}"),
     ({"steps": ["A step. "] * 60, "outcome": 1}, "longer than the"),
     ({"steps": ["A step. "]}, "missing field 'outcome'"),
@@ -224,14 +226,15 @@ def lm_run(text_run, tmp_path_factory):
   texts = [t.decode() if isinstance(t, bytes) else t for i in range(len(labels))
            for t in [labels[i]["prompt"], *labels[i]["step_text"]]]  # fmt: skip
   tok = train_bpe(texts, 512)
-  cfg = BackboneConfig("qwen2", tok.vocab_size, 32, 1, 4, 2, 8, 64, max_len=1024)
+  # A context well past twice the longest training trace's bucket (about 300 tokens here).
+  cfg = BackboneConfig("qwen2", tok.vocab_size, 32, 1, 4, 2, 8, 64, max_len=2048)
   policy = hf.write_hf(backbone.build(cfg, jax.random.key(5)), cfg, tok, str(root / "policy"))
   workdir = str(root / "model")
   got = run_cli("train", "--config", "text_lm:smoke", "--labels", text_run["labels"],
                 "--workdir", workdir, f"--config.data.lm={policy}", "--config.train.steps=60",
                 "--config.train.eval_every=30")  # fmt: skip
   assert got.returncode == 0, got.stderr
-  return {"workdir": workdir, "policy": policy, "tokenizer": tok}
+  return {"workdir": workdir, "policy": policy, "tokenizer": tok, "stderr": got.stderr}
 
 
 @TEXT_MODEL
@@ -249,8 +252,10 @@ def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_ru
     lm_run["tokenizer"].encode("Box 3 holds 7.").tolist()
   )
   assert encoder.cfg.arch == "qwen2" and encoder.cfg.width == 32
-  # A pretrained backbone reads as far as its own context, not a fixed bucket.
-  assert encoder.max_tokens == 1024
+  # A pretrained backbone reads as far as its own context, not a fixed bucket, and training
+  # says so.
+  assert encoder.max_tokens == 2048 > 2 * encoder.sequence_tokens
+  assert "reads traces of up to 2048 tokens" in lm_run["stderr"]
   # It started from the policy's weights: after 60 small steps its embedding is still the
   # policy's, not a fresh draw (which would sit at a relative distance near sqrt(2)).
   start = load_file(os.path.join(lm_run["policy"], "model.safetensors"))[
@@ -275,6 +280,10 @@ def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_ru
   per_word = encoder.tokens.encode("word " * 100).size / 100
   half = "word " * int(0.6 * limit / per_word + 1)  # about 0.6 of the limit
   assert 0.5 * limit < encoder.tokens.encode(half).size < limit
+  # Past twice the training bucket, inside the context: scored.
+  assert encoder.tokens.encode(half).size > 2 * encoder.sequence_tokens
+  far = predictor.score([{"prompt": half, "steps": texts, "outcome": outcome}])[0]["credit"]
+  assert far.shape == (len(texts),) and np.all(np.isfinite(far))
   cases = [
     ({"steps": ["word " * (2 * limit)], "outcome": 1}, f"step 0 is .* longer than the {limit}"),
     ({"prompt": half, "steps": [half], "outcome": 1},

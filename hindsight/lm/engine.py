@@ -341,13 +341,22 @@ class SlotEngine:
   def _stop_at(self, slot: int, before: int) -> int | None:
     """The token count up to and including the token that completes the first stop string
     of the slot's row in its text (None: none has appeared). The first `before` tokens were
-    checked by earlier calls: the stop string ends after them."""
+    checked by earlier calls, so a stop string ends after them and starts at most
+    `_stop_reach` tokens before them: only that tail is decoded (linear in the choice's
+    length, not quadratic)."""
     stops = self.owner[slot].stop
     tokens = [t for t in self.tokens[slot] if t not in self.cfg.eos_ids]
+    lo = max(0, before - _stop_reach(stops))
     decode = self.tokenizer.decode
-    if not any(s in decode(tokens) for s in stops):
+    if not any(s in decode(tokens[lo:]) for s in stops):
       return None
-    for end in range(max(before, 1), len(tokens) + 1):
-      if any(s in decode(tokens[:end]) for s in stops):
+    for end in range(max(before, lo + 1), len(tokens) + 1):
+      if any(s in decode(tokens[lo:end]) for s in stops):
         return end
     return len(tokens)
+
+
+def _stop_reach(stops: tuple[str, ...]) -> int:
+  """Tokens a stop string can span: one per byte of its UTF-8 (a byte-level token holds at
+  least one), and one more each side for a character cut across tokens."""
+  return max(len(s.encode()) for s in stops) + 2

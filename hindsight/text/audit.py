@@ -100,16 +100,19 @@ class TextAuditLabeler:
   def label_steps(self, traj: TextTraj, ts: np.ndarray, keys) -> dict:
     """Labels of steps ts[j] of traces traj.index[j], each resampled with seeds from keys[j]."""
     from hindsight.text.estimate import difference, row_stats
+    from hindsight.text.labeler import Ask, step_name
 
     K, cfg = self.config.num_rollouts, self.config
     seeds = np.asarray(jax.vmap(lambda k: jax.random.randint(k, (2,), 0, 2**31 - 1))(keys))
     requests, where = [], []
     for j, (i, t) in enumerate(zip(np.asarray(traj.index), np.asarray(ts), strict=True)):
       trace = self.traces[int(i)]
-      requests.append((trace.prefix(int(t)), int(seeds[j, 0]), 0, K))
+      requests.append(Ask(trace.prefix(int(t)), int(seeds[j, 0]), 0, K,
+                          step_name(trace, int(i), int(t))))  # fmt: skip
       where.append((j, "replace", int(i), int(t)))
       if t < len(trace.steps) - 1:
-        requests.append((trace.prefix(int(t) + 1), int(seeds[j, 1]), 0, K))
+        requests.append(Ask(trace.prefix(int(t) + 1), int(seeds[j, 1]), 0, K,
+                            step_name(trace, int(i), int(t) + 1)))  # fmt: skip
         where.append((j, "keep", int(i), int(t) + 1))
     got = self.inner.sample(requests)
     n = len(ts)

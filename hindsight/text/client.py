@@ -183,6 +183,8 @@ class ClientStats:
   tokens: int = 0
   retries: int = 0
   truncated: int = 0  # finish_reason "length": max_tokens cut the sample short
+  # ... of which at a cap below --max-tokens: their prefix left less of the model's context
+  truncated_by_context: int = 0
   seconds: float = 0.0
 
 
@@ -369,7 +371,10 @@ class CompletionClient:
     s.requests += 1
     s.completions += len(completions)
     s.tokens += tokens
-    s.truncated += sum(c.finish_reason == "length" for c in completions)
+    cut = sum(c.finish_reason == "length" for c in completions)
+    s.truncated += cut
+    if draw.max_tokens is not None:
+      s.truncated_by_context += cut
     self._report()
     return completions
 

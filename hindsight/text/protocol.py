@@ -104,9 +104,15 @@ def check_request(req, model: str) -> None:
     raise Refusal(400, "temperature must be >= 0 and top_p in (0, 1]")
   for name, neutral in NEUTRAL.items():
     value = getattr(req, name, neutral)
-    if value != neutral and not (name == "top_k" and value == 0):
+    if value != neutral and not _also_neutral(name, value):
       shown = "left out" if neutral is None else f"{neutral}"
       raise Refusal(400, f"{name} is not supported by this server (it must be {shown})")
+
+
+def _also_neutral(name: str, value) -> bool:
+  """The other values clients send for "off": top_k 0 (OpenAI-style clients), best_of 1 (one
+  candidate per choice), an empty logit_bias."""
+  return (name, value) in (("top_k", 0), ("best_of", 1)) or (name == "logit_bias" and value == {})
 
 
 def prompts_of(req: CompletionRequest) -> list[str | list[int]]:

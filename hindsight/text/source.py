@@ -61,14 +61,16 @@ class TextSource:
     rows = self.labeler.label(start, stop, seed)
     bar.update(stop - start)
     arrays = stack_traces(rows)
-    truncated = self.labeler.client.stats.truncated
-    if truncated > self._truncated:
+    stats = self.labeler.client.stats
+    if stats.truncated > self._truncated:
       cap, context = self.labeler.options.max_tokens, self.labeler.client.context
-      less = (f", or fewer where the text before them left less of the model's {context}-token "
-              "context") if context and context - 1 < cap else ""  # fmt: skip
-      note(f"{truncated} continuations so far ended at their token cap (--max-tokens {cap}{less};"
-           " finish_reason length): the verifier scored them as written")  # fmt: skip
-      self._truncated = truncated
+      less = ""
+      if stats.truncated_by_context:
+        less = (f"; {stats.truncated_by_context} of them at fewer, what the text before them "
+                f"left of the model's {context}-token context")  # fmt: skip
+      note(f"{stats.truncated} continuations so far ended at their token cap (--max-tokens "
+           f"{cap}{less}; finish_reason length): the verifier scored them as written")  # fmt: skip
+      self._truncated = stats.truncated
     return arrays
 
   def finish(self, chunk_paths: list[str]) -> dict:
