@@ -13,7 +13,10 @@ Starts `hindsight text-world serve` in a subprocess and prints:
   6. the language model's endpoint (`hindsight lm serve`: the bundled Qwen2 or --lm PATH, a
      workdir or a Hugging Face folder, default runs/text-demo/lm when it exists, served from a
      thread with continuous batching): completions/s at concurrency 1, 16 and 64 with n = 16
-     per request, continuing prefixes of 12-step world traces, and the most slots live.
+     per request, continuing prefixes of 12-step world traces, and the most slots live;
+  7. the same model in process (`PolicySampler`, as LM RL's credit pools sample): K = 8
+     continuations of every prefix of --completions / 64 of those traces, each prefix's
+     rows sharing one prefill against each row prefilled on its own.
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
@@ -166,6 +169,38 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
       print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{live:>12}")
   print("  (the text world's scripted server above writes no tokens: it is the ceiling of the "
         "client, not a model)")  # fmt: skip
+  _pools(workdir, traces[: max(1, completions // 64)])
+
+
+def _pools(workdir: str, traces: list) -> None:
+  """7. The in-process pools (module docstring), each prefix's K rows sharing its prefill
+  against every row prefilled on its own, timed on a second pass (the first compiles)."""
+  import jax
+
+  from hindsight.lm.rl.rollout import PolicySampler
+  from hindsight.lm.train import load_lm
+
+  K = 8
+  lm = load_lm(workdir)
+  prefixes = [lm.tokenizer.encode(t.prefix(j), start=True) for t in traces
+              for j in range(len(t.steps))]  # fmt: skip
+  rows = [p for p in prefixes for _ in range(K)]
+  print(f"\n7. in-process pools: K = {K} continuations of each of {len(prefixes)} prefixes "
+        f"({len(traces)} traces), {len(rows)} completions")  # fmt: skip
+  print(f"{'prefills':>12}{'completions/s':>15}{'tokens/completion':>19}{'seconds':>9}")
+  rates = {}
+  for share in (False, True):
+    sampler = PolicySampler(lm.graphdef, lm.cfg, share_prefills=share)
+    for attempt in range(2):  # the first pass compiles
+      keys = jax.random.split(jax.random.key(attempt), len(rows))
+      tic = time.perf_counter()
+      got = sampler.complete(lm.state, rows, [320] * len(rows), keys)
+      seconds = time.perf_counter() - tic
+    rates[share] = len(rows) / seconds
+    tokens = sum(len(x) for x in got) / len(rows)
+    name = "shared" if share else "per row"
+    print(f"{name:>12}{rates[share]:>15.1f}{tokens:>19.1f}{seconds:>9.1f}")
+  print(f"  shared / per row: {rates[True] / rates[False]:.2f}x")
 
 
 def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:

@@ -177,7 +177,7 @@ def test_bench_text_smoke(tmp_path):
                        str(tmp_path / "lm"))  # fmt: skip
   out = _run("eval/bench_text.py", "--traces", 2, "--completions", 32, "--lm", folder,
              "--port", 8137)  # fmt: skip
-  for part in range(1, 7):
+  for part in range(1, 8):
     assert f"\n{part}. " in "\n" + out, (part, out)
   assert "100.0% from the cache, 0 requests sent" in out
   # Part 4: a label costs K completions per step, and each prompt's trace one more.
@@ -187,6 +187,10 @@ def test_bench_text_smoke(tmp_path):
   rows = [line.split() for line in out.split("6. the language")[1].splitlines()[2:5]]
   assert [int(r[0]) for r in rows] == [1, 16, 64]
   assert all(float(r[1]) > 0 and 1 <= int(r[3]) <= 64 for r in rows), rows
+  # Part 7: one 12-step trace's prefixes, K = 8 each, with and without shared prefills.
+  pools = [line.split() for line in out.split("7. in-process")[1].splitlines()[2:4]]
+  assert "12 prefixes (1 traces), 96 completions" in out.split("7. in-process")[1]
+  assert [r[0] for r in pools] == ["per", "shared"] and all(float(r[-3]) > 0 for r in pools)
 
 
 def test_every_make_bench_program_has_a_smoke_test():

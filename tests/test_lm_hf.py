@@ -18,9 +18,22 @@ from hindsight.model.encoders.tokenizer import train_bpe
 
 QWEN = BackboneConfig("qwen2", vocab_size=300, width=32, depth=2, num_heads=4, num_kv_heads=2,
                       head_dim=8, hidden=48, max_len=64, tied=True)  # fmt: skip
+# Llama 3.1's rope_scaling at an original context of 64: of the 8 rotary wavelengths (6 to
+# 6e5 positions) one is under 64 / high_freq_factor (kept), one between (blended) and six over
+# 64 / low_freq_factor (divided by the factor), so every band of the rescaling is exercised.
 LLAMA = BackboneConfig("llama3", vocab_size=300, width=32, depth=2, num_heads=4, num_kv_heads=1,
-                       head_dim=8, hidden=48, rope_theta=500_000.0, max_len=64, tied=False,
-                       rope_scaling=(8.0, 1.0, 4.0, 16), eos_ids=(1, 2))  # fmt: skip
+                       head_dim=16, hidden=48, rope_theta=500_000.0, max_len=64, tied=False,
+                       rope_scaling=(8.0, 1.0, 4.0, 64), eos_ids=(1, 2))  # fmt: skip
+
+
+def _bands(cfg: BackboneConfig) -> tuple[int, int, int]:
+  """(kept, blended, divided): how many rotary frequencies fall in each band of Llama 3.1's
+  rescaling (Hugging Face's `_compute_llama3_parameters`)."""
+  factor, low_factor, high_factor, original = cfg.rope_scaling
+  wavelength = 2 * np.pi * cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
+  kept = int(np.sum(wavelength < original / high_factor))
+  divided = int(np.sum(wavelength > original / low_factor))
+  return kept, wavelength.size - kept - divided, divided
 
 
 def reference_logits(weights: dict, c: dict, tokens: np.ndarray) -> np.ndarray:
@@ -28,7 +41,7 @@ def reference_logits(weights: dict, c: dict, tokens: np.ndarray) -> np.ndarray:
   q/k/v projections (with biases where stored), rotate_half RoPE (Llama 3.1's rescaled
   frequencies where config.json asks), repeat_kv grouped attention, causal softmax, SwiGLU."""
   N, K = c["num_attention_heads"], c["num_key_value_heads"]
-  H, L = c["head_dim"], tokens.size
+  H, L = c.get("head_dim") or c["hidden_size"] // N, tokens.size
 
   def norm(x, w):
     return w * x / np.sqrt(np.mean(x**2, -1, keepdims=True) + c["rms_norm_eps"])
@@ -104,7 +117,12 @@ def test_a_hugging_face_folder_loads_back_to_the_same_logits(cfg, tokenizer, tmp
     layer0 |= {f"model.layers.0.self_attn.{x}_proj.bias" for x in "qkv"}
   assert {n for n in weights if n.startswith("model.layers.0.")} == layer0
   assert ("lm_head.weight" in weights) == (not cfg.tied)
-  assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (8 * cfg.num_kv_heads, 32)
+  assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (
+    cfg.head_dim * cfg.num_kv_heads,
+    32,
+  )
+  if cfg.rope_scaling:
+    assert all(n >= 1 for n in _bands(cfg)), _bands(cfg)
 
   loaded, cfg2, tok2 = hf.load_hf(folder, max_len=64)
   assert (
@@ -118,6 +136,44 @@ def test_a_hugging_face_folder_loads_back_to_the_same_logits(cfg, tokenizer, tmp
   with open(folder + "/config.json") as f:
     reference = reference_logits(weights, json.load(f), tokens)
   np.testing.assert_allclose(np.asarray(ours[0]), reference, atol=2e-5, rtol=1e-4)
+
+
+def test_a_sharded_bf16_folder_without_head_dim_loads_to_its_own_logits(tokenizer, tmp_path):
+  """A folder as released checkpoints come: bfloat16 weights split over two safetensors files
+  with their index, and a config.json without `head_dim` (then hidden_size / heads). The
+  loaded model's logits are the reference forward's on those bf16 weights."""
+  import dataclasses
+  import os
+
+  import ml_dtypes
+
+  cfg = dataclasses.replace(LLAMA, width=64)  # head_dim 16 = hidden_size 64 / 4 heads
+  folder = hf.write_hf(backbone.build(cfg, jax.random.key(3)), cfg, tokenizer,
+                       str(tmp_path / "sharded"))  # fmt: skip
+  weights = load_file(folder + "/model.safetensors")
+  os.remove(folder + "/model.safetensors")
+  bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in weights.items()}
+  names = sorted(bf16)
+  files = {"model-00001-of-00002.safetensors": names[::2],
+           "model-00002-of-00002.safetensors": names[1::2]}  # fmt: skip
+  for file, part in files.items():
+    save_file({k: bf16[k] for k in part}, os.path.join(folder, file))
+  with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {}, "weight_map": {k: f for f, ks in files.items() for k in ks}}, f)
+  with open(folder + "/config.json") as f:
+    c = json.load(f)
+  assert c.pop("head_dim") == 16
+  with open(folder + "/config.json", "w") as f:
+    json.dump(c | {"torch_dtype": "bfloat16"}, f)
+  loaded, cfg2, _ = hf.load_hf(folder, max_len=64)
+  assert cfg2 == cfg
+  tokens = np.asarray(tokenizer.encode("Problem 3: boxes hold 4 and 5 apples. So"), np.int32)
+  got, _ = backbone.forward(loaded, cfg2, tokens[None])
+  rounded = {k: np.asarray(v, np.float32) for k, v in bf16.items()}
+  reference = reference_logits(rounded, c, tokens)
+  np.testing.assert_allclose(np.asarray(got[0]), reference, atol=2e-5, rtol=1e-4)
+  # The bf16 rounding is real: the float32 weights' logits differ by more than the tolerance.
+  assert not np.allclose(reference, reference_logits(weights, c, tokens), atol=2e-5, rtol=1e-4)
 
 
 def test_a_missing_or_mismatched_weight_is_one_line(tokenizer, tmp_path):
@@ -153,7 +209,18 @@ def test_a_hugging_face_folder_trains_and_serves_from_the_cli(tokenizer, tmp_pat
   work = str(tmp_path / "tuned")
   assert main(["lm", "train", "--lm", folder, "--workdir", work, "--traces", "24", "--steps",
                "4", "--eval-every", "2", "--batch-size", "4", "--max-len", "1024",
-               "--no-progress"]) == 0  # fmt: skip
+               "--learning-rate", "1e-6", "--no-progress"]) == 0  # fmt: skip
+  # The fine-tuning started from the folder's weights: after 4 steps at a tiny learning rate
+  # its logits are still the folder's, not a fresh draw's (whose logits share nothing with
+  # them).
+  from hindsight.lm.train import load_lm
+
+  tokens = np.asarray(tokenizer.encode("Problem 3: boxes hold 4 and 5 apples."), np.int32)[None]
+  start, tuned = load_lm(folder), load_lm(work)
+  before = np.asarray(backbone.forward(start.model, start.cfg, tokens)[0])
+  after = np.asarray(backbone.forward(tuned.model, tuned.cfg, tokens)[0])
+  fresh = np.asarray(backbone.forward(backbone.build(QWEN, jax.random.key(9)), QWEN, tokens)[0])
+  assert np.linalg.norm(after - before) < 0.01 * np.linalg.norm(fresh - before)
   for path in (folder, work):  # the folder itself, and the model fine-tuned from it
     engine = open_engine(path, max_batch=4)
     try:

@@ -245,3 +245,168 @@ def test_lm_serve_says_what_it_does_and_ctrl_c_stops_it(folder):
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=60)
   assert "hindsight: stopped" in err and "resume" not in err, err
+
+
+def test_choices_of_one_prompt_share_its_prefill_and_an_overwritten_one_is_prefilled_again(
+  folder,
+):
+  """The engine's prefix sharing, held against the in-process sampler's draws under the same
+  keys: n choices of a prompt cost one prefill; a later request for a prompt a free slot still
+  holds costs none; a prompt whose slots were all overwritten is prefilled again (never read
+  stale); a prompt that extends a running one gets its own continuation."""
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  engine = SlotEngine(load_lm(folder), slots=4)
+  a = tok_ids(folder, "Problem 3: three boxes hold 1, 2 and 3 apples.")
+  b = a + tok_ids(folder, " Box one holds 1.")[1:]  # a's prefix, then more
+
+  def rows(ids, seed, n, budget=12):
+    return [Row(np.asarray(ids, np.int32), budget, 1.0, 1.0,
+                jax.random.fold_in(jax.random.key(seed), j)) for j in range(n)]  # fmt: skip
+
+  def drawn(ids, seed, n, budget=12):
+    return [t.tolist() for t in _draws(folder, ids, seed, n, budget)[0]]
+
+  def tokens(results):
+    return [t.tolist() for t, _ in results]
+
+  def spent():
+    return engine.stats["prefill_tokens"], engine.stats["reused_tokens"]
+
+  try:
+    assert tokens(engine.complete(rows(a, 1, 3))) == drawn(a, 1, 3)
+    assert spent() == (len(a), 2 * len(a))  # one prefill, two forks
+    assert tokens(engine.complete(rows(a, 2, 1))) == drawn(a, 2, 1)
+    assert spent() == (len(a), 3 * len(a))  # a free slot still held a: nothing prefilled
+    others = [tok_ids(folder, f"Problem {k}: boxes hold {k} apples.") for k in range(4, 8)]
+    engine.complete([r for k, ids in enumerate(others) for r in rows(ids, k, 1)])
+    assert a not in [list(np.frombuffer(key, np.int32)) for key in engine.held]
+    prefilled = spent()[0]
+    assert tokens(engine.complete(rows(a, 1, 1))) == drawn(a, 1, 1)
+    assert spent()[0] == prefilled + len(a)  # overwritten: prefilled anew
+    both = engine.complete(rows(a, 5, 2, budget=40) + rows(b, 5, 2))
+    assert tokens(both) == drawn(a, 5, 2, budget=40) + drawn(b, 5, 2)
+  finally:
+    engine.close()
+
+
+def test_the_in_process_pools_prefill_each_prefix_once_and_draw_what_unshared_rows_draw(folder):
+  """`PolicySampler.complete` on pools (K rows of each prefix, as the LM RL credit sends them)
+  prefills each distinct prefix once (`sample.shared_prompts`) and draws, row for row, what
+  the sampler draws with every row prefilled on its own."""
+  from hindsight.lm import sample
+  from hindsight.lm.rl.rollout import PolicySampler
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  a = np.asarray(tok_ids(folder, "Problem 3: three boxes hold 1, 2 and 3 apples."), np.int32)
+  b = np.asarray(tok_ids(folder, "Problem 5: boxes hold 4 and 9."), np.int32)
+  prompts = [a] * 3 + [b] * 3 + [a]
+  ids, lengths, src = sample.shared_prompts(prompts, lm.cfg.max_len)
+  # 2 distinct prompts (padded to the row bucket 4), 16 rows (7 and 9 copies of row 0).
+  assert ids.shape[0] == 4 and src.tolist() == [0, 0, 0, 1, 1, 1, 0] + [0] * 9
+  assert lengths[:2].tolist() == [a.size, b.size]
+  keys = jax.numpy.stack([jax.random.fold_in(jax.random.key(9), j) for j in range(7)])
+  shared = PolicySampler(lm.graphdef, lm.cfg).complete(lm.state, prompts, [20] * 7, keys)
+  padded, plain_lengths = sample.pad_prompts(prompts, lm.cfg.max_len)
+  R = padded.shape[0]
+  pick = np.array([*range(7)] + [0] * (R - 7))
+  out, count, _ = sample.sampler(lm.graphdef, lm.cfg)(
+    lm.state, padded, plain_lengths, np.full(R, 20, np.int32), np.ones(R, np.float32),
+    np.ones(R, np.float32), keys[pick],
+  )  # fmt: skip
+  plain = [np.asarray(out[r, : int(count[r])]).tolist() for r in range(7)]
+  assert [x.tolist() for x in shared] == plain
+
+
+def _plain_loop(lm, ids, key, budget: int, temperature: float, top_p: float) -> list[int]:
+  """A choice drawn outside the engine's sampling code: the forward on the whole sequence at
+  every token, softmax(logits / T) cut to the smallest set reaching top_p (NumPy), and JAX's
+  categorical draw with fold_in(key, i) (T = 0: the argmax); EOS or the budget ends it."""
+  out: list[int] = []
+  for i in range(budget):
+    seq = np.asarray([*ids, *out], np.int32)[None]
+    logits = np.asarray(backbone.forward(lm.model, lm.cfg, seq)[0][0, -1], np.float64)
+    if temperature == 0:
+      token = int(np.argmax(logits))
+    else:
+      scaled = logits / temperature
+      order = np.argsort(-scaled, kind="stable")
+      probs = np.exp(scaled[order] - scaled[order].max())
+      probs /= probs.sum()
+      keep = np.zeros(scaled.size, bool)
+      keep[order] = np.cumsum(probs) - probs < top_p
+      masked = np.where(keep, scaled, -np.inf).astype(np.float32)
+      token = int(jax.random.categorical(jax.random.fold_in(key, i), masked))
+    if token in lm.cfg.eos_ids:
+      break
+    out.append(token)
+  return out
+
+
+@SERVER
+def test_mixed_sampling_settings_in_one_batch_draw_what_a_plain_loop_draws(served, folder):
+  """Rows of different temperature and top_p share the engine's calls (one admit, one decode
+  program), and each draws what `_plain_loop` draws with its own settings; the server passes
+  a request's temperature and top_p through."""
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  ids = tok_ids(folder, "Problem 3: three boxes hold 1, 2 and 3 apples.")
+  settings = [(1.0, 1.0), (0.5, 1.0), (1.0, 0.6), (0.0, 1.0), (1.7, 0.9)]
+  engine = SlotEngine(lm, slots=len(settings))
+  try:
+    rows = [Row(np.asarray(ids, np.int32), 10, t, p, jax.random.fold_in(jax.random.key(3), j))
+            for j, (t, p) in enumerate(settings)]  # fmt: skip
+    got = engine.complete(rows)
+    assert engine.stats["prefills"] + engine.stats["forks"] <= 2  # one admit
+  finally:
+    engine.close()
+  expected = [_plain_loop(lm, ids, r.key, 10, r.temperature, r.top_p) for r in rows]
+  assert [t.tolist() for t, _ in got] == expected
+  assert len({tuple(x) for x in expected}) >= 4  # the settings drew different choices
+  url, name = served
+  answer = _post(url, "/v1/completions", {"model": name, "prompt": ids, "seed": 11,
+                                          "temperature": 0.6, "top_p": 0.7,
+                                          "max_tokens": 10}).json()  # fmt: skip
+  plain = _plain_loop(lm, ids, jax.random.fold_in(jax.random.key(11), 0), 10, 0.6, 0.7)
+  assert answer["choices"][0]["text"] == lm.tokenizer.decode(plain)
+
+
+def test_a_freed_slot_is_refilled_while_a_long_choice_runs(folder):
+  """Continuous, not static, batching: with 2 slots, one long choice and 8 one-token ones
+  queued behind it, the short ones pass through the second slot while the long one decodes,
+  so most end before it does (a static batch would hold them until it ends)."""
+  import threading
+
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  ids = np.asarray(tok_ids(folder, "Problem 3: three boxes hold 1, 2 and 3 apples."), np.int32)
+  # A seed whose choice runs its whole budget of 80 tokens (10 decode calls) without EOS.
+  seed = next(s for s in range(40) if len(_draws(folder, ids, s, 1, 80)[0][0]) == 80)
+  ended, lock, all_done = [], threading.Lock(), threading.Event()
+
+  def done_as(name):
+    def done(tokens, reason):
+      with lock:
+        ended.append(name)
+        if len(ended) == 9:
+          all_done.set()
+
+    return done
+
+  engine = SlotEngine(lm, slots=2)
+  try:
+    long = jax.random.fold_in(jax.random.key(seed), 0)
+    rows = [Row(ids, 80, 1.0, 1.0, long, done_as("long"))]
+    rows += [Row(ids[:-k], 1, 1.0, 1.0, jax.random.key(k), done_as(f"short{k}"))
+             for k in range(1, 9)]  # fmt: skip
+    engine.submit(rows)
+    assert all_done.wait(120)
+  finally:
+    engine.close()
+  assert ended.index("long") >= 6, ended

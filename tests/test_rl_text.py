@@ -80,6 +80,34 @@ def test_each_steps_signal_lands_on_exactly_its_tokens():
   np.testing.assert_array_equal(token_advantages(signal, token_step), signal[expected])
 
 
+def test_a_character_cut_across_tokens_belongs_to_its_step():
+  """Multi-byte characters ("×", "≥", CJK) at and near step boundaries, under one token per
+  byte and under a Hugging Face byte-level BPE (whose tokens can hold part of a character):
+  every token belongs to the step holding the character its last byte is part of, read by
+  hand off byte positions and the tokenizer's own character offsets."""
+  from hindsight.lm.rl.rollout import split_steps
+  from hindsight.model.encoders.tokenizer import Tokenizer
+
+  steps = ["Box one holds 2×3 apples. ", "≥ 5 boxes hold 答案. ", "So 答 is \\boxed{6}."]
+  text = "".join(steps)
+  step_of_char = np.concatenate([np.full(len(s), i) for i, s in enumerate(steps)])
+  tok = bytes_tokenizer()
+  ids = np.concatenate([tok.encode(text), [1]])
+  got_text, got_steps, token_step = split_steps(tok, ids, (1,))
+  assert got_text == text and got_steps == steps
+  char_of_byte = np.concatenate([np.full(len(c.encode()), i) for i, c in enumerate(text)])
+  np.testing.assert_array_equal(token_step, [*step_of_char[char_of_byte], 2])
+  bpe = train_bpe([t.completion() for t in world.sample_traces(0, 200)], 512)
+  hf = Tokenizer("hf", bpe.bpe_json)  # as `hf.read_tokenizer` reads a tokenizer.json
+  encoding = hf._bpe.encode(text, add_special_tokens=False)
+  assert len(encoding.ids) > len(text.encode()) // 4  # some characters are several tokens
+  ids = np.asarray([*encoding.ids, 1], np.int32)
+  got_text, got_steps, token_step = split_steps(hf, ids, (1,))
+  assert got_text == text and got_steps == steps
+  by_hand = [step_of_char[end - 1] for _, end in encoding.offsets]
+  np.testing.assert_array_equal(token_step, [*by_hand, 2])
+
+
 # -- one update ------------------------------------------------------------------------------
 
 

@@ -523,7 +523,8 @@ def test_the_server_batches_continuously_within_its_slots(tiny_lm):
   # 18 choices went through 2 slots: never more live at once, and each choice is the one
   # its key draws whatever it shared a call with.
   assert stats["max_live"] == 2 and stats["completions"] == 18
-  assert stats["prefills"] >= 9  # rows were admitted as slots freed, not all at once
+  # Rows were admitted as slots freed, not all at once (a prompt a slot holds is forked).
+  assert stats["prefills"] + stats["forks"] >= 9
   for key, answer in answers.items():
     assert [c["text"] for c in answer["choices"]] == [t for t, _ in expected[key]]
 

@@ -3,9 +3,13 @@ as soon as its choice ends, so the model always works on as many rows as there a
 
 One worker thread runs the loop
 
-  admit    waiting rows go into free slots: their prompts are prefilled (one program per row
-           bucket and prompt bucket) and written into the slots' rows of the KV cache
-           [depth, R, S, K, H], their next-token logits into `last` [R, V];
+  admit    waiting rows go into free slots. A prompt no slot holds is prefilled (one
+           program per row bucket and prompt bucket) and written into its slot's row of the
+           KV cache [depth, R, S, K, H], its next-token logits into `last` [R, V] and
+           `prompt_logits` [R, V]; a prompt some slot already holds (another choice of the
+           same request, or a choice of an earlier request still in the cache) is forked:
+           that slot's cache row and prompt logits are copied (one program per row bucket),
+           and nothing is recomputed;
   decode   `chunk` one-token steps of every slot in the shortest prefix of slots (1, 4, 16 or
            all R) that holds every live one (rows take the lowest free slots), one program per
            (attention window: the prompt bucket above the furthest live position, prefix);
@@ -15,6 +19,12 @@ One worker thread runs the loop
            its tokens are cut after the one that completes the stop string (what it is billed
            for), and the slot is released on the device at once, so the next call decodes
            nothing more for it.
+
+Which slots hold which prompt (`held`): a slot's cache positions below its prompt's length
+keep that prompt's keys and values while its choice decodes and after it ends, until the slot
+is admitted again, so the table never outlives what it points to (an overwritten prompt is
+prefilled anew, never read stale), and it is bounded by the slots. `stats` counts the prompt
+tokens prefilled and those reused by a fork.
 
 Token i of a choice is drawn with fold_in(its key, i) exactly as `sample.generate` draws it,
 so a choice is the same whatever it was batched with and whenever it was admitted (up to the
@@ -62,24 +72,41 @@ class Row:
   stop: tuple[str, ...] = ()
 
 
-def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, slots, ids, lengths, new, bias):
-  """Writes prompts ids [r, P] (lengths [r]) into cache rows `slots` [r], their next-token
-  logits into rows["last"], and their settings `new` (budget, temperature, top_p, keys [r])
-  into the slots' rows: one program per (r, P), so admitting rows compiles nothing new."""
-  model = nnx.merge(graphdef, state)
-  r = ids.shape[0]
-  logits, (k, v) = forward(model, cfg, ids, cache=empty_cache(cfg, r, cache[0].dtype))
-  cache = (cache[0].at[:, slots].set(k), cache[1].at[:, slots].set(v))
+def _start_rows(rows, slots, last, lengths, new):
+  """rows with slots [r] starting a choice: next-token logits `last` [r, V], position
+  `lengths` [r], nothing drawn, and their settings `new` (budget, temperature, top_p, keys)."""
   at = lambda name, value: rows[name].at[slots].set(value)  # noqa: E731
-  rows = rows | {
-    "last": at("last", logits[jnp.arange(r), lengths - 1] + bias),
+  return rows | {
+    "last": at("last", last),
     "pos": at("pos", lengths),
     "count": at("count", 0),
     "done": at("done", new["budget"] <= 0),
     "eos": at("eos", False),
     **{name: at(name, new[name]) for name in ("budget", "temperature", "top_p", "keys")},
   }
-  return cache, rows
+
+
+def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, prompt_logits, slots, ids,
+             lengths, new, bias):  # fmt: skip
+  """Writes prompts ids [r, P] (lengths [r]) into cache rows `slots` [r], their next-token
+  logits into rows["last"] and prompt_logits [R, V], and their settings `new` (budget,
+  temperature, top_p, keys [r]) into the slots' rows: one program per (r, P), so admitting
+  rows compiles nothing new."""
+  model = nnx.merge(graphdef, state)
+  r = ids.shape[0]
+  logits, (k, v) = forward(model, cfg, ids, cache=empty_cache(cfg, r, cache[0].dtype))
+  cache = (cache[0].at[:, slots].set(k), cache[1].at[:, slots].set(v))
+  last = logits[jnp.arange(r), lengths - 1] + bias
+  return cache, _start_rows(rows, slots, last, lengths, new), prompt_logits.at[slots].set(last)
+
+
+def _fork(cache, rows, prompt_logits, src, dst, lengths, new):
+  """Slots dst [r] start choices of the prompts slots src [r] hold: their cache rows and
+  prompt logits copied (every position: those past the prompt are masked until the choice
+  writes them), their own settings `new`. One program per r."""
+  cache = tuple(c.at[:, dst].set(c[:, src]) for c in cache)
+  last = prompt_logits[src]
+  return cache, _start_rows(rows, dst, last, lengths, new), prompt_logits.at[dst].set(last)
 
 
 def _decode(
@@ -117,8 +144,9 @@ def failed(results: list) -> None:
 
 class SlotEngine:
   """The slots and their worker (module docstring). `submit(rows)` queues rows; each row's
-  `done` is called when it ends. `stats` counts decode calls, prefills and the most slots
-  ever live at once (never above `slots`)."""
+  `done` is called when it ends. `stats` counts decode calls, prefills, forks, prompt
+  tokens prefilled and reused, choices stopped by a stop string, and the most slots ever
+  live at once (never above `slots`)."""
 
   def __init__(self, lm, slots: int = 64, chunk: int = CHUNK):
     self.lm, self.cfg = lm, lm.cfg
@@ -131,8 +159,9 @@ class SlotEngine:
     bias = ascii_bias(lm.tokenizer, self.cfg) if lm.record.get("ascii") else None
     self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
     self._prefill = jax.jit(
-      functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2)
+      functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
     )
+    self._fork = jax.jit(_fork, donate_argnums=(0, 1, 2))
     self._decode = {}  # (window, width) -> program
     # Marks slots done on the device (a choice that met a stop string): no more decoding.
     self._release = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask},
@@ -151,12 +180,18 @@ class SlotEngine:
       "top_p": jnp.ones(R, jnp.float32),
       "keys": jax.random.split(jax.random.key(0), R),
     }, device)  # fmt: skip
+    # Each slot's prompt's next-token logits (what a fork of it starts from: `last` moves on).
+    self.prompt_logits = jax.device_put(jnp.zeros((R, self.cfg.vocab_size)), device)
+    # Prompt (its ids' bytes) -> the slots whose cache holds it (module docstring), and back.
+    self.held: dict[bytes, set[int]] = {}
+    self.slot_prompt: list[bytes | None] = [None] * R
     self.owner: list[Row | None] = [None] * R  # the row each slot holds
     self.tokens: list[list[int]] = [[] for _ in range(R)]
     self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
     self.waiting: deque[Row] = deque()
     self.wake = threading.Condition()
-    self.stats = {"decode_calls": 0, "prefills": 0, "max_live": 0, "stopped": 0}
+    self.stats = {"decode_calls": 0, "prefills": 0, "forks": 0, "max_live": 0, "stopped": 0,
+                  "prefill_tokens": 0, "reused_tokens": 0}  # fmt: skip
     self._thread: threading.Thread | None = None
     self._stop = False
 
@@ -207,7 +242,8 @@ class SlotEngine:
   def program_count(self) -> int:
     """How many programs `warmup` compiles."""
     buckets = len(prompt_buckets(self.cfg.max_len))
-    return buckets * (len([r for r in ROW_BUCKETS if r <= self.slots]) + len(self.widths()))
+    row_buckets = len([r for r in ROW_BUCKETS if r <= self.slots])
+    return buckets * (row_buckets + len(self.widths())) + row_buckets
 
   def warmup(self) -> int:
     """Compiles every prefill (row bucket x prompt bucket) and decode (window x width)
@@ -217,9 +253,15 @@ class SlotEngine:
     S = self.cfg.max_len
     for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
       for p in prompt_buckets(S):
-        ids = np.full(min(p, S - 1), 2, np.int32)
-        self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows)])
+        # Distinct prompts: each row is prefilled (one shared prompt would be forked).
+        prompts = [np.full(min(p, S - 1), 2 + j, np.int32) for j in range(rows)]
+        self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for ids in prompts])
         count += 1
+      # A prompt no slot holds, rows + 1 times: one prefill, then `rows` forks of it.
+      ids = np.full(7, 1, np.int32)
+      ids[-1] = (rows + 3) % self.cfg.vocab_size
+      self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows + 1)])
+      count += 1
     with self.wake:  # the worker is idle (every row above has ended): its state is ours
       for window in prompt_buckets(S):
         for width in self.widths():
@@ -250,47 +292,101 @@ class SlotEngine:
         raise
 
   def _take_waiting(self) -> list[tuple[int, Row]]:
+    """Waiting rows into free slots: a free slot whose cache holds the row's prompt if there
+    is one (nothing to prefill or copy), else the lowest free slot (live rows stay in a short
+    prefix of the slots)."""
     free = [s for s, o in enumerate(self.owner) if o is None]
     out = []
     while free and self.waiting:
-      slot = free.pop(0)
       row = self.waiting.popleft()
+      key = row.ids.astype(np.int32).tobytes()
+      slot = next((s for s in free if self.slot_prompt[s] == key), free[0])
+      free.remove(slot)
       self.owner[slot] = row
       out.append((slot, row))
     return out
 
   def _admit(self, admitted: list[tuple[int, Row]]) -> None:
-    """Prefills the admitted rows, grouped by prompt bucket, in row buckets."""
+    """Starts the admitted rows: prompts no slot holds are prefilled, grouped by prompt
+    bucket, in row buckets; the rest are forked from a slot that holds them (module
+    docstring)."""
     if not admitted:
       return
+    keys = [row.ids.astype(np.int32).tobytes() for _, row in admitted]
+    for (slot, _), key in zip(admitted, keys, strict=True):
+      if self.slot_prompt[slot] != key:  # its cache row is about to be overwritten
+        self._forget(slot)
+    leaders, forks, first = [], [], {}
+    for (slot, row), key in zip(admitted, keys, strict=True):
+      # A slot that holds the prompt already is its own source (a fork copies nothing new).
+      held = self.held.get(key, set())
+      source = slot if slot in held else min(held, default=first.get(key))
+      if source is None:
+        first[key] = slot
+        leaders.append((slot, row))
+      else:
+        forks.append((source, slot, row))
+    self._prefill_rows(leaders)
+    self._fork_rows(forks)
+    for (slot, row), key in zip(admitted, keys, strict=True):
+      self.held.setdefault(key, set()).add(slot)
+      self.slot_prompt[slot] = key
+      self.tokens[slot] = []
+      self.pos[slot] = row.ids.size
+
+  def _forget(self, slot: int) -> None:
+    key, self.slot_prompt[slot] = self.slot_prompt[slot], None
+    if key is not None:
+      self.held[key].discard(slot)
+      if not self.held[key]:
+        del self.held[key]
+
+  @staticmethod
+  def _settings(rows: list[Row]) -> dict:
+    return {
+      "budget": np.array([x.budget for x in rows], np.int32),
+      "temperature": np.array([x.temperature for x in rows], np.float32),
+      "top_p": np.array([x.top_p for x in rows], np.float32),
+      "keys": jnp.stack([x.key for x in rows]),
+    }
+
+  def _prefill_rows(self, leaders: list[tuple[int, Row]]) -> None:
     S = self.cfg.max_len
     by_bucket: dict[int, list[tuple[int, Row]]] = {}
-    for slot, row in admitted:
+    for slot, row in leaders:
       p = next(b for b in prompt_buckets(S) if b >= row.ids.size)
       by_bucket.setdefault(p, []).append((slot, row))
     for P_, group in by_bucket.items():
       for start in range(0, len(group), ROW_BUCKETS[-1]):
         part = group[start : start + ROW_BUCKETS[-1]]
         r = next(b for b in ROW_BUCKETS if b >= len(part))
+        # Extra rows repeat the first: the same writes to the same slot.
+        picked = [part[j if j < len(part) else 0] for j in range(r)]
         ids = np.zeros((r, P_), np.int32)
-        lengths = np.zeros(r, np.int32)
-        slots = np.zeros(r, np.int32)
-        picked = [part[j if j < len(part) else 0][1] for j in range(r)]
-        for j in range(r):  # extra rows repeat the first: the same writes to the same slot
-          slot, row = part[j if j < len(part) else 0]
-          ids[j, : row.ids.size], lengths[j], slots[j] = row.ids, row.ids.size, slot
-        new = {
-          "budget": np.array([x.budget for x in picked], np.int32),
-          "temperature": np.array([x.temperature for x in picked], np.float32),
-          "top_p": np.array([x.top_p for x in picked], np.float32),
-          "keys": jnp.stack([x.key for x in picked]),
-        }
-        self.cache, self.rows = self._prefill(self.state, self.cache, self.rows, slots, ids,
-                                              lengths, new, self.bias)  # fmt: skip
+        for j, (_, row) in enumerate(picked):
+          ids[j, : row.ids.size] = row.ids
+        lengths = np.array([row.ids.size for _, row in picked], np.int32)
+        slots = np.array([slot for slot, _ in picked], np.int32)
+        self.cache, self.rows, self.prompt_logits = self._prefill(
+          self.state, self.cache, self.rows, self.prompt_logits, slots, ids, lengths,
+          self._settings([row for _, row in picked]), self.bias,
+        )  # fmt: skip
         self.stats["prefills"] += 1
-        for slot, row in part:
-          self.tokens[slot] = []
-          self.pos[slot] = row.ids.size
+        self.stats["prefill_tokens"] += int(sum(row.ids.size for _, row in part))
+
+  def _fork_rows(self, forks: list[tuple[int, int, Row]]) -> None:
+    for start in range(0, len(forks), ROW_BUCKETS[-1]):
+      part = forks[start : start + ROW_BUCKETS[-1]]
+      r = next(b for b in ROW_BUCKETS if b >= len(part))
+      picked = [part[j if j < len(part) else 0] for j in range(r)]
+      src, dst, rows = zip(*picked, strict=True)
+      lengths = np.array([row.ids.size for row in rows], np.int32)
+      self.cache, self.rows, self.prompt_logits = self._fork(
+        self.cache, self.rows, self.prompt_logits, np.array(src, np.int32),
+        np.array(dst, np.int32), lengths, self._settings(list(rows)),
+      )  # fmt: skip
+      self.stats["forks"] += 1
+      self.stats["reused_tokens"] += int(sum(row.ids.size for _, _, row in part))
 
   def _decoder(self, window: int, width: int):
     if (window, width) not in self._decode:

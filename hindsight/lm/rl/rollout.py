@@ -77,11 +77,15 @@ def read_completion(tokenizer, ids: np.ndarray, eos_ids) -> Completion:
 class PolicySampler:
   """The policy's own sampler (`lm.sample.generate`) over any number of prompts: rows sorted
   by length into calls of `ROWS`, each row with its own key, so a completion depends on its
-  prompt, budget and key only (not on what it was batched with, up to float rounding)."""
+  prompt, budget and key only (not on what it was batched with, up to float rounding). Rows
+  of one prompt in a call share its prefill (`sample.shared_prompts`): a pool of K
+  continuations of a prefix prefills it once (`share_prefills=False`: every row its own,
+  for comparison)."""
 
-  def __init__(self, graphdef, cfg, temperature: float = 1.0):
+  def __init__(self, graphdef, cfg, temperature: float = 1.0, share_prefills: bool = True):
     self.cfg = cfg
     self.temperature = float(temperature)
+    self.share_prefills = bool(share_prefills)
     self._generate = sample.sampler(graphdef, cfg)
 
   def complete(self, state, prompts: list[np.ndarray], budgets, keys) -> list[np.ndarray]:
@@ -92,14 +96,17 @@ class PolicySampler:
     order = sorted(range(n), key=lambda i: len(prompts[i]))
     for lo in range(0, n, ROWS):
       rows = order[lo : lo + ROWS]
-      ids, lengths = sample.pad_prompts([prompts[i] for i in rows], self.cfg.max_len)
-      R = ids.shape[0]
+      ids, lengths, src = sample.shared_prompts([prompts[i] for i in rows], self.cfg.max_len)
+      if not self.share_prefills:
+        ids, lengths, src = ids[src], lengths[src], None
+      R = lengths.size if src is None else src.size
       pick = np.array(rows + [rows[0]] * (R - len(rows)))
       budget = np.array([budgets[i] for i in pick], np.int32)
-      budget = np.minimum(budget, self.cfg.max_len - lengths).astype(np.int32)
+      row_lengths = lengths if src is None else lengths[src]
+      budget = np.minimum(budget, self.cfg.max_len - row_lengths).astype(np.int32)
       tokens, count, _ = self._generate(
         state, ids, lengths, budget, np.full(R, self.temperature, np.float32),
-        np.ones(R, np.float32), keys[pick],
+        np.ones(R, np.float32), keys[pick], None, src,
       )  # fmt: skip
       tokens, count = np.asarray(tokens), np.asarray(count)
       for r, i in enumerate(rows):
