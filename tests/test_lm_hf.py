@@ -29,7 +29,7 @@ LLAMA = BackboneConfig("llama3", vocab_size=300, width=32, depth=2, num_heads=4,
 def _bands(cfg: BackboneConfig) -> tuple[int, int, int]:
   """(kept, blended, divided): how many rotary frequencies fall in each band of Llama 3.1's
   rescaling (Hugging Face's `_compute_llama3_parameters`)."""
-  factor, low_factor, high_factor, original = cfg.rope_scaling
+  _, low_factor, high_factor, original = cfg.rope_scaling
   wavelength = 2 * np.pi * cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
   kept = int(np.sum(wavelength < original / high_factor))
   divided = int(np.sum(wavelength > original / low_factor))
