@@ -159,7 +159,11 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
       client = CompletionClient(url, model, Sampling(max_tokens=320),
                                 CompletionCache(os.path.join(work, f"lm{c}.sqlite")),
                                 concurrency=c)  # fmt: skip
-      draws = [Draw(prefixes[i % len(prefixes)], 7000 * c + i, 0, 16)
+      # Each prefix asks for at most what it leaves of the context (a request over it is a
+      # 400, as from vLLM), measured by the server's /tokenize as the labeler measures it.
+      room = [client.context - n for n in client.count_tokens(prefixes)]
+      draws = [Draw(prefixes[i % len(prefixes)], 7000 * c + i, 0, 16,
+                    min(320, room[i % len(prefixes)]))
                for i in range(max(1, completions // 16))]  # fmt: skip
       tic = time.perf_counter()
       got = client.sample(draws)
