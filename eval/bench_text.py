@@ -15,8 +15,9 @@ Starts `hindsight text-world serve` in a subprocess and prints:
      thread with continuous batching): completions/s at concurrency 1, 16 and 64 with n = 16
      per request, continuing prefixes of 12-step world traces, and the most slots live;
   7. the same model in process (`PolicySampler`, as LM RL's credit pools sample): K = 8
-     continuations of every prefix of --completions / 64 of those traces, each prefix's
-     rows sharing one prefill against each row prefilled on its own.
+     continuations of every prefix of --completions / 64 of those traces on the slot engine
+     (continuous batching, each prefix prefilled once) against static batches of 64 rows,
+     each prefilled on its own (`lm.sample.generate`).
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
@@ -177,10 +178,13 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
 
 
 def _pools(workdir: str, traces: list) -> None:
-  """7. The in-process pools (module docstring), each prefix's K rows sharing its prefill
-  against every row prefilled on its own, timed on a second pass (the first compiles)."""
+  """7. The in-process pools (module docstring): `PolicySampler` (the slot engine: continuous
+  batching, each prefix prefilled once for its K rows) against static batches of 64 rows
+  each prefilled on its own (`lm.sample.generate`), timed on a second pass (the first
+  compiles)."""
   import jax
 
+  from hindsight.lm import sample
   from hindsight.lm.rl.rollout import PolicySampler
   from hindsight.lm.train import load_lm
 
@@ -189,22 +193,44 @@ def _pools(workdir: str, traces: list) -> None:
   prefixes = [lm.tokenizer.encode(t.prefix(j), start=True) for t in traces
               for j in range(len(t.steps))]  # fmt: skip
   rows = [p for p in prefixes for _ in range(K)]
+  budgets = [min(320, lm.cfg.max_len - len(p)) for p in rows]
+  static = sample.sampler(lm.graphdef, lm.cfg)
+
+  def in_static_batches(keys) -> list:
+    """Rows sorted by length into calls of 64, each call until its longest row ends."""
+    out: list = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    for lo in range(0, len(rows), 64):
+      part = order[lo : lo + 64]
+      ids, lengths = sample.pad_prompts([rows[i] for i in part], lm.cfg.max_len)
+      R = ids.shape[0]
+      pick = np.array(part + [part[0]] * (R - len(part)))
+      ones = np.ones(R, np.float32)
+      tokens, count, _ = static(lm.state, ids, lengths, np.array(budgets, np.int32)[pick], ones,
+                                ones, keys[pick])  # fmt: skip
+      for r, i in enumerate(part):
+        out[i] = np.asarray(tokens[r, : int(count[r])])
+    return out
+
+  engine = PolicySampler(lm.graphdef, lm.cfg)
   print(f"\n7. in-process pools: K = {K} continuations of each of {len(prefixes)} prefixes "
         f"({len(traces)} traces), {len(rows)} completions")  # fmt: skip
-  print(f"{'prefills':>12}{'completions/s':>15}{'tokens/completion':>19}{'seconds':>9}")
+  print(f"{'sampler':>24}{'completions/s':>15}{'tokens/completion':>19}{'seconds':>9}")
   rates = {}
-  for share in (False, True):
-    sampler = PolicySampler(lm.graphdef, lm.cfg, share_prefills=share)
+
+  def on_the_engine(keys) -> list:
+    return engine.complete(lm.state, rows, budgets, keys)
+
+  for name, run in (("static, every row", in_static_batches), ("engine, shared", on_the_engine)):
     for attempt in range(2):  # the first pass compiles
       keys = jax.random.split(jax.random.key(attempt), len(rows))
       tic = time.perf_counter()
-      got = sampler.complete(lm.state, rows, [320] * len(rows), keys)
+      got = run(keys)
       seconds = time.perf_counter() - tic
-    rates[share] = len(rows) / seconds
+    rates[name] = len(rows) / seconds
     tokens = sum(len(x) for x in got) / len(rows)
-    name = "shared" if share else "per row"
-    print(f"{name:>12}{rates[share]:>15.1f}{tokens:>19.1f}{seconds:>9.1f}")
-  print(f"  shared / per row: {rates[True] / rates[False]:.2f}x")
+    print(f"{name:>24}{rates[name]:>15.1f}{tokens:>19.1f}{seconds:>9.1f}")
+  print(f"  engine / static: {rates['engine, shared'] / rates['static, every row']:.2f}x")
 
 
 def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:

@@ -187,10 +187,10 @@ def test_bench_text_smoke(tmp_path):
   rows = [line.split() for line in out.split("6. the language")[1].splitlines()[2:5]]
   assert [int(r[0]) for r in rows] == [1, 16, 64]
   assert all(float(r[1]) > 0 and 1 <= int(r[3]) <= 64 for r in rows), rows
-  # Part 7: one 12-step trace's prefixes, K = 8 each, with and without shared prefills.
+  # Part 7: one 12-step trace's prefixes, K = 8 each, on the engine and in static batches.
   pools = [line.split() for line in out.split("7. in-process")[1].splitlines()[2:4]]
   assert "12 prefixes (1 traces), 96 completions" in out.split("7. in-process")[1]
-  assert [r[0] for r in pools] == ["per", "shared"] and all(float(r[-3]) > 0 for r in pools)
+  assert [r[0] for r in pools] == ["static,", "engine,"] and all(float(r[-3]) > 0 for r in pools)
 
 
 def test_every_make_bench_program_has_a_smoke_test():

@@ -293,8 +293,9 @@ def test_choices_of_one_prompt_share_its_prefill_and_an_overwritten_one_is_prefi
 
 def test_the_in_process_pools_prefill_each_prefix_once_and_draw_what_unshared_rows_draw(folder):
   """`PolicySampler.complete` on pools (K rows of each prefix, as the LM RL credit sends them)
-  prefills each distinct prefix once (`sample.shared_prompts`) and draws, row for row, what
-  the sampler draws with every row prefilled on its own."""
+  prefills each distinct prefix once per call and draws, row for row, what the static
+  sampler draws with every row prefilled on its own (EOS kept, as the policy drew it); a new
+  state is sampled from at once (no cache row of the old one is reused)."""
   from hindsight.lm import sample
   from hindsight.lm.rl.rollout import PolicySampler
   from hindsight.lm.train import load_lm
@@ -303,21 +304,29 @@ def test_the_in_process_pools_prefill_each_prefix_once_and_draw_what_unshared_ro
   a = np.asarray(tok_ids(folder, "Problem 3: three boxes hold 1, 2 and 3 apples."), np.int32)
   b = np.asarray(tok_ids(folder, "Problem 5: boxes hold 4 and 9."), np.int32)
   prompts = [a] * 3 + [b] * 3 + [a]
-  ids, lengths, src = sample.shared_prompts(prompts, lm.cfg.max_len)
-  # 2 distinct prompts (padded to the row bucket 4), 16 rows (7 and 9 copies of row 0).
-  assert ids.shape[0] == 4 and src.tolist() == [0, 0, 0, 1, 1, 1, 0] + [0] * 9
-  assert lengths[:2].tolist() == [a.size, b.size]
   keys = jax.numpy.stack([jax.random.fold_in(jax.random.key(9), j) for j in range(7)])
-  shared = PolicySampler(lm.graphdef, lm.cfg).complete(lm.state, prompts, [20] * 7, keys)
-  padded, plain_lengths = sample.pad_prompts(prompts, lm.cfg.max_len)
-  R = padded.shape[0]
-  pick = np.array([*range(7)] + [0] * (R - 7))
-  out, count, _ = sample.sampler(lm.graphdef, lm.cfg)(
-    lm.state, padded, plain_lengths, np.full(R, 20, np.int32), np.ones(R, np.float32),
-    np.ones(R, np.float32), keys[pick],
-  )  # fmt: skip
-  plain = [np.asarray(out[r, : int(count[r])]).tolist() for r in range(7)]
-  assert [x.tolist() for x in shared] == plain
+
+  def static(state):
+    padded, lengths = sample.pad_prompts(prompts, lm.cfg.max_len)
+    R = padded.shape[0]
+    pick = np.array([*range(7)] + [0] * (R - 7))
+    out, count, _ = sample.sampler(lm.graphdef, lm.cfg)(
+      state, padded, lengths, np.full(R, 300, np.int32), np.ones(R, np.float32),
+      np.ones(R, np.float32), keys[pick],
+    )  # fmt: skip
+    return [np.asarray(out[r, : int(count[r])]).tolist() for r in range(7)]
+
+  sampler = PolicySampler(lm.graphdef, lm.cfg, slots=4)
+  shared = sampler.complete(lm.state, prompts, [300] * 7, keys)
+  assert [x.tolist() for x in shared] == static(lm.state)
+  assert any(x[-1] in lm.cfg.eos_ids for x in shared)  # an EOS drawn is kept
+  stats = sampler.engine(lm.state).stats
+  assert stats["prefill_tokens"] == a.size + b.size  # once per prefix in the call
+  # Another state: the same rows draw what it draws, none forked from the old state's cache.
+  other = jax.tree.map(lambda x: x * 1.5, lm.state)
+  again = sampler.complete(other, prompts, [300] * 7, keys)
+  assert [x.tolist() for x in again] == static(other) != static(lm.state)
+  assert sampler.engine(other).stats["prefill_tokens"] == 2 * (a.size + b.size)
 
 
 def _plain_loop(lm, ids, key, budget: int, temperature: float, top_p: float) -> list[int]:

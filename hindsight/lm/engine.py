@@ -70,6 +70,7 @@ class Row:
   key: jax.Array
   done: Callable[[np.ndarray, str], None] | None = None
   stop: tuple[str, ...] = ()
+  keep_eos: bool = False  # the tokens end with the EOS drawn (what a policy's log-prob reads)
 
 
 def _start_rows(rows, slots, last, lengths, new):
@@ -148,15 +149,19 @@ class SlotEngine:
   tokens prefilled and reused, choices stopped by a stop string, and the most slots ever
   live at once (never above `slots`)."""
 
-  def __init__(self, lm, slots: int = 64, chunk: int = CHUNK):
+  def __init__(self, lm, slots: int = 64, chunk: int = CHUNK, ascii_only: bool | None = None):
+    """lm: a LoadedLM (graphdef, cfg, state, tokenizer, record); ascii_only: restrict draws
+    to ASCII tokens (`sample.ascii_bias`; default: what the model's record says)."""
     self.lm, self.cfg = lm, lm.cfg
     # One device: the slots' arrays split over several CPU devices made every call that
     # reads a prefix of them move the cache between devices (27 against 111 completions/s at
     # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
     device = jax.local_devices()[0]
     self.slots, self.chunk = int(slots), int(chunk)
+    self.device = device
     self.state = jax.device_put(lm.state, device)
-    bias = ascii_bias(lm.tokenizer, self.cfg) if lm.record.get("ascii") else None
+    ascii_only = lm.record.get("ascii") if ascii_only is None else ascii_only
+    bias = ascii_bias(lm.tokenizer, self.cfg) if ascii_only else None
     self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
     self._prefill = jax.jit(
       functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
@@ -233,6 +238,16 @@ class SlotEngine:
     ended.wait()
     failed(got[0])
     return got[0]
+
+  def set_state(self, state) -> None:
+    """Samples from the parameters `state` from now on (the engine must be idle). No slot's
+    cache is reused after it: every prompt is prefilled again under the new parameters."""
+    with self.wake:
+      if self.waiting or any(o is not None for o in self.owner):
+        raise RuntimeError("set_state on a busy engine")
+      self.state = jax.device_put(state, self.device)
+      self.held.clear()
+      self.slot_prompt = [None] * self.slots
 
   def close(self) -> None:
     with self.wake:
@@ -428,7 +443,7 @@ class SlotEngine:
         continue
       self.owner[slot] = None
       tokens = np.asarray(self.tokens[slot], np.int32)
-      if end is None and eos[slot]:
+      if end is None and eos[slot] and not row.keep_eos:
         tokens = tokens[:-1]  # EOS is not part of the text
       row.done(tokens, STOP if end is not None else EOS if eos[slot] else LENGTH)
     if released.any():

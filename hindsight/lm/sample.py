@@ -120,24 +120,19 @@ def sampler(graphdef, cfg: BackboneConfig):
 
 def generate(
   graphdef, cfg: BackboneConfig, state, prompts, lengths, budgets, temperature, top_p, keys,
-  bias=None, src=None,
+  bias=None,
 ):  # fmt: skip
-  """The sampler's body (`sampler` jits it). prompts int [U, P] (right-padded), lengths [U]
-  (>= 1); row r continues prompt src[r] (src int [R]; None: R = U and row r prompt r), so
-  each distinct prompt is prefilled once and its cache rows are copied to the rows that
-  continue it; budgets [R] (tokens at most; lengths + budgets <= max_len), temperature,
-  top_p float [R], keys [R] (typed keys), bias float [V] added to every step's logits
+  """The sampler's body (`sampler` jits it). prompts int [R, P] (right-padded), lengths [R]
+  (>= 1), budgets [R] (tokens at most; lengths + budgets <= max_len), temperature, top_p
+  float [R], keys [R] (typed keys), bias float [V] added to every step's logits
   (`ascii_bias`; None: none).
   Returns (tokens int [R, S] (the first count_r are the continuation), count int [R],
   ended_by_eos bool [R])."""
   model = nnx.merge(graphdef, state)
+  R = prompts.shape[0]
   S = cfg.max_len
   bias = jnp.zeros(cfg.vocab_size) if bias is None else bias
-  logits, cache = forward(model, cfg, prompts, cache=empty_cache(cfg, prompts.shape[0]))
-  if src is not None:  # each row from its prompt's prefill
-    logits, lengths = logits[src], lengths[src]
-    cache = tuple(c[:, src] for c in cache)
-  R = logits.shape[0]
+  logits, cache = forward(model, cfg, prompts, cache=empty_cache(cfg, R))
 
   rows = {
     "last": logits[jnp.arange(R), lengths - 1] + bias,  # [R, V]: the next token's logits
@@ -171,18 +166,6 @@ def generate(
     )
   _, _, rows, out = carry
   return out, rows["count"], rows["eos"]
-
-
-def shared_prompts(prompts: list[np.ndarray], max_len: int):
-  """(ids int32 [U, P], lengths [U], src int32 [R]): the distinct prompts of `prompts`
-  padded as `pad_prompts` pads them (U a row bucket), and the prompt each of R rows (the row
-  bucket of len(prompts); extra rows repeat row 0) continues: `generate`'s `src`."""
-  index: dict[bytes, int] = {}
-  src = [index.setdefault(np.asarray(x, np.int32).tobytes(), len(index)) for x in prompts]
-  distinct = [np.frombuffer(k, np.int32) for k in index]
-  ids, lengths = pad_prompts(distinct, max_len)
-  R = next((r for r in ROW_BUCKETS if r >= len(prompts)), len(prompts))
-  return ids, lengths, np.array(src + [src[0]] * (R - len(src)), np.int32)
 
 
 def pad_prompts(prompts: list[np.ndarray], max_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ import numpy as np
 from hindsight.lm import sample
 from hindsight.text.trace import TextTrace, chunk_text
 
-ROWS = sample.ROW_BUCKETS[-1]  # rows of one sampler call
+ROWS = sample.ROW_BUCKETS[-1]  # the engine's slots: rows sampled at once
 
 
 @dataclasses.dataclass
@@ -75,43 +75,48 @@ def read_completion(tokenizer, ids: np.ndarray, eos_ids) -> Completion:
 
 
 class PolicySampler:
-  """The policy's own sampler (`lm.sample.generate`) over any number of prompts: rows sorted
-  by length into calls of `ROWS`, each row with its own key, so a completion depends on its
-  prompt, budget and key only (not on what it was batched with, up to float rounding). Rows
-  of one prompt in a call share its prefill (`sample.shared_prompts`): a pool of K
-  continuations of a prefix prefills it once (`share_prefills=False`: every row its own,
-  for comparison)."""
+  """The policy's own sampler over any number of prompts: the slot engine (`lm.engine`:
+  continuous batching, each prompt prefilled once for every row that continues it, so a pool
+  of K continuations of a prefix prefills it once) with no ASCII restriction (what is drawn
+  is what the policy's log-probabilities score). Row i draws token j with fold_in(keys[i],
+  j) as `lm.sample.generate` does, so a completion depends on its prompt, budget and key
+  only, not on what it shared a call with (up to float rounding); each call starts from an
+  empty engine (`SlotEngine.set_state`), so a call's schedule, and its rounding, depend on
+  its rows alone."""
 
-  def __init__(self, graphdef, cfg, temperature: float = 1.0, share_prefills: bool = True):
-    self.cfg = cfg
+  def __init__(self, graphdef, cfg, temperature: float = 1.0, slots: int = ROWS):
+    self.graphdef, self.cfg = graphdef, cfg
     self.temperature = float(temperature)
-    self.share_prefills = bool(share_prefills)
-    self._generate = sample.sampler(graphdef, cfg)
+    self.slots = int(slots)
+    self._engine = None
+
+  def engine(self, state):
+    """The engine, sampling from `state` (built on first use)."""
+    import types
+
+    from hindsight.lm.engine import SlotEngine
+
+    if self._engine is None:
+      lm = types.SimpleNamespace(graphdef=self.graphdef, cfg=self.cfg, state=state,
+                                 tokenizer=None, record={})  # fmt: skip
+      self._engine = SlotEngine(lm, self.slots, ascii_only=False)
+    else:
+      self._engine.set_state(state)
+    return self._engine
 
   def complete(self, state, prompts: list[np.ndarray], budgets, keys) -> list[np.ndarray]:
     """Completions int32 [c_i] (EOS included when drawn) of `prompts` (ids each) within
-    `budgets` tokens (ints), row i drawn with keys[i] (a typed key array [n])."""
-    n = len(prompts)
-    out: list[np.ndarray] = [np.zeros(0, np.int32)] * n
-    order = sorted(range(n), key=lambda i: len(prompts[i]))
-    for lo in range(0, n, ROWS):
-      rows = order[lo : lo + ROWS]
-      ids, lengths, src = sample.shared_prompts([prompts[i] for i in rows], self.cfg.max_len)
-      if not self.share_prefills:
-        ids, lengths, src = ids[src], lengths[src], None
-      R = lengths.size if src is None else src.size
-      pick = np.array(rows + [rows[0]] * (R - len(rows)))
-      budget = np.array([budgets[i] for i in pick], np.int32)
-      row_lengths = lengths if src is None else lengths[src]
-      budget = np.minimum(budget, self.cfg.max_len - row_lengths).astype(np.int32)
-      tokens, count, _ = self._generate(
-        state, ids, lengths, budget, np.full(R, self.temperature, np.float32),
-        np.ones(R, np.float32), keys[pick], None, src,
-      )  # fmt: skip
-      tokens, count = np.asarray(tokens), np.asarray(count)
-      for r, i in enumerate(rows):
-        out[i] = tokens[r, : count[r]].astype(np.int32)
-    return out
+    `budgets` tokens (ints, cut to what the context leaves), row i drawn with keys[i] (a
+    typed key array [n])."""
+    from hindsight.lm.engine import Row
+
+    S = self.cfg.max_len
+    rows = [Row(np.asarray(p, np.int32), int(min(b, S - len(p))), self.temperature, 1.0,
+                keys[i], keep_eos=True)
+            for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))]  # fmt: skip
+    if not rows:
+      return []
+    return [tokens.astype(np.int32) for tokens, _ in self.engine(state).complete(rows)]
 
 
 @dataclasses.dataclass
