@@ -50,6 +50,7 @@ from hindsight.text.protocol import (
   DEFAULT_MAX_TOKENS,
   CompletionRequest,
   Refusal,
+  SamplingRequest,
   check_request,
   completion_body,
   prompts_of,
@@ -60,32 +61,14 @@ from hindsight.text.protocol import (
 MAX_BATCH = 64  # slots: choices sampled at once
 
 
-class ChatRequest(msgspec.Struct, forbid_unknown_fields=True):
-  """A POST /v1/chat/completions body (the fields `CompletionRequest` shares, and chat's)."""
+class ChatRequest(SamplingRequest, kw_only=True):
+  """A POST /v1/chat/completions body: the shared sampling fields and chat's own."""
 
-  model: str
   messages: list[dict]
-  n: int = 1
-  max_tokens: int | None = None
   max_completion_tokens: int | None = None
-  temperature: float = 1.0
-  top_p: float = 1.0
-  seed: int | None = None
-  stop: str | list[str] | None = None
   logprobs: bool | None = None
   top_logprobs: int | None = None
-  stream: bool = False
-  user: str | None = None
   add_generation_prompt: bool = True
-  presence_penalty: float = 0.0
-  frequency_penalty: float = 0.0
-  repetition_penalty: float = 1.0
-  top_k: int = -1
-  min_p: float = 0.0
-  logit_bias: dict | None = None
-  stream_options: dict | None = None
-
-  stops = CompletionRequest.stops
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):

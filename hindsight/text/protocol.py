@@ -44,20 +44,17 @@ NEUTRAL = {
 }
 
 
-class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
-  """A POST /v1/completions body. `prompt`: a string, a list of strings, a list of token
-  ids, or a list of lists of token ids (`prompts_of`)."""
+class SamplingRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+  """The fields a completions and a chat request share: the model, how many choices, how
+  to sample them, and the options of `NEUTRAL` (accepted at their neutral values only)."""
 
   model: str
-  prompt: str | list[str | int | list[int]]
   n: int = 1
   max_tokens: int | None = None
   temperature: float = 1.0
   top_p: float = 1.0
   seed: int | None = None
   stop: str | list[str] | None = None
-  echo: bool = False
-  logprobs: int | None = None
   stream: bool = False
   user: str | None = None
   presence_penalty: float = 0.0
@@ -65,9 +62,7 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
   repetition_penalty: float = 1.0
   top_k: int = -1
   min_p: float = 0.0
-  best_of: int | None = None
   logit_bias: dict | None = None
-  suffix: str | None = None
   stream_options: dict | None = None
 
   @property
@@ -76,6 +71,17 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     if isinstance(self.stop, str):
       return (self.stop,) if self.stop else ()
     return tuple(s for s in self.stop or () if s)
+
+
+class CompletionRequest(SamplingRequest, kw_only=True):
+  """A POST /v1/completions body. `prompt`: a string, a list of strings, a list of token
+  ids, or a list of lists of token ids (`prompts_of`)."""
+
+  prompt: str | list[str | int | list[int]]
+  echo: bool = False
+  logprobs: int | None = None
+  best_of: int | None = None
+  suffix: str | None = None
 
 
 class Refusal(Exception):
