@@ -419,3 +419,92 @@ def test_a_freed_slot_is_refilled_while_a_long_choice_runs(folder):
   finally:
     engine.close()
   assert ended.index("long") >= 6, ended
+
+
+def test_an_admit_never_forks_from_a_slot_it_overwrites_and_more_than_64_forks_chunk(folder):
+  """A free slot holding p2 is given to p3 while p2 is wanted in the same admit: p2 must be
+  prefilled, not forked from the row p3 just overwrote (at a low temperature the draws tell
+  a wrong cache row apart). And 80 choices of one prompt fork in two calls (64 + 15)."""
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  p1, p2, p3 = (np.asarray(tok_ids(folder, f"Problem {k}: boxes hold {k} and {k + 1}."), np.int32)
+                for k in (3, 4, 5))  # fmt: skip
+
+  def row(ids, seed, budget=8):
+    return Row(ids, budget, 0.05, 1.0, jax.random.fold_in(jax.random.key(seed), 0))
+
+  def alone(ids, seed, budget=8):
+    """The same row on an engine of its own (prefilled, nothing to fork)."""
+    single = SlotEngine(lm, slots=1)
+    try:
+      return single.complete([row(ids, seed, budget)])[0][0].tolist()
+    finally:
+      single.close()
+
+  engine = SlotEngine(lm, slots=2)
+  try:
+    engine.complete([row(p1, 1), row(p2, 2)])  # slot 0 holds p1, slot 1 holds p2
+    before = engine.stats["prefill_tokens"]
+    got = engine.complete([row(p3, 3), row(p2, 4)])  # p3 -> slot 0; p2 in place in slot 1
+    assert [t.tolist() for t, _ in got] == [alone(p3, 3), alone(p2, 4)]
+    assert engine.stats["prefill_tokens"] - before == p3.size
+    got = engine.complete([row(p1, 5), row(p1, 6)])  # p1's slot was overwritten by p3
+    assert [t.tolist() for t, _ in got] == [alone(p1, 5), alone(p1, 6)]
+    assert engine.stats["prefill_tokens"] - before == p3.size + p1.size
+  finally:
+    engine.close()
+  wide = SlotEngine(lm, slots=80)
+  try:
+    got = wide.complete([row(p1, 100 + j) for j in range(80)])
+    assert wide.stats["forks"] == 2 and wide.stats["prefill_tokens"] == p1.size
+    assert [t.tolist() for t, _ in got][::13] == [alone(p1, 100 + j) for j in range(0, 80, 13)]
+  finally:
+    wide.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failed_worker_ends_every_row_and_the_engine_serves_again(folder, monkeypatch):
+  """A program that fails ends the rows it held and those still waiting with an error (none
+  is left waiting forever), a prompt past the context is refused in the caller, and a busy
+  engine keeps its state."""
+  import concurrent.futures
+
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  ids = np.asarray(tok_ids(folder, "Problem 3: boxes hold 1 and 2."), np.int32)
+  rows = [Row(ids, 6, 1.0, 1.0, jax.random.key(j)) for j in range(4)]
+  engine = SlotEngine(lm, slots=2)
+  try:
+    with pytest.raises(HindsightError, match="a prompt of 600 tokens; the model's context is 512"):
+      engine.submit([Row(np.ones(600, np.int32), 4, 1.0, 1.0, jax.random.key(0))])
+    step = SlotEngine._step
+    calls = []
+
+    def failing(self):
+      calls.append(1)
+      if len(calls) == 2:
+        raise RuntimeError("a device error")
+      return step(self)
+
+    monkeypatch.setattr(SlotEngine, "_step", failing)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      future = pool.submit(engine.complete, rows)
+      with pytest.raises(HindsightError, match="failed while sampling"):
+        future.result(timeout=120)
+    monkeypatch.setattr(SlotEngine, "_step", step)
+    assert not engine.waiting and all(o is None for o in engine.owner)
+    engine.set_state(lm.state)  # idle again
+    again = engine.complete(rows)  # a fresh worker serves every row
+    assert all(reason in ("eos", "length") for _, reason in again)
+    done = concurrent.futures.Future()
+    engine.submit([Row(ids, 200, 1.0, 1.0, jax.random.key(9),
+                       lambda tokens, reason: done.set_result(reason))])  # fmt: skip
+    with pytest.raises(RuntimeError, match="busy"):
+      engine.set_state(lm.state)
+    done.result(timeout=120)
+  finally:
+    engine.close()

@@ -523,8 +523,13 @@ def test_the_server_batches_continuously_within_its_slots(tiny_lm):
   # 18 choices went through 2 slots: never more live at once, and each choice is the one
   # its key draws whatever it shared a call with.
   assert stats["max_live"] == 2 and stats["completions"] == 18
-  # Rows were admitted as slots freed, not all at once (a prompt a slot holds is forked).
+  # Rows were admitted as slots freed, not all at once (a prompt a slot holds is forked),
+  # and each of the 18 choices started once: its prompt prefilled or reused, never both.
   assert stats["prefills"] + stats["forks"] >= 9
+  tok = load_lm(tiny_lm).tokenizer
+  started = sum(3 * tok.encode(prompts[i], start=True).size for i, _ in expected)
+  assert stats["prefill_tokens"] + stats["reused_tokens"] == started
+  assert stats["reused_tokens"] > 0
   for key, answer in answers.items():
     assert [c["text"] for c in answer["choices"]] == [t for t, _ in expected[key]]
 

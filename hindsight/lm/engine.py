@@ -202,6 +202,12 @@ class SlotEngine:
 
   # -- the host side ------------------------------------------------------------------------
   def submit(self, rows: list[Row]) -> None:
+    """Queues `rows` (a prompt longer than the context is a one-line error here, in the
+    caller's thread)."""
+    S = self.cfg.max_len
+    for row in rows:
+      if not 1 <= row.ids.size <= S:
+        raise HindsightError(f"a prompt of {row.ids.size} tokens; the model's context is {S}")
     with self.wake:
       self.waiting.extend(rows)
       if self._thread is None:
@@ -297,13 +303,17 @@ class SlotEngine:
       try:
         self._admit(admitted)
         self._step()
-      except Exception:  # a failed program ends every row it held with None (an error)
+      except Exception:  # a failed program ends every row, held or waiting, with an error
         with self.wake:
           self._thread = None  # the next submit starts a fresh worker
-        for slot, row in enumerate(self.owner):
-          if row is not None:
-            self.owner[slot] = None
-            row.done(None, "error")
+          waiting, self.waiting = list(self.waiting), deque()
+          # What the failed program left in the cache is unknown: no slot is reused.
+          self.held.clear()
+          self.slot_prompt = [None] * self.slots
+        held = [row for row in self.owner if row is not None]
+        self.owner = [None] * self.slots
+        for row in held + waiting:
+          row.done(None, "error")
         raise
 
   def _take_waiting(self) -> list[tuple[int, Row]]:
