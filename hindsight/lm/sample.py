@@ -10,8 +10,10 @@ key, so a choice is the same whichever requests it was batched with (up to the f
 rounding of batched matmuls).
 
 Compiled programs are keyed by (rows, prompt bucket): `ROW_BUCKETS` x `prompt_buckets`.
-This is the in-process sampler (a batch whose rows start together); the server refills rows
-as they finish (`engine.SlotEngine`, continuous batching) with the same per-token draw.
+This is the static sampler (a batch whose rows start together and run until the longest
+ends): the reference the tests and `eval/bench_text.py` hold the engine against. The server
+and LM RL sample on `engine.SlotEngine` (continuous batching, shared prefills), which draws
+the same tokens with the same per-token step (`decode_step`).
 """
 
 from __future__ import annotations
