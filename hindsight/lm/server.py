@@ -51,6 +51,7 @@ from hindsight.text.protocol import (
   CompletionRequest,
   Refusal,
   SamplingRequest,
+  check_model,
   check_request,
   completion_body,
   prompts_of,
@@ -240,13 +241,9 @@ def create_app(engine: SlotEngine, name: str | None = None):
                for i, (_, text, finish) in enumerate(sampled)]  # fmt: skip
     return answer(req, choices, encoded, sampled, "chat.completion")
 
-  def check_model(model: str | None) -> None:
-    if model is not None and model != name:
-      raise Refusal(404, f"The model `{model}` does not exist.", "NotFoundError")
-
   async def tokenize(request):
     req = await read_request(request, decoders[TokenizeRequest])
-    check_model(req.model)
+    check_model(req.model, name)
     if (req.prompt is None) == (req.messages is None):
       raise Refusal(400, "give prompt or messages (one of them)")
     if req.messages is not None:
@@ -260,7 +257,7 @@ def create_app(engine: SlotEngine, name: str | None = None):
 
   async def detokenize(request):
     req = await read_request(request, decoders[DetokenizeRequest])
-    check_model(req.model)
+    check_model(req.model, name)
     if any(not 0 <= t < V for t in req.tokens):
       raise Refusal(400, f"token ids must be in [0, {V})")
     return JSONResponse({"prompt": tokenizer.decode(req.tokens)})

@@ -83,6 +83,11 @@ def name_of(trace: TextTrace, episode: int) -> str:
   return trace.id or f"trace_{episode}"
 
 
+def prompt_name(trace: TextTrace, episode: int) -> str:
+  """What a request sampling the trace from its prompt continues, for messages."""
+  return f"trace {name_of(trace, episode)}'s prompt"
+
+
 def step_name(trace: TextTrace, episode: int, t: int) -> str:
   """What a request from the prefix before step t continues, for messages."""
   return f"trace {name_of(trace, episode)}, step {t}"
@@ -218,7 +223,7 @@ class TextLabeler:
     asks = []
     for e, trace in enumerate(self.traces):
       if trace.steps is None and trace.text is None:
-        asks.append(Ask(trace.prompt, 0, 0, 1, f"trace {name_of(trace, e)}'s prompt"))
+        asks.append(Ask(trace.prompt, 0, 0, 1, prompt_name(trace, e)))
         continue
       trace = chunked(trace, self.options.chunking, str(e))
       last = len(trace.steps) - 1
@@ -257,7 +262,7 @@ class TextLabeler:
     todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
       seeds = [int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
-      asks = [Ask(traces[i].prompt, s, 0, 1, f"trace {name_of(traces[i], episodes[i])}'s prompt")
+      asks = [Ask(traces[i].prompt, s, 0, 1, prompt_name(traces[i], episodes[i]))
               for i, s in zip(todo, seeds, strict=True)]  # fmt: skip
       # One completion each: the trace (sample 0 of its seed, as a block of n would start).
       draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)

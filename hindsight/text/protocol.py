@@ -92,11 +92,17 @@ class Refusal(Exception):
     self.status, self.kind = status, kind
 
 
+def check_model(asked: str | None, model: str) -> None:
+  """Refusal (404, OpenAI's message) of a request naming a model other than the one served
+  (None: the request named none, as /tokenize may)."""
+  if asked is not None and asked != model:
+    raise Refusal(404, f"The model `{asked}` does not exist.", "NotFoundError")
+
+
 def check_request(req, model: str) -> None:
   """Refusal of what neither server serves (module docstring); None if it may be served.
   `req`: a completions or chat request (their shared fields)."""
-  if req.model != model:
-    raise Refusal(404, f"The model `{req.model}` does not exist.", "NotFoundError")
+  check_model(req.model, model)
   if req.stream:
     raise Refusal(400, "stream is not supported by this server")
   logprobs = getattr(req, "logprobs", None)
@@ -153,9 +159,7 @@ async def read_request(request, decoder):
   """The decoded body of a POST, or Refusal (400) naming what does not decode."""
   try:
     return decoder.decode(await request.body())
-  except msgspec.ValidationError as e:
-    raise Refusal(400, f"bad request body: {e}") from None
-  except msgspec.DecodeError as e:
+  except msgspec.DecodeError as e:  # ValidationError (a field of the wrong type) is one too
     raise Refusal(400, f"bad request body: {e}") from None
 
 
@@ -216,9 +220,7 @@ def protocol_app(routes: dict, model: str, stats: dict, max_model_len: int | Non
     return JSONResponse({"object": "list", "data": [card]})
 
   async def one_model(request):
-    if request.path_params["name"] != model:
-      return error_response(404, f"The model `{request.path_params['name']}` does not exist.",
-                            "NotFoundError")  # fmt: skip
+    check_model(request.path_params["name"], model)
     return JSONResponse(card)
 
   async def health(request):
@@ -233,7 +235,7 @@ def protocol_app(routes: dict, model: str, stats: dict, max_model_len: int | Non
     routes=[
       *(Route(path, refusing(handler), methods=["POST"]) for path, handler in routes.items()),
       Route("/v1/models", models, methods=["GET"]),
-      Route("/v1/models/{name:path}", one_model, methods=["GET"]),
+      Route("/v1/models/{name:path}", refusing(one_model), methods=["GET"]),
       Route("/health", health, methods=["GET"]),
       Route("/stats", get_stats, methods=["GET"]),
     ],
