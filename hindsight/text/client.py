@@ -113,16 +113,18 @@ class CompletionCache:
     blob = json.dumps([model, prompt, dataclasses.asdict(sampling), seed, index])
     return hashlib.sha256(blob.encode()).hexdigest()
 
-  def get(self, keys: list[str]) -> dict[str, Completion]:
-    out: dict[str, Completion] = {}
+  def _select(self, columns: str, table: str, keys: list[str]):
+    """Rows (key, *columns) of `table` for `keys`, in queries of at most 500 keys."""
     for lo in range(0, len(keys), 500):
       part = keys[lo : lo + 500]
       marks = ",".join("?" * len(part))
-      rows = self._db.execute(
-        f"SELECT key, text, finish, tokens FROM completions WHERE key IN ({marks})", part
+      yield from self._db.execute(
+        f"SELECT key, {columns} FROM {table} WHERE key IN ({marks})", part
       )
-      out.update({k: Completion(t, f, n) for k, t, f, n in rows})
-    return out
+
+  def get(self, keys: list[str]) -> dict[str, Completion]:
+    rows = self._select("text, finish, tokens", "completions", keys)
+    return {k: Completion(t, f, n) for k, t, f, n in rows}
 
   def put(self, items: list[tuple[str, Completion]]) -> None:
     self._db.execute("BEGIN")
@@ -133,16 +135,13 @@ class CompletionCache:
     self._db.execute("COMMIT")
 
   def get_counts(self, keys: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for lo in range(0, len(keys), 500):
-      part = keys[lo : lo + 500]
-      marks = ",".join("?" * len(part))
-      rows = self._db.execute(f"SELECT key, count FROM prompt_tokens WHERE key IN ({marks})", part)
-      out.update(dict(rows))
-    return out
+    """Prompt lengths in the endpoint's tokens (`CompletionClient.count_tokens`), by key."""
+    return dict(self._select("count", "prompt_tokens", keys))
 
   def put_counts(self, items: list[tuple[str, int]]) -> None:
+    self._db.execute("BEGIN")
     self._db.executemany("INSERT OR REPLACE INTO prompt_tokens VALUES (?, ?)", items)
+    self._db.execute("COMMIT")
 
   def __len__(self) -> int:
     return int(self._db.execute("SELECT COUNT(*) FROM completions").fetchone()[0])
