@@ -50,7 +50,7 @@ class ChatTemplate:
       raise HindsightError(f"the chat template refused the messages ({e})") from None
 
 
-def _token_text(value) -> str | None:
+def token_text(value) -> str | None:
   """A special token of tokenizer_config.json: a string or an AddedToken record."""
   if isinstance(value, dict):
     value = value.get("content")
@@ -76,7 +76,7 @@ def read_chat_template(path: str) -> ChatTemplate | None:
       source = f.read()
   if not isinstance(source, str) or not source:
     return None
-  tokens = {k: _token_text(v) for k, v in config.items() if k.endswith("_token")}
+  tokens = {k: token_text(v) for k, v in config.items() if k.endswith("_token")}
   return ChatTemplate(source, tuple(sorted((k, v) for k, v in tokens.items() if v)))
 
 

@@ -107,11 +107,11 @@ def end_ids(path: str, config: dict) -> list[int]:
     except (OSError, ValueError, TypeError, AttributeError):
       raise HindsightError(f"{generation}: not JSON with an eos_token_id") from None
   if not out:
-    from hindsight.lm.chat import TOKENIZER_CONFIG, _token_text
+    from hindsight.lm.chat import TOKENIZER_CONFIG, token_text
 
     try:
       with open(os.path.join(path, TOKENIZER_CONFIG)) as f:
-        token = _token_text(json.load(f).get("eos_token"))
+        token = token_text(json.load(f).get("eos_token"))
       from tokenizers import Tokenizer as HfTokenizer
 
       found = HfTokenizer.from_file(os.path.join(path, TOKENIZER)).token_to_id(token or "")
