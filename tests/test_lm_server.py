@@ -5,10 +5,13 @@ in-process sampler and `transformers`' own chat-template rendering."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import httpx
@@ -287,6 +290,81 @@ def test_choices_of_one_prompt_share_its_prefill_and_an_overwritten_one_is_prefi
     assert spent()[0] == prefilled + len(a)  # overwritten: prefilled anew
     both = engine.complete(rows(a, 5, 2, budget=40) + rows(b, 5, 2))
     assert tokens(both) == drawn(a, 5, 2, budget=40) + drawn(b, 5, 2)
+  finally:
+    engine.close()
+
+
+def test_a_trace_s_prefixes_cost_one_prefill_of_the_trace_and_draw_what_unshared_rows_draw(
+  folder,
+):
+  """Pools of a trace's prefixes x_0 .. x_3 (K = 3 each, one call, as the labeler sends them):
+  x_0 is prefilled, each x_{t+1} runs only its new step against x_t's cache (`extends`), and
+  the rest fork, so the whole call computes len(x_3) prompt tokens; every row draws what it
+  draws prefilled on its own. A later prompt extending a prefix held by a running choice
+  extends it and gets its own continuation; once every slot holding the prefix is
+  overwritten, the prompt is prefilled whole (never read stale)."""
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  steps = ["Problem 3: three boxes hold 1, 2 and 3 apples.", " Box one holds 1.",
+           " Box two holds 2.", " So 6."]  # fmt: skip
+  prefixes = [np.asarray(tok_ids(folder, "".join(steps[: t + 1])), np.int32) for t in range(4)]
+  assert all(x[: p.size].tolist() == p.tolist() for p, x in itertools.pairwise(prefixes))
+
+  def row(ids, seed, budget=10, temperature=0.05):
+    return Row(ids, budget, temperature, 1.0, jax.random.fold_in(jax.random.key(seed), 0))
+
+  def alone(rows):
+    """Each row on an engine of its own (prefilled whole, nothing shared)."""
+    single = SlotEngine(lm, slots=1)
+    try:
+      return [single.complete([r])[0][0].tolist() for r in rows]
+    finally:
+      single.close()
+
+  engine = SlotEngine(lm, slots=16, min_shared=8)
+  try:
+    pools = [row(x, 10 * t + k, temperature=1.0) for t, x in enumerate(prefixes) for k in range(3)]
+    got = [t.tolist() for t, _ in engine.complete(pools)]
+    assert got == alone(pools)
+    assert engine.stats["prefill_tokens"] == prefixes[-1].size
+    assert engine.stats["prefills"] == 1 and engine.stats["extends"] == 3
+    assert engine.stats["reused_tokens"] == 3 * sum(x.size for x in prefixes) - prefixes[-1].size
+  finally:
+    engine.close()
+
+  engine = SlotEngine(lm, slots=2, min_shared=8)
+  longer = np.concatenate([prefixes[1], prefixes[3][prefixes[1].size :][::-1]])
+  # A seed whose choice of x_1 runs its whole budget of 80 tokens (10 decode calls).
+  seed = next(s for s in range(40) if len(_draws(folder, prefixes[1], s, 1, 80)[0][0]) == 80)
+  ended, all_done = [], threading.Event()
+
+  def done_as(name):
+    def done(tokens, reason):
+      ended.append((name, tokens.tolist()))
+      all_done.set() if len(ended) == 2 else None
+
+    return done
+
+  try:
+    engine.submit([dataclasses.replace(row(prefixes[1], seed, 80, 1.0), done=done_as("long"))])
+    while engine.stats["decode_calls"] == 0:
+      time.sleep(0.01)
+    engine.submit([dataclasses.replace(row(longer, 2), done=done_as("short"))])
+    assert all_done.wait(120)
+    assert [name for name, _ in ended] == ["short", "long"]  # admitted while x_1 decoded
+    assert engine.stats["extends"] == 1
+    assert engine.stats["reused_tokens"] == prefixes[1].size
+    assert ended[0][1] == alone([row(longer, 2)])[0]
+    # Both slots overwritten by prompts sharing nothing with x_1: a prompt extending x_1 is
+    # prefilled whole.
+    others = [np.asarray(tok_ids(folder, f"{k} boxes."), np.int32) for k in (4, 5)]
+    engine.complete([row(others[0], 3), row(others[1], 4)])
+    before = engine.stats["prefill_tokens"]
+    got = engine.complete([row(longer, 5)])
+    assert engine.stats["prefill_tokens"] - before == longer.size
+    assert [t.tolist() for t, _ in got] == alone([row(longer, 5)])
   finally:
     engine.close()
 

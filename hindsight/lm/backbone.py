@@ -160,13 +160,16 @@ def forward(
   states [B, L, D]), the updated cache or None).
 
   Without a cache: causal attention over the input (positions default to 0 .. L-1; right
-  padding is never read by a real token). With one (`empty_cache`): a prompt (L > 1) is
-  written at slots 0 .. L-1, a single token (L = 1) at each row's own position, and each
-  query reads the cached slots at positions <= its own. `window` (static): queries read
+  padding is never read by a real token). With one (`empty_cache`): a prompt (L > 1, no
+  positions) is written at slots 0 .. L-1; tokens at given positions (a single token, or
+  the rest of a prompt whose start the cache holds already) at those slots of their row
+  (slots past the cache are dropped); each query reads the cached slots at positions <= its
+  own. `window` (static): queries read
   only the first `window` slots, which must hold every position they attend to (a decode
   step's memory traffic is its cache read)."""
   B, L = tokens.shape
-  if positions is None:
+  from_start = positions is None  # a prompt from slot 0: one contiguous write per layer
+  if from_start:
     positions = jnp.broadcast_to(jnp.arange(L), (B, L))
   x = model.embedder.encode(tokens)
   if cache is not None:
@@ -182,9 +185,13 @@ def forward(
         rows = jnp.arange(B)
         ck = ck.at[i, rows, positions[:, 0]].set(k[:, 0].astype(ck.dtype))
         cv = cv.at[i, rows, positions[:, 0]].set(v[:, 0].astype(cv.dtype))
-      else:
+      elif from_start:
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (i, 0, 0, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (i, 0, 0, 0, 0))
+      else:
+        rows = jnp.arange(B)[:, None]
+        ck = ck.at[i, rows, positions].set(k.astype(ck.dtype), mode="drop")
+        cv = cv.at[i, rows, positions].set(v.astype(cv.dtype), mode="drop")
       keys, values, kp = ck[i, :, :window], cv[i, :, :window], key_pos
     mask = kp[:, None, :] <= positions[:, :, None]  # [B, L, S]
     x = x + _attend(layer.attn, q, keys, values, mask, cfg)

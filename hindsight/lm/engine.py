@@ -3,13 +3,17 @@ as soon as its choice ends, so the model always works on as many rows as there a
 
 One worker thread runs the loop
 
-  admit    waiting rows go into free slots. A prompt no slot holds is prefilled (one
-           program per row bucket and prompt bucket) and written into its slot's row of the
-           KV cache [depth, R, S, K, H], its next-token logits into `last` [R, V] and
-           `prompt_logits` [R, V]; a prompt some slot already holds (another choice of the
-           same request, or a choice of an earlier request still in the cache) is forked:
-           that slot's cache row and prompt logits are copied (one program per row bucket),
-           and nothing is recomputed;
+  admit    waiting rows go into free slots, each started the cheapest way its prompt allows:
+           fork    some slot holds the whole prompt (another choice of the same request, or
+                   a choice of an earlier request still in the cache): that slot's cache row
+                   and prompt logits are copied, nothing is computed;
+           extend  some slot holds a prefix of at least `min_shared` tokens of it (the prefix
+                   x_t of a trace when x_{t+1} arrives, a shared system prompt): that slot's
+                   cache row is copied and only the rest of the prompt is run, at its own
+                   positions, attending to the copied keys and values;
+           prefill otherwise the whole prompt is run (one program per row bucket and prompt
+                   bucket) and written into its slot's row of the KV cache [depth, R, S, K, H],
+                   its next-token logits into `last` [R, V] and `prompt_logits` [R, V];
   decode   `chunk` one-token steps of every slot in the shortest prefix of slots (1, 4, 16 or
            all R) that holds every live one (rows take the lowest free slots), one program per
            (attention window: the prompt bucket above the furthest live position, prefix);
@@ -20,11 +24,14 @@ One worker thread runs the loop
            for), and the slot is released on the device at once, so the next call decodes
            nothing more for it.
 
-Which slots hold which prompt (`held`): a slot's cache positions below its prompt's length
-keep that prompt's keys and values while its choice decodes and after it ends, until the slot
-is admitted again, so the table never outlives what it points to (an overwritten prompt is
-prefilled anew, never read stale), and it is bounded by the slots. `stats` counts the prompt
-tokens prefilled and those reused by a fork.
+What each slot's cache holds (`held`, `held_ids`): a slot's cache positions below its
+prompt's length keep that prompt's keys and values while its choice decodes and after it
+ends, until the slot is admitted again, so the table never outlives what it points to (an
+overwritten prompt is computed anew, never read stale), and it is bounded by the slots: the
+prefix cache is the slots' own rows, evicted lowest free slot first. Within one admit, a row
+may extend a row admitted before it (x_{t+1} from x_t, both new): extends run in waves after
+the prefills, each reading only rows written before it. `stats` counts the prompt tokens
+computed (`prefill_tokens`) and those read from a held cache row (`reused_tokens`).
 
 Token i of a choice is drawn with fold_in(its key, i) exactly as `sample.generate` draws it,
 so a choice is the same whatever it was batched with and whenever it was admitted (up to the
@@ -50,6 +57,9 @@ from hindsight.lm.config import BackboneConfig
 from hindsight.lm.sample import ROW_BUCKETS, ascii_bias, decode_step, prompt_buckets
 
 CHUNK = 8  # tokens per decode call: host round trips against slots idle after their end
+# The shortest held prefix a prompt extends rather than being prefilled whole: below it the
+# copy of a cache row costs about what the prefix's prefill does.
+MIN_SHARED = 16
 
 
 # Why a choice ended: the model's end-of-sequence token, a stop string, the token budget.
@@ -101,6 +111,23 @@ def _prefill(graphdef, cfg: BackboneConfig, state, cache, rows, prompt_logits, s
   return cache, _start_rows(rows, slots, last, lengths, new), prompt_logits.at[slots].set(last)
 
 
+def _extend(graphdef, cfg: BackboneConfig, state, cache, rows, prompt_logits, src, dst, ids,
+            starts, lengths, new, bias):  # fmt: skip
+  """Slots dst [r] start choices of prompts whose first starts [r] tokens slots src [r] hold:
+  the src cache rows are copied and the rest of each prompt, ids [r, P] (right-padded: token
+  j at position starts + j, lengths [r] the whole prompts'), is run against them. Reads every
+  src row before writing any dst row, so a row may extend its own slot's old prompt. One
+  program per (r, P)."""
+  model = nnx.merge(graphdef, state)
+  r, P = ids.shape
+  positions = starts[:, None] + jnp.arange(P)
+  own = (cache[0][:, src], cache[1][:, src])
+  logits, (k, v) = forward(model, cfg, ids, positions, cache=own)
+  cache = (cache[0].at[:, dst].set(k), cache[1].at[:, dst].set(v))
+  last = logits[jnp.arange(r), lengths - starts - 1] + bias
+  return cache, _start_rows(rows, dst, last, lengths, new), prompt_logits.at[dst].set(last)
+
+
 def _fork(cache, rows, prompt_logits, src, dst, lengths, new):
   """Slots dst [r] start choices of the prompts slots src [r] hold: their cache rows and
   prompt logits copied (every position: those past the prompt are masked until the choice
@@ -145,19 +172,21 @@ def failed(results: list) -> None:
 
 class SlotEngine:
   """The slots and their worker (module docstring). `submit(rows)` queues rows; each row's
-  `done` is called when it ends. `stats` counts decode calls, prefills, forks, prompt
-  tokens prefilled and reused, choices stopped by a stop string, and the most slots ever
-  live at once (never above `slots`)."""
+  `done` is called when it ends. `stats` counts decode calls, prefills, extends and forks
+  (program calls), prompt tokens computed and reused, choices stopped by a stop string, and
+  the most slots ever live at once (never above `slots`)."""
 
-  def __init__(self, lm, slots: int = 64, chunk: int = CHUNK, ascii_only: bool | None = None):
+  def __init__(self, lm, slots: int = 64, chunk: int = CHUNK, ascii_only: bool | None = None,
+               min_shared: int = MIN_SHARED):  # fmt: skip
     """lm: a LoadedLM (graphdef, cfg, state, tokenizer, record); ascii_only: restrict draws
-    to ASCII tokens (`sample.ascii_bias`; default: what the model's record says)."""
+    to ASCII tokens (`sample.ascii_bias`; default: what the model's record says);
+    min_shared: the shortest held prefix a prompt extends (`MIN_SHARED`)."""
     self.lm, self.cfg = lm, lm.cfg
     # One device: the slots' arrays split over several CPU devices made every call that
     # reads a prefix of them move the cache between devices (27 against 111 completions/s at
     # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
     device = jax.local_devices()[0]
-    self.slots, self.chunk = int(slots), int(chunk)
+    self.slots, self.chunk, self.min_shared = int(slots), int(chunk), max(1, int(min_shared))
     self.device = device
     self.state = jax.device_put(lm.state, device)
     ascii_only = lm.record.get("ascii") if ascii_only is None else ascii_only
@@ -165,6 +194,9 @@ class SlotEngine:
     self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
     self._prefill = jax.jit(
       functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
+    )
+    self._extend = jax.jit(
+      functools.partial(_extend, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
     )
     self._fork = jax.jit(_fork, donate_argnums=(0, 1, 2))
     self._decode = {}  # (window, width) -> program
@@ -187,16 +219,19 @@ class SlotEngine:
     }, device)  # fmt: skip
     # Each slot's prompt's next-token logits (what a fork of it starts from: `last` moves on).
     self.prompt_logits = jax.device_put(jnp.zeros((R, self.cfg.vocab_size)), device)
-    # Prompt (its ids' bytes) -> the slots whose cache holds it (module docstring), and back.
+    # Prompt (its ids' bytes) -> the slots whose cache holds it (module docstring), and back;
+    # each slot's prompt ids (-1 past held_len) for the longest held prefix of a new prompt.
     self.held: dict[bytes, set[int]] = {}
     self.slot_prompt: list[bytes | None] = [None] * R
+    self.held_ids = np.full((R, self.cfg.max_len), -1, np.int32)
+    self.held_len = np.zeros(R, np.int64)
     self.owner: list[Row | None] = [None] * R  # the row each slot holds
     self.tokens: list[list[int]] = [[] for _ in range(R)]
     self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
     self.waiting: deque[Row] = deque()
     self.wake = threading.Condition()
-    self.stats = {"decode_calls": 0, "prefills": 0, "forks": 0, "max_live": 0, "stopped": 0,
-                  "prefill_tokens": 0, "reused_tokens": 0}  # fmt: skip
+    self.stats = {"decode_calls": 0, "prefills": 0, "extends": 0, "forks": 0, "max_live": 0,
+                  "stopped": 0, "prefill_tokens": 0, "reused_tokens": 0}  # fmt: skip
     self._thread: threading.Thread | None = None
     self._stop = False
 
@@ -252,8 +287,7 @@ class SlotEngine:
       if self.waiting or any(o is not None for o in self.owner):
         raise RuntimeError("set_state on a busy engine")
       self.state = jax.device_put(state, self.device)
-      self.held.clear()
-      self.slot_prompt = [None] * self.slots
+      self._forget_all()
 
   def close(self) -> None:
     with self.wake:
@@ -264,20 +298,25 @@ class SlotEngine:
     """How many programs `warmup` compiles."""
     buckets = len(prompt_buckets(self.cfg.max_len))
     row_buckets = len([r for r in ROW_BUCKETS if r <= self.slots])
-    return buckets * (row_buckets + len(self.widths())) + row_buckets
+    return buckets * (2 * row_buckets + len(self.widths())) + row_buckets
 
   def warmup(self) -> int:
-    """Compiles every prefill (row bucket x prompt bucket) and decode (window x width)
-    program: one token of prompts of each shape, then each decode program on idle slots
-    (every row done: it draws nothing). Returns how many programs."""
+    """Compiles every prefill and extend (row bucket x prompt bucket), fork (row bucket) and
+    decode (window x width) program: one token of prompts of each shape, then each decode
+    program on idle slots (every row done: it draws nothing). Returns how many programs."""
     count = 0
     S = self.cfg.max_len
     for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
       for p in prompt_buckets(S):
-        # Distinct prompts: each row is prefilled (one shared prompt would be forked).
+        # Distinct prompts: each row is prefilled (one shared prompt would be forked) ...
         prompts = [np.full(min(p, S - 1), 2 + j, np.int32) for j in range(rows)]
         self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for ids in prompts])
-        count += 1
+        # ... then extended by a suffix of the same bucket.
+        start = self.min_shared
+        longer = [np.concatenate([x[:start], np.full(min(p, S - 1 - start), 3 + j, np.int32)])
+                  for j, x in enumerate(prompts)]  # fmt: skip
+        self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for ids in longer])
+        count += 2
       # A prompt no slot holds, rows + 1 times: one prefill, then `rows` forks of it.
       ids = np.full(7, 1, np.int32)
       ids[-1] = (rows + 3) % self.cfg.vocab_size
@@ -308,8 +347,7 @@ class SlotEngine:
           self._thread = None  # the next submit starts a fresh worker
           waiting, self.waiting = list(self.waiting), deque()
           # What the failed program left in the cache is unknown: no slot is reused.
-          self.held.clear()
-          self.slot_prompt = [None] * self.slots
+          self._forget_all()
         held = [row for row in self.owner if row is not None]
         self.owner = [None] * self.slots
         for row in held + waiting:
@@ -318,53 +356,99 @@ class SlotEngine:
 
   def _take_waiting(self) -> list[tuple[int, Row]]:
     """Waiting rows into free slots: a free slot whose cache holds the row's prompt if there
-    is one (nothing to prefill or copy), else the lowest free slot (live rows stay in a short
-    prefix of the slots)."""
+    is one (nothing to prefill or copy), else one that holds a prefix of it (extended in
+    place, nothing evicted), else the lowest free slot (live rows stay in a short prefix of
+    the slots)."""
     free = [s for s, o in enumerate(self.owner) if o is None]
     out = []
     while free and self.waiting:
       row = self.waiting.popleft()
       key = row.ids.astype(np.int32).tobytes()
-      slot = next((s for s in free if self.slot_prompt[s] == key), free[0])
+      slot = next((s for s in free if self.slot_prompt[s] == key), None)
+      if slot is None:
+        shared = self._shared(row.ids)
+        within = [s for s in free if self.min_shared <= shared[s] == self.held_len[s]]
+        slot = max(within, key=lambda s: shared[s], default=free[0])
       free.remove(slot)
       self.owner[slot] = row
       out.append((slot, row))
     return out
 
+  def _shared(self, ids: np.ndarray) -> np.ndarray:
+    """int [R]: how many leading tokens of `ids` each slot's cache holds (held_ids is -1 past
+    each slot's prompt, which no token id equals)."""
+    n = min(ids.size, self.held_ids.shape[1])
+    differ = self.held_ids[:, :n] != ids[None, :n]
+    return np.where(differ.any(1), differ.argmax(1), n)
+
   def _admit(self, admitted: list[tuple[int, Row]]) -> None:
-    """Starts the admitted rows: prompts no slot holds are prefilled, grouped by prompt
-    bucket, in row buckets; the rest are forked from a slot that holds them (module
-    docstring)."""
+    """Starts the admitted rows, each the cheapest way (module docstring): the prefills
+    (grouped by prompt bucket, in row buckets), then the extends in waves (a wave reads rows
+    held before the admit, the row's own slot, or rows the waves before it wrote), then the
+    forks. A slot another admitted row overwrites is never read."""
     if not admitted:
       return
-    keys = [row.ids.astype(np.int32).tobytes() for _, row in admitted]
-    for (slot, _), key in zip(admitted, keys, strict=True):
-      if self.slot_prompt[slot] != key:  # its cache row is about to be overwritten
-        self._forget(slot)
-    leaders, forks, first = [], [], {}
-    for (slot, row), key in zip(admitted, keys, strict=True):
-      # A slot that holds the prompt already is its own source (a fork copies nothing new).
-      held = self.held.get(key, set())
-      source = slot if slot in held else min(held, default=first.get(key))
-      if source is None:
-        first[key] = slot
-        leaders.append((slot, row))
+    slots_in = {slot for slot, _ in admitted}
+    leaders, forks = [], []
+    waves: dict[int, list] = {}  # wave -> [(source, slot, row, start)]
+    made: dict[bytes, int] = {}  # prompts this admit writes -> their slot
+    made_ids: list[tuple[int, np.ndarray, int]] = []  # (slot, ids, wave it is ready after)
+    for slot, row in admitted:
+      ids = row.ids.astype(np.int32)
+      key = ids.tobytes()
+      outside = [s for s in self.held.get(key, ()) if s not in slots_in]
+      if self.slot_prompt[slot] == key and key not in made:
+        forks.append((slot, slot, row))  # its own slot holds it: nothing to copy
+        made[key] = slot
+        made_ids.append((slot, ids, 0))
+        continue
+      if key in made or outside:
+        forks.append((made.get(key, min(outside, default=-1)), slot, row))
+        continue
+      # The longest held prefix: a slot outside the admit, this slot's own, or a new row's.
+      shared = self._shared(ids)
+      shared[[s for s in slots_in if s != slot]] = 0
+      source, start, wave = int(shared.argmax()), int(shared.max()), 1
+      for s, other, ready in made_ids:
+        n = min(other.size, ids.size)
+        common = int(np.argmin(np.append(other[:n] == ids[:n], False)))
+        if common > start or (common == start and ready + 1 < wave):
+          source, start, wave = s, common, ready + 1
+      start = min(start, ids.size - 1)  # the last token's logits are computed here
+      if start >= self.min_shared:
+        waves.setdefault(wave, []).append((source, slot, row, start))
       else:
-        forks.append((source, slot, row))
+        leaders.append((slot, row))
+        wave = 0
+      made[key] = slot
+      made_ids.append((slot, ids, wave))
     self._prefill_rows(leaders)
+    for wave in sorted(waves):
+      self._extend_rows(waves[wave])
     self._fork_rows(forks)
-    for (slot, row), key in zip(admitted, keys, strict=True):
+    for slot, row in admitted:
+      self._forget(slot)
+      key = row.ids.astype(np.int32).tobytes()
       self.held.setdefault(key, set()).add(slot)
       self.slot_prompt[slot] = key
+      self.held_ids[slot, : row.ids.size] = row.ids
+      self.held_len[slot] = row.ids.size
       self.tokens[slot] = []
       self.pos[slot] = row.ids.size
 
   def _forget(self, slot: int) -> None:
     key, self.slot_prompt[slot] = self.slot_prompt[slot], None
+    self.held_ids[slot] = -1
+    self.held_len[slot] = 0
     if key is not None:
       self.held[key].discard(slot)
       if not self.held[key]:
         del self.held[key]
+
+  def _forget_all(self) -> None:
+    """No slot's cache is read again (new parameters, or a failed program)."""
+    for slot in range(self.slots):
+      self._forget(slot)
 
   @staticmethod
   def _settings(rows: list[Row]) -> dict:
@@ -398,6 +482,32 @@ class SlotEngine:
         )  # fmt: skip
         self.stats["prefills"] += 1
         self.stats["prefill_tokens"] += int(sum(row.ids.size for _, row in part))
+
+  def _extend_rows(self, extends: list[tuple[int, int, Row, int]]) -> None:
+    """(source slot, slot, row, start) rows: grouped by the bucket of what is left to run."""
+    S = self.cfg.max_len
+    by_bucket: dict[int, list] = {}
+    for item in extends:
+      left = item[2].ids.size - item[3]
+      by_bucket.setdefault(next(b for b in prompt_buckets(S) if b >= left), []).append(item)
+    for P_, group in by_bucket.items():
+      for begin in range(0, len(group), ROW_BUCKETS[-1]):
+        part = group[begin : begin + ROW_BUCKETS[-1]]
+        r = next(b for b in ROW_BUCKETS if b >= len(part))
+        picked = [part[j if j < len(part) else 0] for j in range(r)]
+        ids = np.zeros((r, P_), np.int32)
+        for j, (_, _, row, start) in enumerate(picked):
+          ids[j, : row.ids.size - start] = row.ids[start:]
+        src, dst, rows, starts = zip(*picked, strict=True)
+        self.cache, self.rows, self.prompt_logits = self._extend(
+          self.state, self.cache, self.rows, self.prompt_logits, np.array(src, np.int32),
+          np.array(dst, np.int32), ids, np.array(starts, np.int32),
+          np.array([row.ids.size for row in rows], np.int32), self._settings(list(rows)),
+          self.bias,
+        )  # fmt: skip
+        self.stats["extends"] += 1
+        self.stats["prefill_tokens"] += int(sum(row.ids.size - st for _, _, row, st in part))
+        self.stats["reused_tokens"] += int(sum(st for _, _, _, st in part))
 
   def _fork_rows(self, forks: list[tuple[int, int, Row]]) -> None:
     for start in range(0, len(forks), ROW_BUCKETS[-1]):

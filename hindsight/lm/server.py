@@ -26,11 +26,12 @@ A prompt that fills the context, or prompt + max_tokens over it, is a 400 (vLLM'
 `logprobs` and `stream` are refused (400), and so is any field the protocol does not know.
 
 Batching is continuous (`engine.SlotEngine`): every choice of every request takes one of
-`max_batch` slots as one frees, so throughput grows with concurrency up to the slots, and a
+`max_batch` slots as one frees, so throughput grows with concurrency up to the slots; a
 prompt some slot's cache holds (another choice of the request, an earlier request's) is
-copied, not prefilled again. `GET /stats` counts requests, completions, decode calls,
-prefills, forks, prompt tokens prefilled and reused, choices ended by a stop string and the
-most slots live at once.
+copied, not prefilled again, and one that extends a held prompt (the next prefix of a
+trace) runs only its new tokens. `GET /stats` counts requests, completions, decode calls,
+prefills, extends, forks, prompt tokens computed and reused, choices ended by a stop string
+and the most slots live at once.
 """
 
 from __future__ import annotations
