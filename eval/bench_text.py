@@ -155,7 +155,9 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
   traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
   prefixes = [t.prefix(j) for t in traces for j in range(12)]
   with running_lm(workdir, warmup=True) as (url, model):
-    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}")
+    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}"
+          f"{'prompt tokens computed':>24}{'reused':>9}")  # fmt: skip
+    before = httpx.get(url.removesuffix("/v1") + "/stats").json()
     for c in (1, 16, 64):
       client = CompletionClient(url, model, Sampling(max_tokens=320),
                                 CompletionCache(os.path.join(work, f"lm{c}.sqlite")),
@@ -170,8 +172,10 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
       got = client.sample(draws)
       rate = sum(len(x) for x in got) / (time.perf_counter() - tic)
       tokens = client.stats.tokens / max(1, sum(len(x) for x in got))
-      live = httpx.get(url.removesuffix("/v1") + "/stats").json()["max_live"]
-      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{live:>12}")
+      stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
+      computed, reused = (stats[k] - before[k] for k in ("prefill_tokens", "reused_tokens"))
+      before = stats
+      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{stats['max_live']:>12}{computed:>24}{reused:>9}")
   print("  (the text world's scripted server above writes no tokens: it is the ceiling of the "
         "client, not a model)")  # fmt: skip
   _pools(workdir, traces[: max(1, completions // 64)])
@@ -231,6 +235,12 @@ def _pools(workdir: str, traces: list) -> None:
     tokens = sum(len(x) for x in got) / len(rows)
     print(f"{name:>24}{rates[name]:>15.1f}{tokens:>19.1f}{seconds:>9.1f}")
   print(f"  engine / static: {rates['engine, shared'] / rates['static, every row']:.2f}x")
+  stats = engine.engine(lm.state).stats
+  print(
+    f"  the engine's prompt tokens over both passes: {stats['prefill_tokens']} computed, "
+    f"{stats['reused_tokens']} reused ({sum(len(p) for p in prefixes)} in the prefixes, "
+    f"{sum(len(p) for p in rows)} in the rows)"
+  )
 
 
 def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:

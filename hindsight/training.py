@@ -62,6 +62,7 @@ from hindsight.metrics.drift import MIN_EPISODES as MIN_TEST_EPISODES
 from hindsight.model.batching import (
   BatchPlan,
   EpisodeReader,
+  batch_shape,
   bucket_lengths,
   make_batch,
   process_rows,
@@ -474,7 +475,9 @@ def _train(config, workdir, data: _Data, layout: _Layout, programs, ckpt, start,
     for step in range(start, total):
       pad, ids = plan.at(step)
       tic = time.perf_counter()
-      batch = global_batch(make_batch(data.reader, ids[rows], pad, spec), mesh)
+      # Padded to its own token bucket (a text encoder's): short traces cost short programs.
+      shape = batch_shape(data.reader, ids, spec)
+      batch = global_batch(make_batch(data.reader, ids[rows], pad, spec, shape), mesh)
       state, metrics = programs.train_step(state, batch, jax.random.fold_in(dropout_root, step))
       done = step + 1
       bar.update(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import httpx
@@ -294,6 +295,59 @@ def test_the_lm_backbone_model_restores_scores_traces_and_refuses_bad_ones(lm_ru
 
 
 @TEXT_MODEL
+def test_the_lm_backbone_scores_a_batch_alike_at_any_token_padding(lm_run, text_run):
+  """Training pads each batch to its own traces' token bucket (`batching.batch_shape`), not
+  the longest training trace's: the scores of a batch are the same at either width (the
+  decoder is causal; a step reads nothing after its last token), and a batch of short traces
+  is padded to fewer tokens."""
+  from hindsight.model.batching import EpisodeReader, batch_shape, make_batch
+  from hindsight.model.predictor import Predictor
+
+  predictor = Predictor.load(lm_run["workdir"])
+  spec = predictor.spec
+  reader = EpisodeReader(open_labels(text_run["labels"]))
+  episodes = [reader[i] for i in range(len(reader))]
+  lengths = spec.encoder.trace_lengths([e.prompt for e in episodes],
+                                       [list(e.step_text) for e in episodes])  # fmt: skip
+  short = np.argsort(lengths)[:4]
+  own = batch_shape(reader, np.append(short, -1), spec)
+  assert own == spec.encoder.shape([reader[int(i)] for i in short]) < spec.encoder.sequence_tokens
+  pad = max(len(reader[int(i)]) for i in short)
+  narrow = make_batch(reader, short, pad, spec, own)
+  wide = make_batch(reader, short, pad, spec)  # the training shape
+  assert narrow["sequence"].shape[1] == own < wide["sequence"].shape[1]
+  a, b = (jax.device_get(predictor._score(predictor.state, x)) for x in (narrow, wide))
+  mask = narrow["mask"]
+  np.testing.assert_allclose(a["mu"][mask], b["mu"][mask], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_backbone_computes_in_bf16_from_float32_weights():
+  """`StepStates` at dtype bfloat16: weights stay float32 (what the optimizer updates), the
+  states are within bfloat16's rounding of float32's and not equal to them (it computed in
+  bfloat16), and the forward's q/k/v biases do not promote it back to float32."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from hindsight.lm.backbone import StepStates
+  from hindsight.lm.config import BackboneConfig
+
+  cfg = BackboneConfig("qwen2", 97, 32, 2, 4, 2, 8, 64, max_len=64)
+  f32 = StepStates(cfg, 16, rngs=nnx.Rngs(0))
+  bf16 = StepStates(cfg, 16, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(bf16, nnx.Param))} == {jnp.dtype("float32")}
+  nnx.update(bf16, nnx.state(f32, nnx.Param))
+  tokens = jax.random.randint(jax.random.key(1), (3, 40), 0, 97)
+  batch = {"sequence": tokens, "step_end": jnp.array([[5, 20, 39]] * 3)}
+  a, b = np.asarray(f32(batch)), np.asarray(bf16(batch))
+  assert b.dtype == np.float32
+  error = np.abs(a - b).max() / np.abs(a).max()
+  assert 1e-4 < error < 5e-2, error
+  jaxpr = str(jax.make_jaxpr(lambda x: bf16(x))(batch))
+  # q k^T in bfloat16: q and k stay so after their float32 biases.
+  assert re.search(r"bf16\[3,2,40,40,2\] = dot_general", jaxpr)
+
+
+@TEXT_MODEL
 def test_the_eval_sets_the_lm_backbone_beside_the_step_encoder(lm_run, text_run):
   from hindsight.drift import DriftConfig, run_drift
   from hindsight.model.predictor import Predictor, training_run
@@ -319,30 +373,56 @@ def test_the_eval_sets_the_lm_backbone_beside_the_step_encoder(lm_run, text_run)
 
 @TEXT_MODEL
 @pytest.mark.slow
-def test_the_lm_backbone_trains_sharded_over_fsdp_and_tp_as_on_one_device(lm_run, text_run,
-                                                                           tmp_path):  # fmt: skip
+def test_the_lm_backbone_trains_sharded_over_fsdp_and_tp_and_in_bf16_as_on_one_device(
+  lm_run, text_run, tmp_path, monkeypatch
+):
   """8 fake devices as data 2 x fsdp 2 x tp 2 (the backbone's heads and MLP split over tp as
   Tunix annotates them, the batch over data x fsdp) against 1 device: the same loss curve
-  within float32 reordering (see test_train's sharded test)."""
+  within float32 reordering (see test_train's sharded test); the backbone computing in
+  bfloat16 (`model.compute_dtype`): within bfloat16's. Each batch is padded to its own token
+  bucket."""
   from jax.sharding import PartitionSpec as P
 
+  from hindsight import training
   from hindsight.config_io import load_config
   from hindsight.model.predictor import Predictor
   from hindsight.model.programs import train_programs
   from hindsight.model.sharding import make_mesh
   from hindsight.training import read_metrics, train_and_evaluate
 
+  widths = []  # (the batch's sequence width, its own traces' token bucket)
+
+  def recorded(reader, ids, pad, spec, shape=None):
+    batch = make_batch(reader, ids, pad, spec, shape)
+    own = spec.encoder.shape([reader[int(i)] for i in ids if i >= 0])
+    widths.append((batch["sequence"].shape[1], own))
+    return batch
+
+  make_batch = training.make_batch
+  monkeypatch.setattr(training, "make_batch", recorded)
   curves = {}
-  for name, mesh in {"one": ["mesh.devices=1"],
-                     "sharded": ["mesh.data=2", "mesh.fsdp=2", "mesh.tp=2"]}.items():  # fmt: skip
+  runs = {"one": ["mesh.devices=1"], "sharded": ["mesh.data=2", "mesh.fsdp=2", "mesh.tp=2"],
+          "bf16": ["mesh.devices=1", "model.compute_dtype=bfloat16"]}  # fmt: skip
+  for name, extra in runs.items():
     config = load_config("text_lm:smoke", [
       f"data.labels_dir={text_run['labels']}", f"data.lm={lm_run['policy']}", "train.steps=6",
-      "train.log_every=1", "train.eval_every=6", "data.num_buckets=1", *mesh,
+      "train.log_every=1", "train.eval_every=6", "data.num_buckets=1", "optim.warmup_steps=1",
+      *extra,
     ])  # fmt: skip
     train_and_evaluate(config, str(tmp_path / name))
     curves[name] = np.array([r["loss"] for r in read_metrics(str(tmp_path / name))])
   assert curves["one"].size == 6
   np.testing.assert_allclose(curves["sharded"], curves["one"], rtol=1e-5)
+  # The backbone in bfloat16: the same curve within bfloat16's rounding; its scores differ
+  # from float32's by about that rounding (it did compute in bfloat16).
+  np.testing.assert_allclose(curves["bf16"], curves["one"], rtol=2e-2)
+  episodes = [Episode.from_example(ex) for ex in open_labels(text_run["labels"])][:8]
+  mu = {name: np.concatenate([x["mu"] for x in Predictor.load(str(tmp_path / name))
+                              .score(episodes)]) for name in ("one", "bf16")}  # fmt: skip
+  error = np.abs(mu["bf16"] - mu["one"]).max() / np.abs(mu["one"]).max()
+  assert 1e-4 < error < 5e-2, error
+  # Every training batch is padded to its own traces' token bucket, not the longest one's.
+  assert len(widths) >= 18 and all(width == own for width, own in widths)
   # The backbone's parameters are split as Tunix names them: q over (fsdp, tp), the MLP's
   # hidden over tp.
   spec = Predictor.load(str(tmp_path / "one")).spec

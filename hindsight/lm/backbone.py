@@ -56,13 +56,14 @@ def _hashable(cls):
   return type(cls.__name__, (cls,), {"__hash__": lambda self: hash(repr(self))})
 
 
-def tunix_config(cfg: BackboneConfig):
-  """Tunix's ModelConfig of `cfg` (float32 weights and compute)."""
+def tunix_config(cfg: BackboneConfig, dtype=jnp.float32):
+  """Tunix's ModelConfig of `cfg`: float32 weights, computing in `dtype` (Tunix's layers cast
+  their inputs and weights to it; its norms compute in float32 and cast back)."""
   qwen2, llama3 = require_llm()
   common = dict(
     num_layers=cfg.depth, vocab_size=cfg.vocab_size, embed_dim=cfg.width, hidden_dim=cfg.hidden,
     num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.num_kv_heads,
-    rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
+    rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, dtype=dtype,
   )  # fmt: skip
   if cfg.arch == "qwen2":
     return _hashable(qwen2.ModelConfig)(**common, use_tied_embedding=cfg.tied)
@@ -74,11 +75,12 @@ def model_class(cfg: BackboneConfig):
   return qwen2.Qwen2 if cfg.arch == "qwen2" else llama3.Llama3
 
 
-def build(cfg: BackboneConfig, key: jax.Array) -> nnx.Module:
-  """A Tunix decoder of `cfg` with fresh weights drawn from `key`: every matrix N(0, 0.02^2),
-  as Hugging Face initialises these families, norms 1, biases 0. (Tunix's own initialisers
-  start the MLP at zero, where its gradients are zero too: it would never train.)"""
-  model = model_class(cfg)(tunix_config(cfg), rngs=nnx.Rngs(params=key))
+def build(cfg: BackboneConfig, key: jax.Array, dtype=jnp.float32) -> nnx.Module:
+  """A Tunix decoder of `cfg` computing in `dtype` with fresh float32 weights drawn from
+  `key`: every matrix N(0, 0.02^2), as Hugging Face initialises these families, norms 1,
+  biases 0. (Tunix's own initialisers start the MLP at zero, where its gradients are zero
+  too: it would never train.)"""
+  model = model_class(cfg)(tunix_config(cfg, dtype), rngs=nnx.Rngs(params=key))
   state = nnx.state(model, nnx.Param)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
 
@@ -126,10 +128,10 @@ def _llama31_frequencies(inv, factor, low_freq_factor, high_freq_factor, origina
 def _project(attn, h, positions, cfg: BackboneConfig):
   """q [B, L, N, H], k, v [B, L, K, H] of normalised inputs h [B, L, D], rotated."""
   q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
-  if cfg.arch == "qwen2":
-    q = q + attn.q_bias[...].reshape(q.shape[-2:])
-    k = k + attn.k_bias[...].reshape(k.shape[-2:])
-    v = v + attn.v_bias[...].reshape(v.shape[-2:])
+  if cfg.arch == "qwen2":  # biases in the compute dtype (a float32 one would promote)
+    q = q + attn.q_bias[...].reshape(q.shape[-2:]).astype(q.dtype)
+    k = k + attn.k_bias[...].reshape(k.shape[-2:]).astype(k.dtype)
+    v = v + attn.v_bias[...].reshape(v.shape[-2:]).astype(v.dtype)
   return rope(q, positions, cfg), rope(k, positions, cfg), v
 
 
@@ -219,11 +221,13 @@ def parameter_count(model) -> int:
 class StepStates(nnx.Module):
   """The LM-backbone step encoder's module (`credit_encoder.BackboneEncoder`): the decoder's
   final states at each step's last token, mapped to the credit model's width.
-  batch["sequence"] int [B, N], batch["step_end"] int [B, T] -> [B, T, W]."""
+  batch["sequence"] int [B, N], batch["step_end"] int [B, T] -> [B, T, W]. The decoder
+  computes in `dtype` (bfloat16: its matmuls, attention and residual stream; its weights,
+  norms' statistics and softmax stay float32), its states return in float32."""
 
-  def __init__(self, cfg: BackboneConfig, width: int, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: BackboneConfig, width: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
     self.cfg = cfg
-    self.backbone = build(cfg, rngs.params())
+    self.backbone = build(cfg, rngs.params(), dtype)
     self.out = nnx.Linear(cfg.width, width, rngs=rngs)
 
   def __call__(self, batch: dict) -> jax.Array:

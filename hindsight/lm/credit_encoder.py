@@ -233,9 +233,12 @@ class BackboneEncoder(TextObservations):
     return {"sequence": seq, "step_end": ends}
 
   # -- device -----------------------------------------------------------------------------
-  def module(self, width: int, *, rngs, hidden: int | None = None):
-    """`backbone.StepStates` (module docstring's enc_t)."""
+  def module(self, width: int, *, rngs, hidden: int | None = None, dtype=None):
+    """`backbone.StepStates` (module docstring's enc_t), computing in `dtype` (the credit
+    model's `model.compute_dtype`; None: float32)."""
+    import jax.numpy as jnp
+
     from hindsight.lm.backbone import StepStates
 
     del hidden  # the decoder's width is its own
-    return StepStates(self.cfg, width, rngs=rngs)
+    return StepStates(self.cfg, width, rngs=rngs, dtype=dtype or jnp.float32)

@@ -179,9 +179,19 @@ def process_rows(batch_size: int, process_index: int, process_count: int) -> sli
   return slice(process_index * per, (process_index + 1) * per)
 
 
-def make_batch(reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec) -> dict:
-  """`episodes_batch` of the dataset episodes `ids` (-1 = an empty row)."""
-  return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec)
+def make_batch(
+  reader: EpisodeReader, ids: np.ndarray, pad: int, spec: DataSpec, shape=None
+) -> dict:
+  """`episodes_batch` of the dataset episodes `ids` (-1 = an empty row) at the step
+  encoder's shape key `shape` (None: the training shape)."""
+  return episodes_batch([reader[int(i)] if i >= 0 else None for i in ids], pad, spec, shape=shape)
+
+
+def batch_shape(reader: EpisodeReader, ids: np.ndarray, spec: DataSpec):
+  """The step encoder's shape key of the episodes `ids` (-1 = an empty row): a text batch's
+  own token bucket, so a batch of short traces is not padded to the longest training one.
+  Taken over a whole global batch, every process pads its rows alike."""
+  return spec.encoder.shape([reader[int(i)] for i in ids if i >= 0])
 
 
 def episodes_batch(

@@ -94,7 +94,7 @@ class CreditModel(nnx.Module):
     w = cfg.width
     self.spec = spec
     # Built first: its parameters draw the first keys of `rngs`, as they always have.
-    self.obs_encoder = spec.encoder.module(w, rngs=rngs, hidden=2 * w)
+    self.obs_encoder = spec.encoder.module(w, rngs=rngs, hidden=2 * w, dtype=cfg.dtype)
     self.value_scale = Constant(jnp.float32(spec.value_scale))
     self.action_embed = nnx.Embed(spec.num_actions, w, rngs=rngs)
     self.position_embed = nnx.Embed(spec.max_length, w, rngs=rngs)
