@@ -86,7 +86,9 @@ def run(args, splits) -> int:
       labels, completions, label_seconds = label(os.path.join(W, name, "labels"), args.seed, n, k)
       workdir = os.path.join(W, name, "model")
       train_seconds = _train(labels, args.lm, workdir, args.steps)
-      scores = Predictor.load(workdir).score(episodes)
+      # A held-out trace longer than every training trace is scored past the positions the
+      # model trained on (as `hindsight score --allow-longer` does).
+      scores = Predictor.load(workdir).score(episodes, allow_longer=True)
       k_star = _k_star(scores, reference, args.reference_rollouts, args.bootstrap, args.seed)
       rows.append({"split": name, "traces": n, "k": k, "completions": completions,
                    "label_seconds": label_seconds, "train_seconds": train_seconds,
@@ -114,16 +116,7 @@ def _labeler(url: str, model: str, max_tokens: int, counts):
     options = TextOptions(endpoint=url, model=model, max_tokens=max_tokens)
     job = LabelJob(f"text:{prompts}", traces, LabelConfig(num_rollouts=k), seed=seed,
                    options=options)  # fmt: skip
-    timing = os.path.join(out, "seconds.json")
-    tic = time.perf_counter()
-    labels = run_label_job(job, os.path.join(out, "dataset"))
-    seconds = time.perf_counter() - tic
-    if os.path.isfile(timing):  # a finished job's time is the first run's
-      with open(timing) as f:
-        seconds = json.load(f)["seconds"]
-    else:
-      with open(timing, "w") as f:
-        json.dump({"seconds": seconds}, f)
+    labels, seconds = _timed(out, lambda: run_label_job(job, os.path.join(out, "dataset")))
     return labels, int(open_labels(labels).metadata.completions or 0), seconds
 
   return label
@@ -139,7 +132,20 @@ def _train(labels: str, lm: str, workdir: str, steps: int) -> float:
   config.data.lm = lm
   config.train.steps = steps
   config.train.eval_every = min(100, steps)
-  return float(train_and_evaluate(config, workdir)["seconds"])
+  return _timed(workdir, lambda: train_and_evaluate(config, workdir))[1]
+
+
+def _timed(out: str, fn):
+  """(fn(), its seconds): a finished stage's are those of the run that finished it
+  (OUT/seconds.json; a resumed stage counts only the run that finished it)."""
+  tic = time.perf_counter()
+  result = fn()
+  timing = os.path.join(out, "seconds.json")
+  if not os.path.isfile(timing):
+    with open(timing, "w") as f:
+      json.dump({"seconds": time.perf_counter() - tic}, f)
+  with open(timing) as f:
+    return result, float(json.load(f)["seconds"])
 
 
 def _k_star(scores, reference, k_ref: int, n_boot: int, seed: int) -> dict:

@@ -75,11 +75,14 @@ class ProgramsConfig:
 def make_optimizer(o: OptimConfig, steps: int) -> optax.GradientTransformation:
   """AdamW with linear warmup over `o.warmup_steps`, cosine decay over `steps` and
   global-norm clipping."""
+  warmup = min(o.warmup_steps, steps)
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=o.learning_rate,
-    warmup_steps=min(o.warmup_steps, steps),
-    decay_steps=max(steps, 1),
+    warmup_steps=warmup,
+    # optax decays over decay_steps - warmup_steps, which must be positive (a run as short
+    # as its warmup ends at the peak).
+    decay_steps=max(steps, warmup + 1),
     end_value=o.learning_rate * o.final_lr_ratio,
   )
   return optax.chain(
