@@ -441,3 +441,27 @@ def test_checkpoint_fallback_sets_a_damaged_step_aside_and_retrains_to_the_same_
   assert os.listdir(workdir / "checkpoints.damaged")
   assert _report(workdir)["train"]["params_sha256"] == ref["train"]["params_sha256"]
   assert _report(workdir)["train"]["resumed_from"] < last
+
+
+def test_a_run_as_short_as_its_warmup_has_a_schedule():
+  """train.steps <= optim.warmup_steps (a quick trial of a config made for long runs) warms
+  up over the whole run instead of failing in optax (its decay needs decay_steps >
+  warmup_steps); a longer run keeps its warmup and cosine decay. Read off the updates: on a
+  constant gradient Adam's step is the learning rate itself."""
+  import optax
+
+  from hindsight.model.programs import OptimConfig, make_optimizer
+
+  def learning_rates(steps, warmup):
+    tx = make_optimizer(OptimConfig(learning_rate=1.0, warmup_steps=warmup, weight_decay=0.0,
+                                    final_lr_ratio=0.01), steps)  # fmt: skip
+    params = {"w": np.zeros(3, np.float32)}
+    state, out = tx.init(params), []
+    for _ in range(steps):
+      updates, state = tx.update({"w": np.ones(3, np.float32)}, state, params)
+      out.append(-float(updates["w"][0]))
+    return np.array(out)
+
+  np.testing.assert_allclose(learning_rates(10, 100), np.arange(10) / 10, atol=1e-5)
+  cosine = optax.warmup_cosine_decay_schedule(0.0, 1.0, 2, 10, 0.01)
+  np.testing.assert_allclose(learning_rates(10, 2), [cosine(t) for t in range(10)], atol=1e-5)
