@@ -459,61 +459,57 @@ class SlotEngine:
       "keys": jnp.stack([x.key for x in rows]),
     }
 
-  def _prefill_rows(self, leaders: list[tuple[int, Row]]) -> None:
-    S = self.cfg.max_len
-    by_bucket: dict[int, list[tuple[int, Row]]] = {}
-    for slot, row in leaders:
-      p = next(b for b in prompt_buckets(S) if b >= row.ids.size)
-      by_bucket.setdefault(p, []).append((slot, row))
-    for P_, group in by_bucket.items():
-      for start in range(0, len(group), ROW_BUCKETS[-1]):
-        part = group[start : start + ROW_BUCKETS[-1]]
-        r = next(b for b in ROW_BUCKETS if b >= len(part))
-        # Extra rows repeat the first: the same writes to the same slot.
-        picked = [part[j if j < len(part) else 0] for j in range(r)]
-        ids = np.zeros((r, P_), np.int32)
-        for j, (_, row) in enumerate(picked):
-          ids[j, : row.ids.size] = row.ids
-        lengths = np.array([row.ids.size for _, row in picked], np.int32)
-        slots = np.array([slot for slot, _ in picked], np.int32)
-        self.cache, self.rows, self.prompt_logits = self._prefill(
-          self.state, self.cache, self.rows, self.prompt_logits, slots, ids, lengths,
-          self._settings([row for _, row in picked]), self.bias,
-        )  # fmt: skip
-        self.stats["prefills"] += 1
-        self.stats["prefill_tokens"] += int(sum(row.ids.size for _, row in part))
-
-  def _extend_rows(self, extends: list[tuple[int, int, Row, int]]) -> None:
-    """(source slot, slot, row, start) rows: grouped by the bucket of what is left to run."""
+  def _calls(self, items: list, left: Callable) -> list:
+    """`items` grouped by the prompt bucket of their `left(item)` tokens to run, in calls of
+    at most the largest row bucket: [(bucket, the call's items, them padded to a row bucket
+    by repeating the first: the same writes to the same slot)]."""
     S = self.cfg.max_len
     by_bucket: dict[int, list] = {}
-    for item in extends:
-      left = item[2].ids.size - item[3]
-      by_bucket.setdefault(next(b for b in prompt_buckets(S) if b >= left), []).append(item)
-    for P_, group in by_bucket.items():
+    for item in items:
+      by_bucket.setdefault(next(b for b in prompt_buckets(S) if b >= left(item)), []).append(item)
+    out = []
+    for bucket, group in by_bucket.items():
       for begin in range(0, len(group), ROW_BUCKETS[-1]):
         part = group[begin : begin + ROW_BUCKETS[-1]]
         r = next(b for b in ROW_BUCKETS if b >= len(part))
-        picked = [part[j if j < len(part) else 0] for j in range(r)]
-        ids = np.zeros((r, P_), np.int32)
-        for j, (_, _, row, start) in enumerate(picked):
-          ids[j, : row.ids.size - start] = row.ids[start:]
-        src, dst, rows, starts = zip(*picked, strict=True)
-        self.cache, self.rows, self.prompt_logits = self._extend(
-          self.state, self.cache, self.rows, self.prompt_logits, np.array(src, np.int32),
-          np.array(dst, np.int32), ids, np.array(starts, np.int32),
-          np.array([row.ids.size for row in rows], np.int32), self._settings(list(rows)),
-          self.bias,
-        )  # fmt: skip
-        self.stats["extends"] += 1
-        self.stats["prefill_tokens"] += int(sum(row.ids.size - st for _, _, row, st in part))
-        self.stats["reused_tokens"] += int(sum(st for _, _, _, st in part))
+        out.append((bucket, part, [part[j if j < len(part) else 0] for j in range(r)]))
+    return out
+
+  def _prefill_rows(self, leaders: list[tuple[int, Row]]) -> None:
+    """(slot, row) rows whose whole prompt is run."""
+    for P_, part, picked in self._calls(leaders, lambda item: item[1].ids.size):
+      ids = np.zeros((len(picked), P_), np.int32)
+      for j, (_, row) in enumerate(picked):
+        ids[j, : row.ids.size] = row.ids
+      lengths = np.array([row.ids.size for _, row in picked], np.int32)
+      slots = np.array([slot for slot, _ in picked], np.int32)
+      self.cache, self.rows, self.prompt_logits = self._prefill(
+        self.state, self.cache, self.rows, self.prompt_logits, slots, ids, lengths,
+        self._settings([row for _, row in picked]), self.bias,
+      )  # fmt: skip
+      self.stats["prefills"] += 1
+      self.stats["prefill_tokens"] += int(sum(row.ids.size for _, row in part))
+
+  def _extend_rows(self, extends: list[tuple[int, int, Row, int]]) -> None:
+    """(source slot, slot, row, start) rows: the rest of each prompt after `start` is run."""
+    for P_, part, picked in self._calls(extends, lambda item: item[2].ids.size - item[3]):
+      ids = np.zeros((len(picked), P_), np.int32)
+      for j, (_, _, row, start) in enumerate(picked):
+        ids[j, : row.ids.size - start] = row.ids[start:]
+      src, dst, rows, starts = zip(*picked, strict=True)
+      self.cache, self.rows, self.prompt_logits = self._extend(
+        self.state, self.cache, self.rows, self.prompt_logits, np.array(src, np.int32),
+        np.array(dst, np.int32), ids, np.array(starts, np.int32),
+        np.array([row.ids.size for row in rows], np.int32), self._settings(list(rows)),
+        self.bias,
+      )  # fmt: skip
+      self.stats["extends"] += 1
+      self.stats["prefill_tokens"] += int(sum(row.ids.size - st for _, _, row, st in part))
+      self.stats["reused_tokens"] += int(sum(st for _, _, _, st in part))
 
   def _fork_rows(self, forks: list[tuple[int, int, Row]]) -> None:
-    for start in range(0, len(forks), ROW_BUCKETS[-1]):
-      part = forks[start : start + ROW_BUCKETS[-1]]
-      r = next(b for b in ROW_BUCKETS if b >= len(part))
-      picked = [part[j if j < len(part) else 0] for j in range(r)]
+    """(source slot, slot, row) rows: copies, nothing run (one bucket: no tokens to run)."""
+    for _, part, picked in self._calls(forks, lambda item: 1):
       src, dst, rows = zip(*picked, strict=True)
       lengths = np.array([row.ids.size for row in rows], np.int32)
       self.cache, self.rows, self.prompt_logits = self._fork(
