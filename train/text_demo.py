@@ -33,12 +33,13 @@ import time
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--workdir", default="runs/text-demo")
-  p.add_argument("--traces", type=int, default=400, help="traces to label")
-  p.add_argument("--rollouts", type=int, default=8, help="K of the labels")
+  # At a fixed number of completions more traces at a lower K make the better credit model
+  # (docs/text.md, `python eval/label_budget.py`): 1,600 traces at K = 2.
+  p.add_argument("--traces", type=int, default=1600, help="traces to label")
+  p.add_argument("--rollouts", type=int, default=2, help="K of the labels")
   p.add_argument("--reference-traces", type=int, default=48, help="held-out traces evaluated")
   p.add_argument("--reference-rollouts", type=int, default=64, help="K of the reference")
   p.add_argument("--credit-steps", type=int, default=2000, help="credit model steps")
-  # Its validation loss bottoms out near step 250 on the default 400 traces.
   p.add_argument("--backbone-steps", type=int, default=300, help="LM-backbone model steps")
   p.add_argument("--backbone", default="", help="the LM backbone's folder (default: the small LM)")
   p.add_argument("--lm-steps", type=int, default=2000)
@@ -106,7 +107,9 @@ def run(args) -> int:
       job = LabelJob(
         f"text:{prompts}", args.traces, LabelConfig(num_rollouts=args.rollouts),
         seed=args.seed,
-        options=TextOptions(endpoint=url, model=model, max_tokens=args.max_tokens),
+        # About as many choices in flight as the in-thread server has slots (64).
+        options=TextOptions(endpoint=url, model=model, max_tokens=args.max_tokens,
+                            concurrency=max(16, 64 // args.rollouts)),
       )  # fmt: skip
       labels = run_label_job(job, os.path.join(W, "labels"))
     with stage("train the credit model"):
