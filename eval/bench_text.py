@@ -12,12 +12,14 @@ Starts `hindsight text-world serve` in a subprocess and prints:
   5. plain resampling against the stratified estimator on the same pools;
   6. the language model's endpoint (`hindsight lm serve`: the bundled Qwen2 or --lm PATH, a
      workdir or a Hugging Face folder, default runs/text-demo/lm when it exists, served from a
-     thread with continuous batching): completions/s at concurrency 1, 16 and 64 with n = 16
-     per request, continuing prefixes of 12-step world traces, and the most slots live;
+     thread with continuous batching and shared prefixes): completions/s at concurrency 1,
+     16 and 64 with n = 16 per request, continuing prefixes of 12-step world traces, the
+     most slots live, and the prompt tokens the engine computed and read from its cache;
   7. the same model in process (`PolicySampler`, as LM RL's credit pools sample): K = 8
      continuations of every prefix of --completions / 64 of those traces on the slot engine
-     (continuous batching, each prefix prefilled once) against static batches of 64 rows,
-     each prefilled on its own (`lm.sample.generate`).
+     (continuous batching; a trace's prefixes cost one prefill of the trace: each runs only
+     its new step against the one before it) against static batches of 64 rows, each
+     prefilled on its own (`lm.sample.generate`).
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
