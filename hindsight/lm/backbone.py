@@ -166,9 +166,8 @@ def forward(
   positions) is written at slots 0 .. L-1; tokens at given positions (a single token, or
   the rest of a prompt whose start the cache holds already) at those slots of their row
   (slots past the cache are dropped); each query reads the cached slots at positions <= its
-  own. `window` (static): queries read
-  only the first `window` slots, which must hold every position they attend to (a decode
-  step's memory traffic is its cache read)."""
+  own. `window` (static): queries read only the first `window` slots, which must hold every
+  position they attend to (a decode step's memory traffic is its cache read)."""
   B, L = tokens.shape
   from_start = positions is None  # a prompt from slot 0: one contiguous write per layer
   if from_start:

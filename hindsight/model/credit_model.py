@@ -26,6 +26,7 @@ for the labels plus 1e-3 noise); the median keeps the ties the labels have.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,11 @@ class CreditModel(nnx.Module):
     w = cfg.width
     self.spec = spec
     # Built first: its parameters draw the first keys of `rngs`, as they always have.
-    self.obs_encoder = spec.encoder.module(w, rngs=rngs, hidden=2 * w, dtype=cfg.dtype)
+    # The compute dtype reaches a kind whose module takes it (the LM backbone); the others
+    # (a plug-in's among them) keep the protocol's float32 module.
+    takes_dtype = "dtype" in inspect.signature(spec.encoder.module).parameters
+    dtype = {"dtype": cfg.dtype} if takes_dtype else {}
+    self.obs_encoder = spec.encoder.module(w, rngs=rngs, hidden=2 * w, **dtype)
     self.value_scale = Constant(jnp.float32(spec.value_scale))
     self.action_embed = nnx.Embed(spec.num_actions, w, rngs=rngs)
     self.position_embed = nnx.Embed(spec.max_length, w, rngs=rngs)

@@ -104,11 +104,11 @@ class StepEncoder(Protocol):
     ...
 
   # -- device ---------------------------------------------------------------------------
-  def module(self, width: int, *, rngs, hidden: int | None = None, dtype=None):
+  def module(self, width: int, *, rngs, hidden: int | None = None):
     """The nnx module: batch (its `features` fields) -> float [B, T, width]. `hidden`: the
-    width of a hidden layer where the kind has one (None: a single linear map); `dtype`: the
-    credit model's compute dtype, which a kind with a large module of its own (a language
-    model's backbone) computes in (None: float32; small modules keep float32)."""
+    width of a hidden layer where the kind has one (None: a single linear map). A kind with
+    a large module of its own (a language model's backbone) may also take `dtype`, the
+    credit model's compute dtype (`model.compute_dtype`), and compute in it."""
     ...
 
 

@@ -81,9 +81,6 @@ class DiscreteEncoder(ArrayObservations):
     clamp = lambda obs: np.clip(obs, 0, self.num_ids - 1)  # noqa: E731
     return {"observations": padded_observations(episodes, pad, (), np.int32, clamp)}
 
-  def module(
-    self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None, dtype=None
-  ) -> DiscreteModule:
-    del dtype  # a small module: float32
+  def module(self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None) -> DiscreteModule:
     del hidden  # an embedding has no hidden layer
     return DiscreteModule(self.num_ids, width, rngs=rngs)

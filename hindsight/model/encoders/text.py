@@ -167,8 +167,6 @@ class TextEncoder(TextObservations):
         tokens[row, t, : min(ids.size, L)] = ids[:L]
     return {"tokens": tokens}
 
-  def module(
-    self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None, dtype=None
-  ) -> TextModule:
-    del hidden, dtype  # the convolution's width is the model's; float32
+  def module(self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None) -> TextModule:
+    del hidden  # the convolution's width is the model's
     return TextModule(self.tokens.vocab_size, self.max_step_tokens, width, rngs=rngs)

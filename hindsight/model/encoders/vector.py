@@ -116,8 +116,5 @@ class VectorEncoder(ArrayObservations):
     del shape
     return {"observations": padded_observations(episodes, pad, (self.dim,), np.float32)}
 
-  def module(
-    self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None, dtype=None
-  ) -> VectorModule:
-    del dtype  # a small module: float32
+  def module(self, width: int, *, rngs: nnx.Rngs, hidden: int | None = None) -> VectorModule:
     return VectorModule(self, width, hidden, rngs=rngs)
