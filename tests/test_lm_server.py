@@ -351,12 +351,14 @@ def test_a_trace_s_prefixes_cost_one_prefill_of_the_trace_and_draw_what_unshared
     engine.submit([dataclasses.replace(row(prefixes[1], seed, 80, 1.0), done=done_as("long"))])
     while engine.stats["decode_calls"] == 0:
       time.sleep(0.01)
-    engine.submit([dataclasses.replace(row(longer, 2), done=done_as("short"))])
+    engine.submit([dataclasses.replace(row(longer, 2, temperature=1.0), done=done_as("short"))])
     assert all_done.wait(120)
     assert [name for name, _ in ended] == ["short", "long"]  # admitted while x_1 decoded
     assert engine.stats["extends"] == 1
     assert engine.stats["reused_tokens"] == prefixes[1].size
-    assert ended[0][1] == alone([row(longer, 2)])[0]
+    assert ended[0][1] == alone([row(longer, 2, temperature=1.0)])[0]
+    # The running choice the extend copied from went on undisturbed.
+    assert ended[1][1] == _draws(folder, prefixes[1], seed, 1, 80)[0][0].tolist()
     # Both slots overwritten by prompts sharing nothing with x_1: a prompt extending x_1 is
     # prefilled whole.
     others = [np.asarray(tok_ids(folder, f"{k} boxes."), np.int32) for k in (4, 5)]
@@ -365,6 +367,81 @@ def test_a_trace_s_prefixes_cost_one_prefill_of_the_trace_and_draw_what_unshared
     got = engine.complete([row(longer, 5)])
     assert engine.stats["prefill_tokens"] - before == longer.size
     assert [t.tolist() for t, _ in got] == alone([row(longer, 5)])
+  finally:
+    engine.close()
+
+
+def test_an_extend_reads_its_own_slot_never_a_stale_or_overwritten_one(folder):
+  """The usual case, x_{t+1} after x_t's choices ended: it extends x_t in x_t's own slot. A
+  prompt that is a strict prefix of the held one reuses all but its last token (whose logits
+  it needs), and the next prompt reuses only what that slot now holds, not the longer prompt
+  it held before. A held prefix whose slot another row of the same admit overwrites is not
+  read: the prompt is prefilled whole. Every row draws what it draws on an engine of its
+  own."""
+  from hindsight.lm.engine import Row, SlotEngine
+  from hindsight.lm.train import load_lm
+
+  lm = load_lm(folder)
+  text = "Problem 3: three boxes hold 1, 2 and 3 apples. Box one holds 1. Box two holds 2."
+  x = {n: np.asarray(tok_ids(folder, text)[:n], np.int32) for n in (12, 20, 28)}
+  other = np.asarray(tok_ids(folder, "Problem 9: boxes hold 5 and 6 and 7 pears each."), np.int32)
+
+  def row(ids, seed):
+    return Row(ids, 8, 1.0, 1.0, jax.random.fold_in(jax.random.key(seed), 0))
+
+  def alone(r):
+    single = SlotEngine(lm, slots=1)
+    try:
+      return single.complete([r])[0][0].tolist()
+    finally:
+      single.close()
+
+  def spent(engine, rows):
+    before = dict(engine.stats)
+    got = [t.tolist() for t, _ in engine.complete(rows)]
+    assert got == [alone(r) for r in rows]
+    return {k: engine.stats[k] - before[k] for k in ("prefill_tokens", "reused_tokens", "extends")}
+
+  engine = SlotEngine(lm, slots=1, min_shared=8)
+  try:
+    spent(engine, [row(x[20], 1)])
+    assert spent(engine, [row(x[28], 2)]) == {"prefill_tokens": 8, "reused_tokens": 20,
+                                              "extends": 1}  # fmt: skip
+    assert spent(engine, [row(x[12], 3)]) == {"prefill_tokens": 1, "reused_tokens": 11,
+                                              "extends": 1}  # fmt: skip
+    # The slot holds x_12 now, not x_28: 12 tokens are reused, not 27.
+    assert spent(engine, [row(x[20], 4)]) == {"prefill_tokens": 8, "reused_tokens": 12,
+                                              "extends": 1}  # fmt: skip
+  finally:
+    engine.close()
+  engine = SlotEngine(lm, slots=2, min_shared=8)
+  try:
+    spent(engine, [row(x[20], 5)])  # slot 0 holds x_20
+    # `other` takes slot 0 (the lowest free) and x_28 slot 1: x_20 is overwritten first.
+    assert spent(engine, [row(other, 6), row(x[28], 7)]) == {
+      "prefill_tokens": other.size + 28,
+      "reused_tokens": 0,
+      "extends": 0,
+    }
+  finally:
+    engine.close()
+
+
+def test_warmup_compiles_every_program_the_engine_runs(folder):
+  """`warmup` compiles one prefill and one extend program per (row bucket, prompt bucket), a
+  fork per row bucket and a decode per (window, width), as many as `program_count` says."""
+  from hindsight.lm.engine import SlotEngine
+  from hindsight.lm.sample import prompt_buckets
+  from hindsight.lm.train import load_lm
+
+  engine = SlotEngine(load_lm(folder), slots=1)
+  try:
+    assert engine.warmup() == engine.program_count()
+    buckets = len(prompt_buckets(engine.cfg.max_len))
+    # (The fork's program is jit's of a module-level function, whose cache other engines of
+    # the process share: not counted here.)
+    assert engine._prefill._cache_size() == engine._extend._cache_size() == buckets
+    assert len(engine._decode) == buckets
   finally:
     engine.close()
 

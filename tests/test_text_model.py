@@ -319,6 +319,16 @@ def test_the_lm_backbone_scores_a_batch_alike_at_any_token_padding(lm_run, text_
   a, b = (jax.device_get(predictor._score(predictor.state, x)) for x in (narrow, wide))
   mask = narrow["mask"]
   np.testing.assert_allclose(a["mu"][mask], b["mu"][mask], rtol=1e-5, atol=1e-6)
+  # model.compute_dtype reaches the backbone through the credit model (its Tunix layers
+  # compute in it); the float32 default leaves it float32.
+  from flax import nnx
+
+  from hindsight.model.credit_model import CreditModel, ModelConfig
+
+  for name, dtype in (("bfloat16", jax.numpy.bfloat16), ("", jax.numpy.float32)):
+    cfg = ModelConfig(width=16, depth=1, num_heads=2, compute_dtype=name)
+    model = nnx.eval_shape(lambda cfg=cfg: CreditModel(cfg, spec, rngs=nnx.Rngs(0)))
+    assert model.obs_encoder.backbone.embedder.dtype == dtype
 
 
 def test_a_bf16_backbone_computes_in_bf16_from_float32_weights():
@@ -390,12 +400,12 @@ def test_the_lm_backbone_trains_sharded_over_fsdp_and_tp_and_in_bf16_as_on_one_d
   from hindsight.model.sharding import make_mesh
   from hindsight.training import read_metrics, train_and_evaluate
 
-  widths = []  # (the batch's sequence width, its own traces' token bucket)
+  widths = []  # (the shape training asked for, the batch's width, its traces' own bucket)
 
   def recorded(reader, ids, pad, spec, shape=None):
     batch = make_batch(reader, ids, pad, spec, shape)
     own = spec.encoder.shape([reader[int(i)] for i in ids if i >= 0])
-    widths.append((batch["sequence"].shape[1], own))
+    widths.append((shape, batch["sequence"].shape[1], own))
     return batch
 
   make_batch = training.make_batch
@@ -421,8 +431,9 @@ def test_the_lm_backbone_trains_sharded_over_fsdp_and_tp_and_in_bf16_as_on_one_d
                               .score(episodes)]) for name in ("one", "bf16")}  # fmt: skip
   error = np.abs(mu["bf16"] - mu["one"]).max() / np.abs(mu["one"]).max()
   assert 1e-4 < error < 5e-2, error
-  # Every training batch is padded to its own traces' token bucket, not the longest one's.
-  assert len(widths) >= 18 and all(width == own for width, own in widths)
+  # Training asks for every batch at its own traces' token bucket (None would pad it to the
+  # longest training trace's), and gets it.
+  assert len(widths) >= 18 and all(shape == width == own for shape, width, own in widths)
   # The backbone's parameters are split as Tunix names them: q over (fsdp, tp), the MLP's
   # hidden over tp.
   spec = Predictor.load(str(tmp_path / "one")).spec

@@ -57,16 +57,22 @@ def _hashable(cls):
 
 
 def tunix_config(cfg: BackboneConfig, dtype=jnp.float32):
-  """Tunix's ModelConfig of `cfg`: float32 weights, computing in `dtype` (Tunix's layers cast
-  their inputs and weights to it; its norms compute in float32 and cast back)."""
+  """Tunix's ModelConfig of `cfg`: float32 weights, computing in `dtype` (Tunix's Qwen2
+  layers cast their inputs and weights to it, its norms compute in float32 and cast back;
+  its Llama 3 has no compute dtype: float32 only, a one-line error otherwise)."""
   qwen2, llama3 = require_llm()
   common = dict(
     num_layers=cfg.depth, vocab_size=cfg.vocab_size, embed_dim=cfg.width, hidden_dim=cfg.hidden,
     num_heads=cfg.num_heads, head_dim=cfg.head_dim, num_kv_heads=cfg.num_kv_heads,
-    rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps, dtype=dtype,
+    rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
   )  # fmt: skip
   if cfg.arch == "qwen2":
-    return _hashable(qwen2.ModelConfig)(**common, use_tied_embedding=cfg.tied)
+    return _hashable(qwen2.ModelConfig)(**common, use_tied_embedding=cfg.tied, dtype=dtype)
+  if jnp.dtype(dtype) != jnp.float32:
+    raise HindsightError(
+      f"a {jnp.dtype(dtype).name} backbone: Tunix's Llama 3 computes in float32 only "
+      "(model.compute_dtype=bfloat16 applies to a Qwen2 backbone)"
+    )
   return _hashable(llama3.ModelConfig)(**common, weight_tying=cfg.tied)
 
 

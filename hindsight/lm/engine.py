@@ -180,13 +180,16 @@ class SlotEngine:
                min_shared: int = MIN_SHARED):  # fmt: skip
     """lm: a LoadedLM (graphdef, cfg, state, tokenizer, record); ascii_only: restrict draws
     to ASCII tokens (`sample.ascii_bias`; default: what the model's record says);
-    min_shared: the shortest held prefix a prompt extends (`MIN_SHARED`)."""
+    min_shared: the shortest held prefix a prompt extends (`MIN_SHARED`; at most half the
+    smallest prompt bucket)."""
     self.lm, self.cfg = lm, lm.cfg
     # One device: the slots' arrays split over several CPU devices made every call that
     # reads a prefix of them move the cache between devices (27 against 111 completions/s at
     # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
     device = jax.local_devices()[0]
-    self.slots, self.chunk, self.min_shared = int(slots), int(chunk), max(1, int(min_shared))
+    self.slots, self.chunk = int(slots), int(chunk)
+    # At most half the smallest prompt bucket: warmup extends such a prefix by that bucket.
+    self.min_shared = min(max(1, int(min_shared)), prompt_buckets(lm.cfg.max_len)[0] // 2)
     self.device = device
     self.state = jax.device_put(lm.state, device)
     ascii_only = lm.record.get("ascii") if ascii_only is None else ascii_only
@@ -308,10 +311,12 @@ class SlotEngine:
     S = self.cfg.max_len
     for rows in [r for r in ROW_BUCKETS if r <= self.slots]:
       for p in prompt_buckets(S):
-        # Distinct prompts: each row is prefilled (one shared prompt would be forked) ...
+        with self.wake:  # the worker is idle: no slot holds anything, so ...
+          self._forget_all()
+        # ... distinct prompts are each prefilled (one shared prompt would be forked) ...
         prompts = [np.full(min(p, S - 1), 2 + j, np.int32) for j in range(rows)]
         self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for ids in prompts])
-        # ... then extended by a suffix of the same bucket.
+        # ... then each extended in place by a suffix of the same bucket.
         start = self.min_shared
         longer = [np.concatenate([x[:start], np.full(min(p, S - 1 - start), 3 + j, np.int32)])
                   for j, x in enumerate(prompts)]  # fmt: skip
