@@ -3,6 +3,7 @@ text world's exact credit where it exists."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -353,6 +354,10 @@ def test_a_bf16_backbone_computes_in_bf16_from_float32_weights():
   error = np.abs(a - b).max() / np.abs(a).max()
   assert 1e-4 < error < 5e-2, error
   jaxpr = str(jax.make_jaxpr(lambda x: bf16(x))(batch))
+  # Tunix's Llama 3 has no compute dtype: refused in one line, not computed in float32.
+  llama = dataclasses.replace(cfg, arch="llama3")
+  with pytest.raises(HindsightError, match="Llama 3 computes in float32 only"):
+    StepStates(llama, 16, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)
   # q k^T in bfloat16: q and k stay so after their float32 biases.
   assert re.search(r"bf16\[3,2,40,40,2\] = dot_general", jaxpr)
 
