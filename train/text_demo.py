@@ -66,7 +66,7 @@ def run(args) -> int:
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
   from hindsight.lm.config import LMTrainConfig
-  from hindsight.lm.server import running_lm
+  from hindsight.lm.server import MAX_BATCH, running_lm
   from hindsight.lm.train import train_lm
   from hindsight.text import world
   from hindsight.text.options import TextOptions
@@ -107,9 +107,9 @@ def run(args) -> int:
       job = LabelJob(
         f"text:{prompts}", args.traces, LabelConfig(num_rollouts=args.rollouts),
         seed=args.seed,
-        # About as many choices in flight as the in-thread server has slots (64).
+        # About as many choices in flight as the in-thread server has slots.
         options=TextOptions(endpoint=url, model=model, max_tokens=args.max_tokens,
-                            concurrency=max(16, 64 // args.rollouts)),
+                            concurrency=max(16, MAX_BATCH // args.rollouts)),
       )  # fmt: skip
       labels = run_label_job(job, os.path.join(W, "labels"))
     with stage("train the credit model"):

@@ -223,11 +223,10 @@ class SlotEngine:
     # Each slot's prompt's next-token logits (what a fork of it starts from: `last` moves on).
     self.prompt_logits = jax.device_put(jnp.zeros((R, self.cfg.vocab_size)), device)
     # Prompt (its ids' bytes) -> the slots whose cache holds it (module docstring), and back;
-    # each slot's prompt ids (-1 past held_len) for the longest held prefix of a new prompt.
+    # each slot's prompt ids (-1 past its length) for the longest held prefix of a new prompt.
     self.held: dict[bytes, set[int]] = {}
     self.slot_prompt: list[bytes | None] = [None] * R
     self.held_ids = np.full((R, self.cfg.max_len), -1, np.int32)
-    self.held_len = np.zeros(R, np.int64)
     self.owner: list[Row | None] = [None] * R  # the row each slot holds
     self.tokens: list[list[int]] = [[] for _ in range(R)]
     self.pos = np.zeros(R, np.int64)  # host copy: each slot's next position
@@ -365,6 +364,7 @@ class SlotEngine:
     place, nothing evicted), else the lowest free slot (live rows stay in a short prefix of
     the slots)."""
     free = [s for s, o in enumerate(self.owner) if o is None]
+    held_len = (self.held_ids >= 0).sum(1)
     out = []
     while free and self.waiting:
       row = self.waiting.popleft()
@@ -372,7 +372,7 @@ class SlotEngine:
       slot = next((s for s in free if self.slot_prompt[s] == key), None)
       if slot is None:
         shared = self._shared(row.ids)
-        within = [s for s in free if self.min_shared <= shared[s] == self.held_len[s]]
+        within = [s for s in free if self.min_shared <= shared[s] == held_len[s]]
         slot = max(within, key=lambda s: shared[s], default=free[0])
       free.remove(slot)
       self.owner[slot] = row
@@ -398,9 +398,9 @@ class SlotEngine:
     waves: dict[int, list] = {}  # wave -> [(source, slot, row, start)]
     made: dict[bytes, int] = {}  # prompts this admit writes -> their slot
     made_ids: list[tuple[int, np.ndarray, int]] = []  # (slot, ids, wave it is ready after)
-    for slot, row in admitted:
-      ids = row.ids.astype(np.int32)
-      key = ids.tobytes()
+    keys = [row.ids.astype(np.int32).tobytes() for _, row in admitted]
+    for (slot, row), key in zip(admitted, keys, strict=True):
+      ids = np.frombuffer(key, np.int32)
       outside = [s for s in self.held.get(key, ()) if s not in slots_in]
       if self.slot_prompt[slot] == key and key not in made:
         forks.append((slot, slot, row))  # its own slot holds it: nothing to copy
@@ -431,20 +431,17 @@ class SlotEngine:
     for wave in sorted(waves):
       self._extend_rows(waves[wave])
     self._fork_rows(forks)
-    for slot, row in admitted:
+    for (slot, row), key in zip(admitted, keys, strict=True):
       self._forget(slot)
-      key = row.ids.astype(np.int32).tobytes()
       self.held.setdefault(key, set()).add(slot)
       self.slot_prompt[slot] = key
       self.held_ids[slot, : row.ids.size] = row.ids
-      self.held_len[slot] = row.ids.size
       self.tokens[slot] = []
       self.pos[slot] = row.ids.size
 
   def _forget(self, slot: int) -> None:
     key, self.slot_prompt[slot] = self.slot_prompt[slot], None
     self.held_ids[slot] = -1
-    self.held_len[slot] = 0
     if key is not None:
       self.held[key].discard(slot)
       if not self.held[key]:
