@@ -1,5 +1,6 @@
 """`hindsight text-world serve | prompts | exact`: the text world, a local model whose credit is
-exact (docs/text.md)."""
+exact (docs/text.md), and with `--tools` the tool world, an agent whose tool calls an
+environment executes (docs/agents-text.md)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ def add_parser(sub):
   tws = tw_sub.add_parser("serve", help="serve it at /v1/completions (model hindsight-text-world)")
   tws.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   tws.add_argument("--port", type=int, default=8100, help="port")
+  tws.add_argument("--tools", action="store_true",
+                   help="serve the tool world's agent (model hindsight-tool-world) instead")  # fmt: skip
   twp = tw_sub.add_parser("prompts", help="write N problems as prompt-only traces (JSONL)")
   twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
   twp.add_argument("--seed", type=int, default=0, help="seed of the problems")
   twp.add_argument("--max-count", type=int, default=0,
                    help="box counts 1 .. N (the small LM's); 0: the world's 3 .. 59")  # fmt: skip
+  twp.add_argument("--tools", action="store_true", help="the tool world's tasks instead")
   twp.add_argument("--out", required=True, help="output JSONL file")
   twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
   twe.add_argument("dir", help="a `hindsight label --env text:...` output against the world")
@@ -38,7 +42,7 @@ def run(args) -> int:
   if args.world_command == "serve":
     from hindsight.text.server import serve_world
 
-    serve_world(args.host, args.port)
+    serve_world(args.host, args.port, args.tools)
     return 0
   if args.world_command == "prompts":
     from hindsight.errors import HindsightError
@@ -48,6 +52,14 @@ def run(args) -> int:
       raise HindsightError(f"--episodes must be >= 1, got {args.episodes}")
     if args.max_count < 0:
       raise HindsightError(f"--max-count must be >= 0, got {args.max_count}")
+    if args.tools:
+      from hindsight.text import tool_world
+
+      if args.max_count:
+        raise HindsightError("--max-count: the tool world's counts are fixed by its task numbers")
+      write_traces(args.out, tool_world.prompt_traces(args.seed, args.episodes))
+      print(f"prompts: {args.out}")
+      return 0
     counts = (1, args.max_count + 1) if args.max_count else world.COUNTS
     write_traces(args.out, world.prompt_traces(args.seed, args.episodes, counts))
     print(f"prompts: {args.out}")

@@ -36,6 +36,7 @@ class LabelMetadata:
   audited_steps: how many steps an audit labeled;
   completions: the completions a text job or import spent;
   text: a text job's options as JSON.
+  tool_calls: the tool calls an agent-trace job's environment executed (`--tools`).
   extra: keys of other writers, kept as they are.
   """
 
@@ -64,6 +65,7 @@ class LabelMetadata:
   audited_steps: int | None = None
   completions: int | None = None
   text: str | None = None
+  tool_calls: int | None = None
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
@@ -101,7 +103,7 @@ class LabelMetadata:
         values[name] = tuple(str(x) for x in value)
       elif name in ("partial",):
         values[name] = bool(value)
-      elif name in ("audited_steps", "completions"):
+      elif name in ("audited_steps", "completions", "tool_calls"):
         values[name] = int(value)
       elif isinstance(default, bool):
         values[name] = bool(value)

@@ -1,4 +1,4 @@
-"""Text labels against the text world's exact credit (`hindsight text-world exact DIR`).
+"""Text labels against the text or tool world's exact credit (`hindsight text-world exact DIR`).
 
 Each trace of a dataset labeled against the world is parsed back to the world's actions
 (its prompt and `step_text`), `world.exact_credit` gives the truth, and every estimate is
@@ -18,13 +18,17 @@ FIELDS = ("credit", "credit_realized", "progress", "phi")
 
 
 def exact_labels(example: dict, replacement: str) -> dict[str, np.ndarray]:
-  """The world's exact labels of one dataset example ([T] each)."""
-  from hindsight.text import world
+  """The world's exact labels of one dataset example ([T] each): the text world's, or the
+  tool world's where the prompt is one of its tasks."""
+  from hindsight.text import tool_world, world
 
   prompt = as_text(example["prompt"])
+  if tool_world.parse_task(prompt) is not None:
+    steps = [as_text(s) for s in example["step_text"]]
+    return tool_world.exact_labels(prompt, steps, replacement)
   problem = world.parse_problem(prompt)
   if problem is None:
-    raise HindsightError("not a text-world dataset: a prompt lacks the problem header")
+    raise HindsightError("not a text-world or tool-world dataset: a prompt lacks its header")
   actions = [world.parse_action(problem, as_text(s)) for s in example["step_text"]]
   return world.exact_credit(problem, actions, replacement)
 
@@ -120,6 +124,8 @@ def compare_to_exact(path: str) -> dict:
     "undefined_missed": undefined_by_truth_only,
     "completions": labels.metadata.completions or 0,
   }
+  if labels.metadata.tool_calls is not None:
+    out["summary"]["tool_calls"] = labels.metadata.tool_calls
   return out
 
 

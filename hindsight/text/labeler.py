@@ -96,13 +96,16 @@ def step_name(trace: TextTrace, episode: int, t: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class Ask:
   """Samples lo .. hi-1 of the continuations of `prompt` under request seed `seed`; where:
-  what it continues ("trace p3, step 7"), for messages."""
+  what it continues ("trace p3, step 7"), for messages; episode, t: the trace and the step
+  whose prefix it continues (an agent trace's environment is forked there)."""
 
   prompt: str
   seed: int
   lo: int
   hi: int
   where: str
+  episode: int = -1
+  t: int = 0
 
 
 def tag_of(step: TextStep) -> str:
@@ -158,13 +161,24 @@ class TextLabeler:
     if len(self.traces) < episodes:
       raise HindsightError(f"episodes {episodes}: {self.path} holds {len(self.traces)} traces")
     self.config, self.options = config, options
-    self.verify = load_verifier(options.verifier)
+    self.check_tools()
+    self.verify = self.load_verify()
     self.similarity = Similarity(options.embedding, options.similarity)
     self.sampling = Sampling(options.temperature, options.top_p, options.max_tokens,
                              tuple(options.stop))  # fmt: skip
     roles = {tag_of(s) for t in self.traces for s in t.steps or ()}
     self.tag_names = ("step", *sorted(roles - {"step"}))
     self.client: CompletionClient | None = None
+
+  def check_tools(self) -> None:
+    """A trace that calls tools is refused (`agent.refuse_tool_traces`): without --tools
+    the model would write the tools' results itself."""
+    from hindsight.text.agent import refuse_tool_traces
+
+    refuse_tool_traces(self.traces, self.path)
+
+  def load_verify(self):
+    return load_verifier(self.options.verifier)
 
   def open(self, cache_path: str, bar=None) -> None:
     o = self.options
@@ -262,7 +276,7 @@ class TextLabeler:
     todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
     if todo:
       seeds = [int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
-      asks = [Ask(traces[i].prompt, s, 0, 1, prompt_name(traces[i], episodes[i]))
+      asks = [Ask(traces[i].prompt, s, 0, 1, prompt_name(traces[i], episodes[i]), episodes[i])
               for i, s in zip(todo, seeds, strict=True)]  # fmt: skip
       # One completion each: the trace (sample 0 of its seed, as a block of n would start).
       draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
@@ -270,6 +284,11 @@ class TextLabeler:
       for i, completions in zip(todo, self.client.sample(draws), strict=True):
         out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
     return [chunked(t, self.options.chunking, str(e)) for t, e in zip(out, episodes, strict=True)]
+
+  def trace_outcome(self, trace: TextTrace, episode: int) -> float:
+    """The trace's own outcome R: the verifier's on what it wrote."""
+    del episode
+    return self.verify(trace.completion(), trace)
 
   def outcomes_of(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
     """Outcomes of continuations of the prefix with t steps (and `inserted` after it)."""
@@ -293,7 +312,7 @@ class TextLabeler:
     traces = self.with_steps(self.traces[start:stop], episodes, seed)
     seeds = [request_seeds(seed, e, ARM_POOL, len(t.steps)) for e, t in
              zip(episodes, traces, strict=True)]  # fmt: skip
-    requests = [Ask(t.prefix(j), int(s[j]), 0, K, step_name(t, e, j))
+    requests = [Ask(t.prefix(j), int(s[j]), 0, K, step_name(t, e, j), e, j)
                 for t, s, e in zip(traces, seeds, episodes, strict=True)
                 for j in range(len(t.steps))]  # fmt: skip
     got = iter(self.sample(requests))
@@ -301,7 +320,7 @@ class TextLabeler:
     for e, trace, s, was_sampled in zip(episodes, traces, seeds, sampled, strict=True):
       pools = [next(got) for _ in trace.steps]
       outcomes = [self.outcomes_of(trace, j, pool) for j, pool in enumerate(pools)]
-      outcome = self.verify(trace.completion(), trace)
+      outcome = self.trace_outcome(trace, e)
       out.append(Resamples(trace, e, s, pools, outcomes, outcome, was_sampled))
     return out
 
@@ -313,7 +332,7 @@ class TextLabeler:
     if q == "null":
       null = self.options.null_text
       requests = [Ask(r.trace.prefix(j) + null, int(s), 0, K,
-                      step_name(r.trace, r.episode, j) + " (its null replacement)")
+                      step_name(r.trace, r.episode, j) + " (its null replacement)", r.episode, j)
                   for r in found
                   for j, s in enumerate(request_seeds(seed, r.episode, ARM_NULL,
                                                       len(r.trace.steps)))]  # fmt: skip
@@ -365,7 +384,7 @@ class TextLabeler:
       for i, t in short:
         lo, r = len(draws[i][t]), found[i]
         requests.append(Ask(r.trace.prefix(t), int(r.seeds[t]), lo, min(lo + n, cap),
-                            step_name(r.trace, r.episode, t)))  # fmt: skip
+                            step_name(r.trace, r.episode, t), r.episode, t))  # fmt: skip
       for (i, t), more in zip(short, self.sample(requests), strict=True):
         draws[i][t].extend(more)
 

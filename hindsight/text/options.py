@@ -34,6 +34,8 @@ class TextOptions:
   samples_per_request: `n` of each request; concurrency: requests in flight.
   budget_completions, budget_tokens: most a run may request (0: no limit).
   cache: the completion cache (default OUT/completions.sqlite).
+  tools, max_turns: agent traces (hindsight.text.agent): the environment that executes their
+    tool calls in every continuation, and the most model turns a continuation may take.
   timeout, retries: per request.
   """
 
@@ -57,6 +59,12 @@ class TextOptions:
   budget_completions: int = _field(0, "most completions this run may request (0: no limit)")
   budget_tokens: int = _field(0, "most completion tokens this run may spend (0: no limit)")
   cache: str = _field("", "completion cache file (default: OUT/completions.sqlite)")
+  tools: str = _field(
+    "",
+    "agent traces: the environment that executes tool calls (tool-world "
+    "or MODULE:ENV; docs/agents-text.md)",
+  )
+  max_turns: int = _field(32, "agent traces: most model turns per continuation")
   timeout: float = _field(60.0, "seconds per request")
   retries: int = _field(6, "retries of a failed request")
 
@@ -83,7 +91,7 @@ class TextOptions:
       raise HindsightError(f"temperature must be in [0, 2], got {self.temperature}")
     if not 0.0 < self.top_p <= 1.0:
       raise HindsightError(f"top_p must be in (0, 1], got {self.top_p}")
-    for name in ("max_tokens", "max_draws", "samples_per_request", "concurrency"):
+    for name in ("max_tokens", "max_draws", "samples_per_request", "concurrency", "max_turns"):
       if getattr(self, name) < 1:
         raise HindsightError(f"{name} must be >= 1, got {getattr(self, name)}")
     for name in ("budget_completions", "budget_tokens", "retries"):
@@ -97,4 +105,6 @@ class TextOptions:
     for name in self.OPERATIONAL:
       d.pop(name)
     d["stop"] = list(d["stop"])
+    if not self.tools:  # plain text traces: described as before agent traces existed
+      d.pop("tools"), d.pop("max_turns")
     return d

@@ -23,6 +23,7 @@ class TextSource:
   """The job's chunks from `TextLabeler` (a `hindsight.labeling.source.LabelSource`)."""
 
   def __init__(self, job: LabelJob, out_dir: str):
+    from hindsight.text.agent import AgentLabeler
     from hindsight.text.labeler import TextLabeler
 
     if job.options is None:
@@ -33,7 +34,8 @@ class TextSource:
         "--concurrency instead of --num-processes)"
       )
     options = job.options
-    self.labeler = TextLabeler(job.env, job.episodes, job.config, options)
+    labeler = AgentLabeler if options.tools else TextLabeler
+    self.labeler = labeler(job.env, job.episodes, job.config, options)
     self.cache_path = options.cache or os.path.join(out_dir, CACHE_FILE)
     self.info = SourceInfo(
       env_name="text",
@@ -74,13 +76,18 @@ class TextSource:
     return arrays
 
   def finish(self, chunk_paths: list[str]) -> dict:
-    """The horizon is the longest trace, and the cost is in completions."""
-    totals = chunk_totals(chunk_paths, ("length", "completions"))
-    return {
+    """The horizon is the longest trace, and the cost is in completions (and, for agent
+    traces, in the tool calls the environment executed)."""
+    agents = bool(self.labeler.options.tools)
+    totals = chunk_totals(chunk_paths, ("length", "completions", *("tool_calls",) * agents))
+    out = {
       "horizon": int(totals["length"].max()),
       "completions": int(totals["completions"].sum()),
       "text": json.dumps(self.labeler.options.describe(), sort_keys=True),
     }
+    if agents:
+      out["tool_calls"] = int(totals["tool_calls"].sum())
+    return out
 
 
 def stack_traces(rows: list[dict]) -> dict:

@@ -1,0 +1,377 @@
+"""Agent traces: text traces whose steps call tools that an environment executes, labeled by
+resampling with the tools run in every continuation (`--tools ENV`, docs/agents-text.md).
+
+A trace's steps are the agent's (thoughts, and calls written as `tool_syntax` writes them, at
+the end of their step) and the environment's (role `tool`: a call's result, right after the
+step that made it). The labels are the agent's: each call step is merged with its result into
+one step (its text: the call and the result it got, what the step leaves in the text), and
+a result is never a step of its own, never credited as the agent's action.
+
+`AgentLabeler` is the text labeler (`text.labeler`: the same pools, K, seeds, estimands,
+stderrs, cache and resumable chunks) with multi-turn continuations: from the prefix before
+step t and the environment's state there (`tools.Branches`: forked, replayed or restored),
+the model writes until it makes a call (the stop sequence `</tool_call>`) or stops; the
+environment executes the call on the continuation's own state and its result is appended;
+and so on until the model stops without a call, the environment says the episode is done,
+or `--max-turns` turns were written. The outcome is the verifier's on the whole text, or
+the environment's on its final state (`--verifier env`). A model's turn is cut where it
+starts writing a result itself (`<tool_response>` is a stop sequence too): every result in a
+continuation is the environment's.
+
+The replacements are `policy` (step t redrawn: the continuations of x_t) and `null` (step t
+replaced by `--null-text`, which makes no call: the call is not made, its side effect never
+happens); `policy_other` and `policy_no_repeat` are refused for agent traces. Each trace's
+dataset row counts its completions and its tool calls (`tool_calls`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+
+import msgspec
+import numpy as np
+
+from hindsight.errors import HindsightError
+from hindsight.text.client import Draw
+from hindsight.text.labeler import (
+  Ask,
+  TextLabeler,
+  name_of,
+  prompt_name,
+  request_seeds,
+  step_name,
+)
+from hindsight.text.tool_syntax import (
+  CALL_CLOSE,
+  CALL_OPEN,
+  RESULT_OPEN,
+  Malformed,
+  ToolCall,
+  end_turn,
+  has_tool_markup,
+  openai_call,
+  pieces,
+  render_result,
+  result_of,
+  trailing_call,
+)
+from hindsight.text.tools import Branches, execute, load_tool_env
+from hindsight.text.trace import TextStep, TextTrace, chunk_text
+
+ARM_ENV = 3  # the request-seed arm of each trace's environment seed
+AGENT_TAGS = ("step", "tool_call")
+
+
+@dataclasses.dataclass
+class AgentView:
+  """An agent trace as the labels see it: `trace` with one step per agent step (a call step
+  holds its result), each step's call (None: no call; a `Malformed` one is answered with an
+  error) and the result the trace holds for it."""
+
+  trace: TextTrace
+  calls: list
+  observations: list
+
+
+def agent_steps(text: str, chunking: str) -> list[TextStep]:
+  """An agent's text (calls and results inline) -> its steps: the text between calls cut by
+  the chunking rule, each call a step, each result a step of role `tool`."""
+  steps: list[TextStep] = []
+  lead = ""
+  for kind, piece in pieces(text):
+    if kind == "call":
+      steps.append(TextStep(text=lead + piece, tool_call={}))
+    elif kind == "result":
+      steps.append(TextStep(text=lead + piece, role="tool"))
+    elif piece.strip():
+      chunks = chunk_text(piece, chunking)
+      steps.extend(TextStep(text=c) for c in [lead + chunks[0], *chunks[1:]])
+    elif steps:  # whitespace between pieces joins the step before it
+      steps[-1] = msgspec.structs.replace(steps[-1], text=steps[-1].text + piece)
+      continue
+    else:
+      lead += piece
+      continue
+    lead = ""
+  return [msgspec.structs.replace(s, tool_call=None) if s.tool_call == {} else s for s in steps]
+
+
+def agent_view(trace: TextTrace, where: str, chunking: str = "sentences") -> AgentView:
+  """The trace's agent steps (module docstring), or a one-line error naming the step that
+  breaks the format: a result not after a call, a call without its result, a call not at
+  the end of its step, a `tool_call` that is not the call its text holds."""
+  steps = trace.steps if trace.steps is not None else agent_steps(trace.text or "", chunking)
+  merged: list[TextStep] = []
+  calls: list = []
+  observations: list = []
+  for k, step in enumerate(steps):
+    here = f"{where}, step {k}"
+    if step.role == "tool":
+      observation = result_of(step.text)
+      if observation is None:
+        raise HindsightError(f"{here}: a `tool` step holds one result as "
+                             f"{RESULT_OPEN}...</tool_response>")  # fmt: skip
+      if not merged or calls[-1] is None or observations[-1] is not None:
+        raise HindsightError(f"{here}: a tool result that follows no call")
+      merged[-1] = msgspec.structs.replace(merged[-1], text=merged[-1].text + step.text)
+      observations[-1] = observation
+      continue
+    if merged and calls[-1] is not None and observations[-1] is None:
+      raise HindsightError(f"{where}, step {k - 1}: a call and no `tool` step after it with "
+                           "its result")  # fmt: skip
+    call = trailing_call(step.text)
+    body = step.text.rstrip()
+    inner = body[: body.rfind(CALL_OPEN)] if call is not None else body
+    if RESULT_OPEN in step.text or CALL_OPEN in inner or CALL_CLOSE in inner:
+      raise HindsightError(f"{here}: tool markup inside the step (a step holds one call, at "
+                           "its end; results are steps of role `tool`)")  # fmt: skip
+    if step.tool_call is not None:
+      given = openai_call(step.tool_call, here)
+      if given != call:
+        raise HindsightError(f"{here}: `tool_call` is {given.name}({given.arguments}) but the "
+                             f"step's text holds {call}")  # fmt: skip
+    tool_call = None
+    if isinstance(call, ToolCall):
+      tool_call = {"name": call.name, "arguments": call.arguments}
+    elif isinstance(call, Malformed):
+      tool_call = {"malformed": call.reason}
+    merged.append(TextStep(text=step.text, role=step.role, tool_call=tool_call))
+    calls.append(call)
+    observations.append(None)
+  if not merged:
+    raise HindsightError(f"{where}: no agent steps")
+  if calls[-1] is not None and observations[-1] is None:
+    raise HindsightError(f"{where}, its last step: a call and no `tool` step after it with "
+                         "its result")  # fmt: skip
+  view = msgspec.structs.replace(trace, steps=merged, text=None)
+  return AgentView(view, calls, observations)
+
+
+def is_agent_trace(trace: TextTrace) -> int | None:
+  """The index of the first step that calls a tool or holds a result (None: a plain text
+  trace); -1 for a `text` trace with tool markup."""
+  for k, step in enumerate(trace.steps or ()):
+    if step.role == "tool" or step.tool_call is not None or has_tool_markup(step.text):
+      return k
+  if trace.text is not None and has_tool_markup(trace.text):
+    return -1
+  return None
+
+
+def refuse_tool_traces(traces: list[TextTrace], path: str) -> None:
+  """Without an environment, a trace with tool calls is refused: resampled as text, the
+  model would write the tools' results itself."""
+  for e, trace in enumerate(traces):
+    k = is_agent_trace(trace)
+    if k is not None:
+      where = f"step {k}" if k >= 0 else "its text"
+      raise HindsightError(
+        f"{path}: trace {name_of(trace, e)} ({where}) calls tools: label it with --tools ENV "
+        "(the environment that executes the calls); resampled as text, the model would "
+        "write the tools' results itself"
+      )
+
+
+def turn_seed(seed: int, index: int, turn: int) -> int:
+  """The request seed of continuation `index`'s turn `turn` (> 0) of a prefix seeded `seed`
+  (31 bits; the first turn is the prefix's own block request)."""
+  digest = hashlib.sha256(f"{seed}:{index}:{turn}".encode()).digest()
+  return int.from_bytes(digest[:4], "little") >> 1
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One continuation of a prefix through the model and the environment: `text` everything
+  written after the prefix (the model's turns, the results), `state` the environment's final
+  state; what it cost in completions (`turns`), tokens and tool calls."""
+
+  text: str
+  finish_reason: str
+  tokens: int
+  state: object
+  turns: int
+  tool_calls: int
+
+
+@dataclasses.dataclass
+class _Live:
+  ask: Ask
+  index: int
+  state: object
+  text: str = ""
+  finish: str = "stop"
+  tokens: int = 0
+  turns: int = 0
+  calls: int = 0
+  done: bool = False
+
+
+class AgentLabeler(TextLabeler):
+  """The text labeler with tools executed in every continuation (module docstring)."""
+
+  def __init__(self, env: str, episodes: int, config, options):
+    super().__init__(env, episodes, config, options)
+    if config.replacement not in ("policy", "null"):
+      raise HindsightError(
+        f"replacement '{config.replacement}' is not available for agent traces (--tools): "
+        "choose policy or null"
+      )
+    if has_tool_markup(options.null_text):
+      raise HindsightError("--null-text makes a call: under null the step's call is not made")
+    self.env = load_tool_env(options.tools)
+    if options.verifier == "env" and not callable(getattr(self.env, "outcome", None)):
+      raise HindsightError(f"--verifier env: the environment {options.tools} has no outcome()")
+    stops = tuple(s for s in (CALL_CLOSE, RESULT_OPEN) if s not in self.sampling.stop)
+    self.sampling = dataclasses.replace(self.sampling, stop=(*self.sampling.stop, *stops))
+    self.tag_names = AGENT_TAGS
+    self.views: dict[int, AgentView] = {}
+    self.branches: dict[int, Branches] = {}
+    self.spent: collections.Counter = collections.Counter()
+    self.tool_calls: collections.Counter = collections.Counter()
+
+  def check_tools(self) -> None:
+    """Agent traces are what this labeler is for."""
+
+  def load_verify(self):
+    if self.options.verifier == "env":
+      return None  # the environment's outcome() (`outcomes_of`)
+    return super().load_verify()
+
+  # -- traces -----------------------------------------------------------------------------
+  def _env_seed(self, seed: int, episode: int) -> int:
+    return int(request_seeds(seed, episode, ARM_ENV, 1)[0])
+
+  def with_steps(self, traces: list[TextTrace], episodes: range, seed: int) -> list[TextTrace]:
+    """Each trace's agent steps: its own, its text cut, or sampled from its prompt with the
+    tools executed (`_roll` from the environment's first state); the environment's states
+    along it (`Branches`), checked to give the trace's own results."""
+    out = list(traces)
+    todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
+    if todo:
+      asks = [Ask(traces[i].prompt, int(request_seeds(seed, episodes[i], 0, 1)[0]), 0, 1,
+                  prompt_name(traces[i], episodes[i]), episodes[i], 0) for i in todo]  # fmt: skip
+      starts = [functools.partial(self.env.reset, traces[i], self._env_seed(seed, episodes[i]))
+                for i in todo]  # fmt: skip
+      for i, (rollout,) in zip(todo, self._roll(asks, starts), strict=True):
+        out[i] = msgspec.structs.replace(traces[i], text=rollout.text)
+    views = []
+    for trace, e in zip(out, episodes, strict=True):
+      where = f"{self.path}: trace {name_of(trace, e)}"
+      view = agent_view(trace, where, self.options.chunking)
+      self.views[e] = view
+      self.branches[e] = Branches(self.env, trace, self._env_seed(seed, e), view.calls,
+                                  view.observations, where)  # fmt: skip
+      views.append(view.trace)
+    return views
+
+  def check_context(self) -> None:
+    """The longest prefix of every given trace must leave room in the model's context."""
+    asks = []
+    for e, trace in enumerate(self.traces):
+      if trace.steps is None and trace.text is None:
+        asks.append(Ask(trace.prompt, 0, 0, 1, prompt_name(trace, e)))
+        continue
+      view = agent_view(trace, f"{self.path}: trace {name_of(trace, e)}", self.options.chunking)
+      last = len(view.trace.steps) - 1
+      asks.append(Ask(view.trace.prefix(last), 0, 0, 1, step_name(view.trace, e, last)))
+    self.caps(asks)
+
+  # -- continuations ------------------------------------------------------------------------
+  def sample(self, asks: list[Ask]) -> list[list[Rollout]]:
+    """Continuations lo .. hi-1 of every ask, each from its own fork of the environment's
+    state before the ask's step."""
+    starts = [functools.partial(self.branches[a.episode].at, a.t) for a in asks]
+    return self._roll(asks, starts)
+
+  def _roll(self, asks: list[Ask], starts: list) -> list[list[Rollout]]:
+    """The multi-turn loop (module docstring), every live continuation's next turn requested
+    together: turn 1 is the ask's own block request (`TextLabeler.sample`), turn u > 0 of
+    continuation j one request seeded `turn_seed(seed, j, u)`."""
+    live, out = [], []
+    for ask, first, start in zip(asks, super().sample(asks), starts, strict=True):
+      row = [_Live(ask, ask.lo + j, start()) for j in range(len(first))]
+      for r, completion in zip(row, first, strict=True):
+        self._take(r, completion)
+      live.extend(r for r in row if not r.done)
+      out.append(row)
+    while live:
+      prompts = [r.ask.prompt + r.text for r in live]
+      caps = self._turn_caps(prompts)
+      for r, cap in zip(live, caps, strict=True):
+        if cap == 0:  # the text fills the model's context: the episode ends as written
+          r.done, r.finish = True, "length"
+      live = [r for r, cap in zip(live, caps, strict=True) if cap != 0]
+      draws = [Draw(r.ask.prompt + r.text, turn_seed(r.ask.seed, r.index, r.turns), 0, 1,
+                    cap, f"{r.ask.where}, continuation {r.index}, turn {r.turns}")
+               for r, cap in zip(live, (c for c in caps if c != 0), strict=True)]  # fmt: skip
+      for r, (completion,) in zip(live, self.client.sample(draws) if draws else [], strict=True):
+        self._take(r, completion)
+      live = [r for r in live if not r.done]
+    result = []
+    for row in out:
+      for r in row:
+        self.spent[r.ask.episode] += r.turns
+        self.tool_calls[r.ask.episode] += r.calls
+      result.append([Rollout(r.text, r.finish, r.tokens, r.state, r.turns, r.calls) for r in row])
+    return result
+
+  def _turn_caps(self, prompts: list[str]) -> list[int | None]:
+    """Each later turn's max_tokens: None (--max-tokens), what its text leaves of the
+    model's context where that is less, 0 where nothing is left."""
+    context = self.client.context
+    counts = self.client.count_tokens(prompts) if context else None
+    if counts is None:
+      return [None] * len(prompts)
+    rooms = [context - n for n in counts]
+    return [max(room, 0) if room < self.options.max_tokens else None for room in rooms]
+
+  def _take(self, r: _Live, completion) -> None:
+    """One turn of a continuation: the model's text (cut after its call, or where it starts
+    a result itself), then the call executed on the continuation's state."""
+    text = completion.text
+    cut = text.find(RESULT_OPEN)
+    if cut >= 0:  # the model began to write a result: only the environment writes them
+      text = text[:cut]
+    text, called = end_turn(text, completion.finish_reason)
+    r.text += text
+    r.turns += 1
+    r.tokens += completion.tokens
+    r.finish = completion.finish_reason
+    if not called:
+      r.done = True
+      return
+    r.state, observation, done = execute(self.env, r.state, trailing_call(text))
+    r.calls += 1
+    r.text += render_result(observation)
+    r.done = done or r.turns >= self.options.max_turns
+
+  # -- outcomes -----------------------------------------------------------------------------
+  def _env_outcome(self, state, where: str) -> float:
+    value = self.env.outcome(state)
+    if value is None or not 0.0 <= float(value) <= 1.0:
+      raise HindsightError(f"--verifier env: the environment's outcome() is {value} on "
+                           f"{where}: outcomes must be in [0, 1]")  # fmt: skip
+    return float(value)
+
+  def outcomes_of(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
+    if self.verify is None:
+      where = f"trace {trace.id or '?'}, step {t}"
+      return np.array([self._env_outcome(c.state, where) for c in completions], np.float64)
+    return super().outcomes_of(trace, t, completions, inserted)
+
+  def trace_outcome(self, trace: TextTrace, episode: int) -> float:
+    if self.verify is None:
+      return self._env_outcome(self.branches[episode].final, f"trace {name_of(trace, episode)}")
+    return super().trace_outcome(trace, episode)
+
+  def _trace_arrays(self, trace: TextTrace, episode: int, drawn: int) -> dict:
+    """The text labeler's arrays, with what the trace cost: every completion of every turn
+    (`completions`) and every call the environment executed (`tool_calls`)."""
+    del drawn  # continuations are several completions each: counted as they were drawn
+    out = super()._trace_arrays(trace, episode, 0)
+    out["completions"] = self.spent.pop(episode, 0)
+    out["tool_calls"] = self.tool_calls.pop(episode, 0)
+    return out
