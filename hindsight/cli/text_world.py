@@ -17,7 +17,7 @@ def add_parser(sub):
   tws.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   tws.add_argument("--port", type=int, default=8100, help="port")
   tws.add_argument("--tools", action="store_true",
-                   help="serve the tool world's agent (model hindsight-tool-world) instead")  # fmt: skip
+                   help="serve the tool world's agent (hindsight-tool-world) instead")  # fmt: skip
   twp = tw_sub.add_parser("prompts", help="write N problems as prompt-only traces (JSONL)")
   twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
   twp.add_argument("--seed", type=int, default=0, help="seed of the problems")

@@ -255,7 +255,11 @@ class AgentLabeler(TextLabeler):
                   prompt_name(traces[i], episodes[i]), episodes[i], 0) for i in todo]  # fmt: skip
       starts = [functools.partial(self.env.reset, traces[i], self._env_seed(seed, episodes[i]))
                 for i in todo]  # fmt: skip
-      for i, (rollout,) in zip(todo, self._roll(asks, starts), strict=True):
+      # The trace's first turn: sample 0 of its seed alone, as the text labeler draws it.
+      draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
+               for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
+      first = self.client.sample(draws)
+      for i, (rollout,) in zip(todo, self._roll(asks, starts, first), strict=True):
         out[i] = msgspec.structs.replace(traces[i], text=rollout.text)
     views = []
     for trace, e in zip(out, episodes, strict=True):
@@ -286,12 +290,14 @@ class AgentLabeler(TextLabeler):
     starts = [functools.partial(self.branches[a.episode].at, a.t) for a in asks]
     return self._roll(asks, starts)
 
-  def _roll(self, asks: list[Ask], starts: list) -> list[list[Rollout]]:
+  def _roll(self, asks: list[Ask], starts: list, first=None) -> list[list[Rollout]]:
     """The multi-turn loop (module docstring), every live continuation's next turn requested
-    together: turn 1 is the ask's own block request (`TextLabeler.sample`), turn u > 0 of
-    continuation j one request seeded `turn_seed(seed, j, u)`."""
+    together: turn 0 is the ask's own block request (`TextLabeler.sample`, or `first`'s
+    completions), turn u > 0 of continuation j one request seeded `turn_seed(seed, j, u)`."""
     live, out = [], []
-    for ask, first, start in zip(asks, super().sample(asks), starts, strict=True):
+    if first is None:
+      first = super().sample(asks)
+    for ask, first, start in zip(asks, first, starts, strict=True):
       row = [_Live(ask, ask.lo + j, start()) for j in range(len(first))]
       for r, completion in zip(row, first, strict=True):
         self._take(r, completion)

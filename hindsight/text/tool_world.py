@@ -42,7 +42,6 @@ from hindsight.text.tool_syntax import (
   pieces,
   render_call,
   render_result,
-  result_of,
 )
 from hindsight.text.tools import ToolEnv, ToolError
 

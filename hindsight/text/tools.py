@@ -87,12 +87,8 @@ def load_tool_env(spec: str):
     if not callable(getattr(env, method, None)):
       raise HindsightError(f"--tools {spec}: the environment has no {method}()")
   branching = getattr(env, "branching", None)
-  if branching not in BRANCHINGS or (
-    branching == "snapshot"
-    and not (
-      callable(getattr(env, "snapshot", None)) and callable(getattr(env, "restore", None))
-    )  # fmt: skip
-  ):
+  pair = all(callable(getattr(env, m, None)) for m in ("snapshot", "restore"))
+  if branching not in BRANCHINGS or (branching == "snapshot" and not pair):
     raise HindsightError(
       f"--tools {spec}: the environment cannot be branched (set branching = 'functional' "
       "(its state is data), 'replay' (its tools are deterministic) or 'snapshot' (with "
