@@ -297,9 +297,9 @@ class AgentLabeler(TextLabeler):
     live, out = [], []
     if first is None:
       first = super().sample(asks)
-    for ask, first, start in zip(asks, first, starts, strict=True):
-      row = [_Live(ask, ask.lo + j, start()) for j in range(len(first))]
-      for r, completion in zip(row, first, strict=True):
+    for ask, turn, start in zip(asks, first, starts, strict=True):
+      row = [_Live(ask, ask.lo + j, start()) for j in range(len(turn))]
+      for r, completion in zip(row, turn, strict=True):
         self._take(r, completion)
       live.extend(r for r in row if not r.done)
       out.append(row)
