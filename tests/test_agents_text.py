@@ -16,7 +16,7 @@ from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
 from hindsight.text import tool_world as tw
-from hindsight.text.agent import AgentLabeler, agent_steps, agent_view
+from hindsight.text.agent import AgentLabeler, agent_steps, agent_view, unmerged
 from hindsight.text.exact import compare_to_exact
 from hindsight.text.labeler import Ask
 from hindsight.text.options import TextOptions
@@ -82,6 +82,13 @@ def test_agent_steps_tile_the_text_and_merge_each_result_into_its_call():
     assert (call is None) == (seen is None) == (step.tool_call is None)
     if call is not None:
       assert step.text.endswith(render_result(seen)) and call.name == step.tool_call["name"]
+
+
+def test_a_labeled_traces_steps_unmerge_to_the_trace():
+  """What the resampled reference of `hindsight eval` writes back from a dataset's steps."""
+  trace = tw.sample_traces(4, 1)[0]
+  back = unmerged([s.text for s in agent_view(trace, "t").trace.steps])
+  assert [(s.text, s.role) for s in back] == [(s.text, s.role) for s in trace.steps]
 
 
 @pytest.mark.parametrize(
@@ -359,3 +366,24 @@ def test_text_world_cli_serves_prompts_and_scores_the_tool_world(tmp_path, tool_
   report = json.loads((tmp_path / "exact.json").read_text())
   assert report["summary"]["traces"] == 2 and report["summary"]["tool_calls"] > 0
   assert "z RMS" in r.stdout
+
+
+def test_the_agent_credit_eval_reports_shares_within_their_intervals(tmp_path, tool_url, played):
+  from eval import agent_credit
+
+  path = run_label_job(_job(played, 2, tool_url, 4), str(tmp_path / "labels"), progress=False)
+  out, figure = tmp_path / "report.json", tmp_path / "kinds.png"
+  code = agent_credit.main(["--traces", "40", "--labels", path, "--out", str(out), "--plot",
+                            str(figure)])  # fmt: skip
+  assert code == 0 and figure.stat().st_size > 0
+  report = json.loads(out.read_text())
+  s = report["scripted"]
+  assert sum(v["steps"] for v in s["by_kind"].values()) == s["steps"]
+  for name, value in s.items():
+    if name.startswith(("decorative_", "harmful_", "prm_")):
+      point, lo, hi = value
+      assert -1 <= lo <= point <= hi <= 1, (name, value)
+  # Under null a restatement is replaced by itself: exactly 0, decorative every time.
+  assert s["by_kind"]["restate"]["decorative_null"] == 1.0
+  (labels,) = report["labels"]
+  assert labels["traces"] == 2 and labels["tool_calls"] == open_labels(path).metadata.tool_calls

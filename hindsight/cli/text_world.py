@@ -22,7 +22,7 @@ def add_parser(sub):
   twp.add_argument("--episodes", type=int, required=True, help="number of problems N")
   twp.add_argument("--seed", type=int, default=0, help="seed of the problems")
   twp.add_argument("--max-count", type=int, default=0,
-                   help="box counts 1 .. N (the small LM's); 0: the world's 3 .. 59")  # fmt: skip
+                   help="box counts 1 .. N (the small LM's); 0: the world's own")  # fmt: skip
   twp.add_argument("--tools", action="store_true", help="the tool world's tasks instead")
   twp.add_argument("--out", required=True, help="output JSONL file")
   twe = tw_sub.add_parser("exact", help="exact credit of the world's traces in a label dataset")
@@ -55,9 +55,8 @@ def run(args) -> int:
     if args.tools:
       from hindsight.text import tool_world
 
-      if args.max_count:
-        raise HindsightError("--max-count: the tool world's counts are fixed by its task numbers")
-      write_traces(args.out, tool_world.prompt_traces(args.seed, args.episodes))
+      most = args.max_count or tool_world.MOST
+      write_traces(args.out, tool_world.prompt_traces(args.seed, args.episodes, most))
       print(f"prompts: {args.out}")
       return 0
     counts = (1, args.max_count + 1) if args.max_count else world.COUNTS

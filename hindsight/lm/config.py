@@ -82,6 +82,11 @@ class LMTrainConfig:
   """How `hindsight lm train` trains the language model (each field is a flag)."""
 
   traces: int = _field(4000, "text-world traces to train on (5%% held out)")
+  world: str = _field(
+    "text",
+    "whose traces: text (the text world) or tools (the tool world's "
+    "agent, its tool results in the text)",
+  )
   # Box counts of its problems are 1 .. max_count: small enough that a small model learns
   # their sums (with the world's 3 .. 59 its drafts and answers are nearly always wrong).
   max_count: int = _field(5, "box counts of its problems are 1 .. this")
@@ -104,6 +109,8 @@ class LMTrainConfig:
   progress: bool = True
 
   def __post_init__(self):
+    if self.world not in ("text", "tools"):
+      raise HindsightError(f"world must be text or tools, got '{self.world}'")
     for name in ("traces", "steps", "batch_size", "eval_every", "width", "depth", "max_len",
                  "max_count", "num_heads", "num_kv_heads"):  # fmt: skip
       if getattr(self, name) < 1:

@@ -5,11 +5,13 @@ random weights (`LMTrainConfig.backbone`), or, with `--lm PATH`, a Hugging Face 
 folder or another `hindsight lm train` workdir, fine-tuned with its own tokenizer.
 
 Data: `traces` traces sampled by the text world itself (`world.sample_traces(seed, n)`, box
-counts 1 .. max_count), each the prompt, then the completion and EOS, as ids of a byte-level
-BPE trained on them (`model.encoders.tokenizer.train_bpe`) or of the loaded model's tokenizer;
-5% of the traces are held out. The loss is the next-token
-cross-entropy on the completion and its EOS only (the prompt's problem number and counts are
-random: nothing to learn there, but the completion must copy them).
+counts 1 .. max_count), or with `world = "tools"` the tool world's agent and environment
+(`tool_world.sample_traces`: its calls and their results inline, boxes of 1 .. max_count),
+each the prompt, then the completion and EOS, as ids of a byte-level BPE trained on them
+(`model.encoders.tokenizer.train_bpe`) or of the loaded model's tokenizer; 5% of the traces
+are held out. The loss is the next-token cross-entropy on the completion and its EOS only
+(the prompt's problem number and counts are random: nothing to learn there, but the
+completion must copy them).
 
 AdamW (optax) with warmup and cosine decay; batches drawn from a permutation per epoch
 folded from the seed; the held-out loss and a checkpoint (orbax, `model.checkpoints`) every
@@ -66,9 +68,12 @@ def training_sequences(config: LMTrainConfig, tok: Tokenizer | None = None, eos:
   """(tokenizer, ids int32 [N, S], loss mask float32 [N, S] over the targets ids[:, 1:] ...
   as [N, S] with the last column 0, held-out row mask bool [N]). `tok` None: a BPE trained
   on the traces (EOS id 1)."""
-  from hindsight.text import world
+  from hindsight.text import tool_world, world
 
-  traces = world.sample_traces(config.seed, config.traces, config.counts)
+  if config.world == "tools":  # the agent's turns and the environment's results, as one text
+    traces = tool_world.sample_traces(config.seed, config.traces, config.max_count)
+  else:
+    traces = world.sample_traces(config.seed, config.traces, config.counts)
   prompts = [t.prompt for t in traces]
   completions = [t.completion() for t in traces]
   tok = tok or train_bpe(prompts + completions, config.vocab_size)

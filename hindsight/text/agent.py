@@ -99,6 +99,20 @@ def agent_steps(text: str, chunking: str) -> list[TextStep]:
   return [msgspec.structs.replace(s, tool_call=None) if s.tool_call == {} else s for s in steps]
 
 
+def unmerged(step_texts) -> list[TextStep]:
+  """A labeled agent trace's steps (each call step holding its result) as the trace format
+  writes them: the result of each call a step of role `tool` after it."""
+  out = []
+  for text in step_texts:
+    parts = pieces(text)
+    if parts and parts[-1][0] == "result":
+      out.append(TextStep(text="".join(p for _, p in parts[:-1])))
+      out.append(TextStep(text=parts[-1][1], role="tool"))
+    else:
+      out.append(TextStep(text=text))
+  return out
+
+
 def agent_view(trace: TextTrace, where: str, chunking: str = "sentences") -> AgentView:
   """The trace's agent steps (module docstring), or a one-line error naming the step that
   breaks the format: a result not after a call, a call without its result, a call not at

@@ -6,15 +6,16 @@ signal come from here.
 Episodes: the run's test split (the first `--episodes` of it), as the model reads them.
 
 Reference (`--reference`):
-  exact     the text world's dynamic programme (`world.exact_credit`), stderr 0;
+  exact     the text world's dynamic programme (`world.exact_credit`), or the tool world's
+            (`tool_world.exact_credit`, agent traces), stderr 0;
   resample  the same traces relabeled through `--endpoint` at K_ref completions per prefix
             (`--reference-rollouts`, default 256) with a seed of their own (the labels' seed +
             REFERENCE_SEED_OFFSET), cached in the report's cache (`--cache`, default
             OUT/cache; models evaluated with one cache share it; a rerun asks for nothing it
             has); its cost in completions is reported. Its stderrs enter K* as the
             reference's noise.
-  auto      exact when the traces are the text world's own (its model wrote them and every
-            prompt is its problem), else resample.
+  auto      exact when the traces are the text or tool world's own (its model wrote them and
+            every prompt is its problem), else resample.
 
 Signals beside the harness's (the model, the training labels, the outcome, the labels' MC
 progress, a learned PRM reading the text, trained on outcomes only): with the exact reference
@@ -47,22 +48,36 @@ DEFAULT_ROLLOUTS = 256  # K_ref of a resampled reference
 
 
 def _is_world(examples) -> bool:
+  """Every trace is a text-world problem's."""
   from hindsight.text import world
 
   return all(world.parse_problem(as_text(e["prompt"])) is not None for e in examples)
 
 
+def _is_tool_world(examples) -> bool:
+  """Every trace is a tool-world task's."""
+  from hindsight.text import tool_world
+
+  return all(tool_world.parse_task(as_text(e["prompt"])) is not None for e in examples)
+
+
 def exact_reference(examples, replacement: str) -> tuple[list[dict], list[np.ndarray]]:
   """(the world's exact labels of each trace, [T] fields each; the Bayes observer's credit
-  [T] per trace)."""
-  from hindsight.text import world
+  [T] per trace): the text world's, or the tool world's (`tool_world.observer`)."""
+  from hindsight.text import tool_world, world
   from hindsight.text.exact import exact_labels
 
   truth, observer = [], []
   for e in examples:
     truth.append(exact_labels(e, replacement))
-    problem = world.parse_problem(as_text(e["prompt"]))
-    actions = [world.parse_action(problem, as_text(s)) for s in e["step_text"]]
+    prompt, steps = as_text(e["prompt"]), [as_text(s) for s in e["step_text"]]
+    task = tool_world.parse_task(prompt)
+    if task is not None:
+      actions = tool_world.parse_steps(task, steps).actions
+      observer.append(tool_world.observer(task, actions, replacement)[0])
+      continue
+    problem = world.parse_problem(prompt)
+    actions = [world.parse_action(problem, s) for s in steps]
     observer.append(world.observer_credit(problem, actions, replacement))
   return truth, observer
 
@@ -75,6 +90,7 @@ def resampled_reference(
   from hindsight.data import open_labels
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
+  from hindsight.text.agent import unmerged
   from hindsight.text.options import TextOptions
   from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 
@@ -92,7 +108,10 @@ def resampled_reference(
   traces = [
     TextTrace(
       prompt=as_text(e["prompt"]),
-      steps=[TextStep(text=as_text(s)) for s in e["step_text"]],
+      # An agent trace's call steps hold their results: written back as steps of role `tool`.
+      steps=unmerged([as_text(s) for s in e["step_text"]])
+      if job["text"].get("tools")
+      else [TextStep(text=as_text(s)) for s in e["step_text"]],
       id=as_text(e["trace_id"]),
       reference=references.get(as_text(e["trace_id"])),
     )
@@ -206,18 +225,21 @@ class TextEvaluation:
 def open_text(cfg: DriftConfig, run: Run, predictor, out: str) -> TextEvaluation:
   """The evaluation of a run trained on text traces (module docstring)."""
   del predictor
-  from hindsight.text import world
+  from hindsight.text import tool_world, world
 
   if cfg.env is not None:
     raise HindsightError("--env: a text run is evaluated on its test split (no fresh episodes)")
   labels, meta = run.labels, run.labels.metadata
   ids = run.test_ids[: cfg.episodes] if cfg.episodes else run.test_ids
   examples = [labels[int(i)] for i in ids]
+  own = (meta.policy == world.MODEL_NAME and _is_world(examples)) or (
+    meta.policy == tool_world.MODEL_NAME and _is_tool_world(examples)
+  )
   kind = cfg.reference
-  if kind == "auto":  # exact where the traces are the scripted world's own
-    kind = "exact" if meta.policy == world.MODEL_NAME and _is_world(examples) else "resample"
-  if kind == "exact" and not _is_world(examples):
-    raise HindsightError("reference exact: the traces are not the text world's")
+  if kind == "auto":  # exact where the traces are a scripted world's own
+    kind = "exact" if own else "resample"
+  if kind == "exact" and not (_is_world(examples) or _is_tool_world(examples)):
+    raise HindsightError("reference exact: the traces are not the text or tool world's")
   if kind == "resample" and not cfg.endpoint:
     raise HindsightError("reference resample needs --endpoint URL (the model's server)")
   rollouts = meta.rollouts if kind == "exact" else (cfg.reference_rollouts or DEFAULT_ROLLOUTS)

@@ -54,9 +54,9 @@ TAG_OF_ACTION = ("restate", "sum", "search", "read", "lookup", "lookup", "lookup
                  "write_double", "submit")  # fmt: skip
 RESTATE_TEXT = "Restating the task: the answer is the total of the three boxes."
 _SUM = re.compile(r"Adding the counts read so far \(([^)]*)\) gives (-?\d+)\.")
-_HEADER = re.compile(r"Task (\d+): three boxes hold apples;")
+_HEADER = re.compile(r"Task (\d+): three boxes hold 1 to (\d+) apples each;")
 _FACT = re.compile(r"box ([123]) holds (\d+) apples")
-COUNTS = (3, 60)
+MOST = 59  # box counts are 1 .. MOST (the small LM's tasks: 1 .. 5, sums it can learn)
 
 # A configuration: facts read (3 bits), the last sum and the ledger (0 none / empty, 1 right,
 # 2 wrong): facts + 8 * sum + 24 * ledger.
@@ -78,12 +78,15 @@ def _digest(text: str) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
+  """A task: its number and the most apples a box holds (the prompt states both)."""
+
   number: int
+  most: int = MOST
 
   @property
   def counts(self) -> tuple[int, int, int]:
-    d, (lo, hi) = _digest(f"hindsight-tool-world:counts:{self.number}"), COUNTS
-    return tuple(lo + int.from_bytes(d[4 * i : 4 * i + 4], "little") % (hi - lo)
+    d = _digest(f"hindsight-tool-world:counts:{self.number}")
+    return tuple(1 + int.from_bytes(d[4 * i : 4 * i + 4], "little") % self.most
                  for i in range(3))  # fmt: skip
 
   @property
@@ -98,16 +101,16 @@ class Task:
 
   def prompt(self) -> str:
     return (
-      f"Task {self.number}: three boxes hold apples; the tool lookup(box) tells how many are "
-      "in box 1, 2 or 3. Write their total to the ledger with write(value) and submit() it "
-      "(read() shows the ledger, search(query) searches the notes). Call a tool by writing "
-      "its name and arguments as JSON between tool_call tags.\n"
+      f"Task {self.number}: three boxes hold 1 to {self.most} apples each; the tool lookup(box) "
+      "tells how many are in box 1, 2 or 3. Write their total to the ledger with write(value) "
+      "and submit() it (read() shows the ledger, search(query) searches the notes). Call a "
+      "tool by writing its name and arguments as JSON between tool_call tags.\n"
     )
 
 
 def parse_task(text: str) -> Task | None:
   m = _HEADER.match(text)
-  return Task(int(m.group(1))) if m else None
+  return Task(int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _next_config(cfg: int, action: int) -> int:
@@ -369,20 +372,22 @@ def snapshotted() -> ToolWorldEnv:
 
 
 # -- traces ------------------------------------------------------------------------------------
-def tasks(seed: int, count: int) -> list[Task]:
+def tasks(seed: int, count: int, most: int = MOST) -> list[Task]:
   """`count` distinct task numbers drawn from `seed` with a jax.random key."""
   import jax
 
+  if most < 1:
+    raise HindsightError(f"the most apples a box holds must be >= 1, got {most}")
   numbers = np.asarray(jax.random.choice(jax.random.key(seed), 10**6, (count,), replace=False))
-  return [Task(int(n)) for n in numbers]
+  return [Task(int(n), most) for n in numbers]
 
 
-def prompt_traces(seed: int, count: int):
+def prompt_traces(seed: int, count: int, most: int = MOST):
   """Prompt-only traces (the labeler samples each from the endpoint, tools executed)."""
   from hindsight.text.trace import TextTrace
 
   return [TextTrace(prompt=t.prompt(), id=f"task_{t.number}", reference=str(t.total))
-          for t in tasks(seed, count)]  # fmt: skip
+          for t in tasks(seed, count, most)]  # fmt: skip
 
 
 def play(task: Task, rng: np.random.Generator):
@@ -410,12 +415,12 @@ def play(task: Task, rng: np.random.Generator):
                    reference=str(task.total), outcome=env.outcome(ledger))  # fmt: skip
 
 
-def sample_traces(seed: int, count: int):
+def sample_traces(seed: int, count: int, most: int = MOST):
   """Whole traces of the scripted agent (`play`), one generator per task from `seed`."""
   import jax
 
   out = []
-  for i, task in enumerate(tasks(seed, count)):
+  for i, task in enumerate(tasks(seed, count, most)):
     key = jax.random.fold_in(jax.random.key(seed), i)
     out.append(play(task, np.random.default_rng(np.asarray(jax.random.key_data(key)))))
   return out
@@ -425,7 +430,9 @@ def sample_traces(seed: int, count: int):
 REPLACEMENTS = ("policy", "null")
 
 
-def exact_credit(task: Task, actions: list[int], replacement: str = "policy") -> dict:
+def exact_credit(
+  task: Task, actions: list[int], replacement: str = "policy", competence: float | None = None
+) -> dict:
   """The exact label fields [T] of a trace of the world's actions (the agent's steps), with
   the competence the task number fixes: credit_t = Q_t(x_t, a_t) - E[Q_t(x_t, A')] for A' the
   replacement (policy: A' ~ pi(. | x_t), null: the restatement), progress_t = Q_t(x_t, a_t)
@@ -435,7 +442,7 @@ def exact_credit(task: Task, actions: list[int], replacement: str = "policy") ->
       f"the tool world's exact credit has no replacement '{replacement}' (choose from "
       f"{', '.join(REPLACEMENTS)})"
     )
-  _, V, Q = value_tables(task.competence)
+  _, V, Q = value_tables(task.competence if competence is None else competence)
   T = len(actions)
   xs, x = [], 0
   for a in actions:
@@ -449,6 +456,32 @@ def exact_credit(task: Task, actions: list[int], replacement: str = "policy") ->
     out["progress"][t], out["phi"][t] = Q[t, x, a] - V[t, x], V[t, x]
   out["undefined"] = np.zeros(T, bool)
   return out
+
+
+def observer(task: Task, actions: list[int], replacement: str = "policy", grid: int = 128):
+  """What a Bayes observer of the trace, who does not know the competence c, predicts:
+  (E[credit_t | the whole trace] [T], P(success | the first t steps) [T + 1]). Over a grid
+  of c (midpoints of `grid` cells of [0, 1), the prior), the weights after t steps are
+  w_t(c) ~ prod_{s<t} pi_c(a_s | x_s); P(success | x_t) = sum_c w_t(c) V_t^c(x_t), and after
+  the last step it is the outcome itself. Its increments are a progress reward model's
+  step scores at their best (the essay's P(success | history))."""
+  cs = (np.arange(grid) + 0.5) / grid
+  xs, x = [], 0
+  for a in actions:
+    xs.append(x)
+    x = int(NEXT_CONFIG[x, a])
+  T = len(actions)
+  log_pi = np.stack([np.log(np.maximum(value_tables(float(c))[0][xs, actions], 1e-300))
+                     for c in cs])  # fmt: skip
+  log_w = np.concatenate([np.zeros((grid, 1)), np.cumsum(log_pi, 1)], 1)  # [grid, T + 1]
+  w = np.exp(log_w - log_w.max(0))
+  w /= w.sum(0)
+  values = np.stack([value_tables(float(c))[1][np.arange(T), xs] for c in cs])  # [grid, T]
+  p_success = np.empty(T + 1)
+  p_success[:T] = (w[:, :T] * values).sum(0)
+  p_success[T] = float(SUBMIT_REWARD[xs[-1]]) if actions and actions[-1] == SUBMIT else 0.0
+  credits = np.stack([exact_credit(task, actions, replacement, float(c))["credit"] for c in cs])
+  return (w[:, T, None] * credits).sum(0), p_success
 
 
 def exact_labels(prompt: str, step_texts, replacement: str) -> dict:
