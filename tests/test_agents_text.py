@@ -91,6 +91,26 @@ def test_a_labeled_traces_steps_unmerge_to_the_trace():
   assert [(s.text, s.role) for s in back] == [(s.text, s.role) for s in trace.steps]
 
 
+def test_a_credit_model_reads_an_agent_trace_with_the_labels_steps():
+  """`parse_text_episode` (score, serve) merges each result into its call, from steps and
+  from inline text alike, as the labels do."""
+  from types import SimpleNamespace
+
+  from hindsight.text.episodes import parse_text_episode
+
+  # What parse_text_episode reads of a text model's DataSpec: its labels' options, its encoder.
+  spec = SimpleNamespace(label_options="", encoder=SimpleNamespace(check_steps=lambda *a: None))
+  trace = tw.sample_traces(6, 1)[0]
+  view = agent_view(trace, "t")
+  as_steps = {"prompt": trace.prompt, "outcome": 1.0,
+              "steps": [{"text": s.text, "role": s.role} for s in trace.steps]}  # fmt: skip
+  as_text = {"prompt": trace.prompt, "outcome": 1.0, "text": trace.completion()}
+  for episode in (as_steps, as_text):
+    parsed = parse_text_episode(episode, spec, "t")
+    assert list(parsed.step_text) == [s.text for s in view.trace.steps]
+    assert list(parsed.tags) == ["tool_call" if c else "step" for c in view.calls]
+
+
 @pytest.mark.parametrize(
   ("steps", "message"),
   [

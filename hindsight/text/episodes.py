@@ -9,7 +9,9 @@ completion against (`DataSpec.label_options`: the label job's `chunking` and `ve
 model of labels that record none cuts sentences and checks the last `\\boxed{}`).
 The T steps become an Episode of T steps: rewards 0 but the last (the outcome), actions 0
 (text has no action ids), observations t / T (the position feature of text datasets), tags
-"step" or "tool_call", and the trace's `prompt` (read by an LM-backbone credit model).
+"step" or "tool_call", and the trace's `prompt` (read by an LM-backbone credit model). An
+agent trace's tool results (steps of role `tool`, or `<tool_response>` markup in `text`) join
+the call before them, as its labels merge them (`text.agent`).
 
 Every step must hold visible text, be valid UTF-8 and fit the model's text encoder
 (`TextEncoder.check_steps`: at most its `max_step_tokens`); otherwise a one-line
@@ -57,14 +59,25 @@ def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list
       if isinstance(s, str):
         texts.append(s)
         roles.append(None)
+      elif isinstance(s, dict) and s.get("role") == "tool" and texts:
+        # A tool's result belongs to the call before it, as the agent labels merge them.
+        texts[-1] += s.get("text", "")
+        roles[-1] = "tool_call"
       elif isinstance(s, dict) and "text" in s:
         texts.append(s["text"])
         roles.append("tool_call" if s.get("tool_call") else None)
       else:
         raise HindsightError(f"{where}: step {i} must be a string or an object with 'text'")
   elif isinstance(episode.get("text"), str):
+    from hindsight.text.tool_syntax import has_tool_markup
     from hindsight.text.trace import chunk_text
 
+    if has_tool_markup(episode["text"]):  # an agent's text: its steps as the labels cut them
+      from hindsight.text.agent import agent_steps
+
+      steps = [{"text": s.text, "role": s.role, "tool_call": s.tool_call}
+               for s in agent_steps(episode["text"], chunking)]  # fmt: skip
+      return _steps_of({**episode, "text": None, "steps": steps}, chunking, where)
     texts = chunk_text(episode["text"], chunking)
     roles = [None] * len(texts)
   else:
