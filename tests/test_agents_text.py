@@ -407,3 +407,16 @@ def test_the_agent_credit_eval_reports_shares_within_their_intervals(tmp_path, t
   assert s["by_kind"]["restate"]["decorative_null"] == 1.0
   (labels,) = report["labels"]
   assert labels["traces"] == 2 and labels["tool_calls"] == open_labels(path).metadata.tool_calls
+
+
+def test_the_audit_refuses_agent_runs_in_one_line():
+  """The audit resamples as text: an agent run's traces are refused there, named."""
+  from types import SimpleNamespace
+
+  from hindsight.data.metadata import LabelMetadata
+  from hindsight.text.audit import prepare_text_audit
+
+  meta = LabelMetadata(job=json.dumps({"text": {"tools": "tool-world"}}))
+  cfg = SimpleNamespace(trajectories="traces.jsonl", endpoint="http://127.0.0.1:1/v1")
+  with pytest.raises(HindsightError, match="does not resample agent traces"):
+    prepare_text_audit(cfg, None, meta, "unused")

@@ -147,6 +147,11 @@ def prepare_text_audit(cfg, predictor, meta, out: str):
     raise HindsightError("a text model is audited on --trajectories FILE.jsonl or a text dataset")
   if not cfg.endpoint:
     raise HindsightError("a text audit needs --endpoint URL (the model's completions server)")
+  if meta.job_description.get("text", {}).get("tools"):
+    raise HindsightError(
+      "the audit does not resample agent traces (its labels ran tools): audit the run with "
+      "`hindsight eval --reference resample`, which relabels them with their environment"
+    )
   if os.path.isdir(cfg.trajectories):
     traces = _traces_from_dataset(cfg.trajectories, cfg.episodes)
   else:
