@@ -152,18 +152,22 @@ def from_labels(path: str, tolerance: float, seed: int) -> dict:
   labels = open_labels(path)
   names = labels.metadata.tag_names
   rng = _rng(seed + 2)
-  point, certified, calls = [], [], []
+  point, certified, calls, errors = [], [], [], 0
   for example in labels:
     tags = [as_text(t) if not isinstance(t, int | np.integer) else names[t]
             for t in example["tags"]]  # fmt: skip
     credit = np.asarray(example["credit"], np.float64)
     calls.append(np.array([t == "tool_call" for t in tags]))
+    # Calls the environment answered with an error (malformed, unknown tool, bad arguments).
+    errors += sum("<tool_response>error: " in as_text(s) for s in example["step_text"])
     point.append(np.abs(credit) <= tolerance)
     certified.append(np.asarray(example["klass"]) == KLASS_NAMES.index("decorative"))
   out = {"dataset": path, "policy": labels.metadata.policy, "rollouts": labels.metadata.rollouts,
          "traces": len(labels), "completions": labels.metadata.completions,
          "tool_calls": labels.metadata.tool_calls,
-         "success": float(np.mean([bool(e["success"]) for e in labels]))}  # fmt: skip
+         "success": float(np.mean([bool(e["success"]) for e in labels])),
+         "steps": int(sum(c.size for c in calls)), "call_steps": int(sum(c.sum() for c in calls)),
+         "error_results": int(errors)}  # fmt: skip
   for name, flags in (("point", point), ("certified", certified)):
     on_calls = [f[c] for f, c in zip(flags, calls, strict=True)]
     on_thoughts = [f[~c] for f, c in zip(flags, calls, strict=True)]
@@ -209,7 +213,9 @@ def render(report: dict) -> str:
     lines += [
       "",
       f"labels {d['dataset']} ({d['policy']}, K = {d['rollouts']}): {d['traces']} traces, "
-      f"success {d['success']:.3f}, {d['completions']} completions, {d['tool_calls']} tool calls",
+      f"success {d['success']:.3f}, {d['steps']} steps ({d['call_steps']} calls, "
+      f"{d['error_results']} answered with an error), {d['completions']} completions, "
+      f"{d['tool_calls']} tool calls",
       f"  decorative share, tool calls: point {_ci(d['decorative_calls_point'])}, certified "
       f"{_ci(d['decorative_calls_certified'])}",
       f"  decorative share, thoughts:   point {_ci(d['decorative_thoughts_point'])}, certified "

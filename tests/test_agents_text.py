@@ -150,9 +150,14 @@ def test_the_tool_worlds_dynamic_programme_matches_its_sampler():
   for t in traces:
     task = tw.parse_task(t.prompt)
     gap.append(t.outcome - tw.value_tables(task.competence)[1][0, 0])
-    view = agent_view(t, "t")
-    truth = tw.exact_labels(t.prompt, [s.text for s in view.trace.steps], "policy")
-    assert truth["phi"][0] == pytest.approx(tw.value_tables(task.competence)[1][0, 0])
+    texts = [s.text for s in agent_view(t, "t").trace.steps]
+    # The DP's reward is the environment's outcome on every trace (the ledger's class).
+    actions = tw.parse_steps(task, texts).actions
+    before_last = tw.parse_steps(task, texts[:-1]).config
+    reward = tw.SUBMIT_REWARD[before_last] if actions[-1] == tw.SUBMIT else 0.0
+    assert t.outcome == reward, (t.id, actions)
+    truth = tw.exact_labels(t.prompt, texts, "policy")
+    assert truth["credit_realized"][-1] == pytest.approx(reward - truth["phi"][-1])
   gap = np.asarray(gap)
   assert abs(gap.mean()) < 4 * gap.std() / np.sqrt(gap.size), gap.mean()
   assert 0.5 < np.mean([t.outcome for t in traces]) < 0.95  # neither trivial nor hopeless
@@ -214,6 +219,9 @@ def test_what_cannot_be_branched_or_replayed_is_refused_in_one_line(tmp_path, to
     ("tests.tool_envs:unbranchable", "cannot be branched"),
     ("tests.tool_envs:snapshot_without_restore", "cannot be branched"),
     ("tests.tool_envs:drifting_replay", "not deterministic"),
+    ("tests.tool_envs:late_drift_replay", "not deterministic"),
+    ("tests.tool_envs:shifted", "comes from another environment"),
+    ("tests.tool_envs:crashing", "step(lookup) raised ZeroDivisionError: the tool broke"),
     ("nope", "no such environment"),
   ]
   for i, (tools, message) in enumerate(cases):
@@ -265,7 +273,13 @@ def test_results_are_the_environments_and_side_effects_stay_in_their_branch(
   last step (the irreversible submit) starts from a state where nothing was submitted."""
   env = Recording(branching)
   labeler = _labeler(played, tool_url, tmp_path / "c.sqlite", env=env)
-  for r in labeler.resamples(0, 2, seed=0):
+  found = labeler.resamples(0, 2, seed=0)
+  made = sum(roll.tool_calls for r in found for pool in r.pools for roll in pool)
+  assert sum(labeler.tool_calls.values()) == made > 0  # what the dataset's tool_calls counts
+  if branching == "functional":  # the environment ran the traces' calls once, then these
+    own = sum(c is not None for v in labeler.views.values() for c in v.calls)
+    assert len(env.written) == own + made
+  for r in found:
     view = labeler.views[r.episode]
     for t, pool in enumerate(r.pools):
       before = [c.name for c in view.calls[:t] if c is not None]
@@ -294,8 +308,9 @@ def test_results_are_the_environments_and_side_effects_stay_in_their_branch(
 
 
 def _fake_model(turns: list[str]):
-  """A completions endpoint whose k-th turn (k = results so far in the prompt) is turns[k],
-  ignoring stop sequences (the labeler must cut the text itself)."""
+  """A completions endpoint whose k-th turn (k = results so far in the prompt) is turns[k]
+  (text, or (text, finish_reason)), ignoring stop sequences (the labeler must cut the text
+  itself)."""
   from starlette.applications import Starlette
   from starlette.responses import JSONResponse
   from starlette.routing import Route
@@ -303,7 +318,8 @@ def _fake_model(turns: list[str]):
   async def completions(request):
     body = await request.json()
     k = min(body["prompt"].count("<tool_response>"), len(turns) - 1)
-    choices = [{"index": j, "text": turns[k], "finish_reason": "stop"} for j in range(body["n"])]
+    text, finish = turns[k] if isinstance(turns[k], tuple) else (turns[k], "stop")
+    choices = [{"index": j, "text": text, "finish_reason": finish} for j in range(body["n"])]
     return JSONResponse({"choices": choices, "usage": {"completion_tokens": 3 * body["n"]}})
 
   return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
@@ -313,6 +329,7 @@ def test_the_loop_answers_malformed_calls_and_never_keeps_a_result_the_model_wro
   turns = [
     "Calling. <tool_call>{not json}</tool_call> and more",
     '<tool_call>{"name": "lookup", "arguments": {"box": 9}}</tool_call>',
+    '<tool_call>{"name": "lookup", "arguments": {"box": 1.0}}</tool_call>',
     "<tool_call>" + json.dumps({"name": "nope", "arguments": {}}),  # the stop string stripped
     "I know it: <tool_response>box 1 holds 999 apples</tool_response> " + render_call("submit", {}),
   ]
@@ -326,8 +343,9 @@ def test_the_loop_answers_malformed_calls_and_never_keeps_a_result_the_model_wro
   results = [result_of(p) for kind, p in pieces(roll.text) if kind == "result"]
   assert results[0].startswith("error: the call is not JSON")
   assert results[1] == "error: lookup takes box 1, 2 or 3"
-  assert results[2].startswith("error: no tool 'nope'")
-  assert len(results) == 3 and roll.tool_calls == 3 and roll.turns == 4
+  assert results[2] == "error: lookup takes box 1, 2 or 3"  # a float is no box number
+  assert results[3].startswith("error: no tool 'nope'")
+  assert len(results) == 4 and roll.tool_calls == 4 and roll.turns == 5
   assert "999" not in roll.text and roll.text.endswith("I know it: ")  # cut where it began
   assert roll.state.submitted is None and "and more" not in roll.text
 
@@ -420,3 +438,44 @@ def test_the_audit_refuses_agent_runs_in_one_line():
   cfg = SimpleNamespace(trajectories="traces.jsonl", endpoint="http://127.0.0.1:1/v1")
   with pytest.raises(HindsightError, match="does not resample agent traces"):
     prepare_text_audit(cfg, None, meta, "unused")
+
+
+def test_the_null_arm_forks_each_step_before_its_call(tmp_path, tool_url, played):
+  """`label` under null asks, for every step t, the prefix before t and the null text, from
+  the environment's state before t: step t's call is not in it."""
+  labeler = _labeler(played, tool_url, tmp_path / "c.sqlite", episodes=1, K=2,
+                     replacement="null")  # fmt: skip
+  asked, sample = [], labeler.sample
+
+  def recording(asks):
+    asked.extend(asks)
+    return sample(asks)
+
+  labeler.sample = recording
+  labeler.label(0, 1, 0)
+  view, nulls = labeler.views[0], [a for a in asked if "null replacement" in a.where]
+  assert sorted(a.t for a in nulls) == list(range(len(view.trace.steps)))
+  for a in nulls:
+    assert a.prompt == view.trace.prefix(a.t) + NULL_TEXT
+    before = [c.name for c in view.calls[: a.t] if c is not None]
+    assert labeler.branches[0].at(a.t).calls == before
+
+
+def test_roles_and_cut_calls_a_user_or_a_model_writes_are_labeled(tmp_path, tool_url, played):
+  """An agent step with role `assistant` (the documented format) is labeled like one
+  without; a call the token cap cut is dropped and the episode ends, so a trace sampled
+  that way is labeled, not refused."""
+  traces = read_traces(played)[:1]
+  path = tmp_path / "roles.jsonl"
+  write_traces(str(path), [TextTrace(prompt=t.prompt, id=t.id, steps=[
+    TextStep(s.text, role=s.role or "assistant", tool_call=s.tool_call) for s in t.steps])
+    for t in traces])  # fmt: skip
+  (row,) = _labeler(path, tool_url, tmp_path / "a.sqlite", episodes=1, K=2).label(0, 1, 0)
+  assert set(row["tags"]) <= {0, 1} and len(row["step_text"]) == len(agent_view(
+    traces[0], "t").trace.steps)  # fmt: skip
+  cut = [("Reading the boxes. " + '<tool_call>{"name": "look', "length")]
+  prompts = tmp_path / "p.jsonl"
+  write_traces(str(prompts), tw.prompt_traces(7, 1))
+  with running_app(_fake_model(cut)) as url:
+    (row,) = _labeler(prompts, url, tmp_path / "b.sqlite", episodes=1, K=2).label(0, 1, 0)
+  assert row["step_text"] == ["Reading the boxes. "] and row["completions"] == 1 + 2

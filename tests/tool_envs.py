@@ -30,6 +30,44 @@ class DriftingReplay(ToolWorldEnv):
     return state, observation, done
 
 
+class LateDriftReplay(ToolWorldEnv):
+  """A replayed environment that answers the trace's own run as the world does, and every
+  replay after it one apple off: what only a check at each replay sees."""
+
+  def __init__(self):
+    super().__init__("replay")
+    self.resets: dict = {}
+
+  def reset(self, trace, seed):
+    self.resets[trace.prompt] = self.resets.get(trace.prompt, 0) + 1
+    ledger = super().reset(trace, seed)
+    ledger.replay = self.resets[trace.prompt] > 1  # this trace was run before
+    return ledger
+
+  def step(self, state, call):
+    state, observation, done = super().step(state, call)
+    if call.name == "lookup" and state.replay:
+      observation += " and one more"
+    return state, observation, done
+
+
+class Shifted(ToolWorldEnv):
+  """A functional environment whose boxes hold one apple more than the world's: the traces
+  of the world did not come from it."""
+
+  def reset(self, trace, seed):
+    ledger = super().reset(trace, seed)
+    ledger.counts = tuple(c + 1 for c in ledger.counts)
+    return ledger
+
+
+class Crashing(ToolWorldEnv):
+  """An environment whose tools fail with an error of their own (not a ToolError)."""
+
+  def step(self, state, call):
+    raise ZeroDivisionError("the tool broke")
+
+
 class SnapshotWithoutRestore(ToolWorldEnv):
   def __init__(self):
     super().__init__("snapshot")
@@ -61,3 +99,15 @@ def drifting_replay():
 
 def snapshot_without_restore():
   return SnapshotWithoutRestore()
+
+
+def late_drift_replay():
+  return LateDriftReplay()
+
+
+def shifted():
+  return Shifted()
+
+
+def crashing():
+  return Crashing()

@@ -152,7 +152,8 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences") -> Age
       tool_call = {"name": call.name, "arguments": call.arguments}
     elif isinstance(call, Malformed):
       tool_call = {"malformed": call.reason}
-    merged.append(TextStep(text=step.text, role=step.role, tool_call=tool_call))
+    # Every step here is the agent's: a role it carries ("assistant") says nothing more.
+    merged.append(TextStep(text=step.text, tool_call=tool_call))
     calls.append(call)
     observations.append(None)
   if not merged:
@@ -294,7 +295,8 @@ class AgentLabeler(TextLabeler):
         continue
       view = agent_view(trace, f"{self.path}: trace {name_of(trace, e)}", self.options.chunking)
       last = len(view.trace.steps) - 1
-      asks.append(Ask(view.trace.prefix(last), 0, 0, 1, step_name(view.trace, e, last)))
+      null = self.options.null_text if self.config.replacement == "null" else ""
+      asks.append(Ask(view.trace.prefix(last) + null, 0, 0, 1, step_name(view.trace, e, last)))
     self.caps(asks)
 
   # -- continuations ------------------------------------------------------------------------
@@ -370,11 +372,17 @@ class AgentLabeler(TextLabeler):
 
   # -- outcomes -----------------------------------------------------------------------------
   def _env_outcome(self, state, where: str) -> float:
-    value = self.env.outcome(state)
-    if value is None or not 0.0 <= float(value) <= 1.0:
+    from hindsight.text.tools import guarded
+
+    value = guarded("outcome()", self.env.outcome, state)
+    try:
+      number = float(value)
+    except (TypeError, ValueError):
+      number = float("nan")
+    if not 0.0 <= number <= 1.0:
       raise HindsightError(f"--verifier env: the environment's outcome() is {value} on "
                            f"{where}: outcomes must be in [0, 1]")  # fmt: skip
-    return float(value)
+    return number
 
   def outcomes_of(self, trace: TextTrace, t: int, completions, inserted: str = "") -> np.ndarray:
     if self.verify is None:

@@ -58,14 +58,16 @@ def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list
     for i, s in enumerate(steps):
       if isinstance(s, str):
         texts.append(s)
-        roles.append(None)
-      elif isinstance(s, dict) and s.get("role") == "tool" and texts:
+        roles.append("tool_call" if "<tool_call>" in s else None)
+      elif isinstance(s, dict) and s.get("role") == "tool":
         # A tool's result belongs to the call before it, as the agent labels merge them.
+        if not texts or roles[-1] != "tool_call" or "</tool_response>" in texts[-1]:
+          raise HindsightError(f"{where}: step {i} is a tool result that follows no call")
         texts[-1] += s.get("text", "")
-        roles[-1] = "tool_call"
       elif isinstance(s, dict) and "text" in s:
         texts.append(s["text"])
-        roles.append("tool_call" if s.get("tool_call") else None)
+        calls = s.get("tool_call") or "<tool_call>" in str(s["text"])
+        roles.append("tool_call" if calls else None)
       else:
         raise HindsightError(f"{where}: step {i} must be a string or an object with 'text'")
   elif isinstance(episode.get("text"), str):

@@ -107,7 +107,8 @@ def trailing_call(text: str) -> ToolCall | Malformed | None:
 def end_turn(text: str, finish_reason: str) -> tuple[str, bool]:
   """(a turn's text, whether it ends in a call): the text up to and including its first
   call, the stop sequence the server stripped put back. A call cut by the token cap
-  (finish_reason "length") is no call: the turn ends the episode as written."""
+  (finish_reason "length") is no call: the turn ends the episode before its unfinished
+  markup (which no step could hold)."""
   start = text.find(CALL_OPEN)
   if start < 0:
     return text, False
@@ -115,7 +116,7 @@ def end_turn(text: str, finish_reason: str) -> tuple[str, bool]:
   if close >= 0:
     return text[: close + len(CALL_CLOSE)], True
   if finish_reason == "length":
-    return text, False
+    return text[:start], False
   return text + CALL_CLOSE, True
 
 

@@ -21,12 +21,11 @@ The environment (`ToolWorldEnv`) executes the calls on a state of its own (the l
 agent knows what the observations told it. The state after any prefix is a function of the
 prefix, (facts read, the last sum's class, the ledger's class): 72 configurations x 12 steps,
 which makes the credit exact by dynamic programming (`exact_credit`), and lets the server
-(`tool_server`) continue any prefix by parsing it back.
+(`text.server`, `create_app(tools=True)`) continue any prefix by parsing it back.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -85,9 +84,16 @@ class Task:
 
   @property
   def counts(self) -> tuple[int, int, int]:
-    d = _digest(f"hindsight-tool-world:counts:{self.number}")
-    return tuple(1 + int.from_bytes(d[4 * i : 4 * i + 4], "little") % self.most
-                 for i in range(3))  # fmt: skip
+    """Three counts in 1 .. most, none the sum of the other two: then no doubled partial sum
+    is the total, and the ledger is right exactly when the DP's configuration says so (a
+    hash of the number, redrawn until that holds; 1, 1, 1 always does)."""
+    for attempt in range(64):
+      d = _digest(f"hindsight-tool-world:counts:{self.number}:{attempt}")
+      counts = tuple(1 + int.from_bytes(d[4 * i : 4 * i + 4], "little") % self.most
+                     for i in range(3))  # fmt: skip
+      if all(2 * c != sum(counts) for c in counts):
+        return counts
+    return (1, 1, 1)
 
   @property
   def total(self) -> int:
@@ -223,10 +229,15 @@ def render(state: AgentState, action: int) -> tuple[str, int | None]:
   return render_call("submit", {}), None
 
 
+def _integer(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def action_of_call(state: AgentState, call: ToolCall) -> int:
   """The world's action a call is (an unknown or malformed call changes nothing: SEARCH)."""
-  if call.name == "lookup" and call.arguments.get("box") in (1, 2, 3):
-    return LOOKUP0 + call.arguments["box"] - 1
+  box = call.arguments.get("box")
+  if call.name == "lookup" and _integer(box) and box in (1, 2, 3):
+    return LOOKUP0 + box - 1
   if call.name == "write":
     value = call.arguments.get("value")
     if value == state.last_sum:
@@ -330,7 +341,7 @@ class ToolWorldEnv(ToolEnv):
     args = call.arguments
     if call.name == "lookup":
       box = args.get("box")
-      if box not in (1, 2, 3):
+      if not _integer(box) or box not in (1, 2, 3):
         raise ToolError("lookup takes box 1, 2 or 3")
       return state, f"box {box} holds {state.counts[box - 1]} apples", False
     if call.name == "search":
@@ -340,7 +351,7 @@ class ToolWorldEnv(ToolEnv):
       return state, f"the ledger {held}", False
     if call.name == "write":
       value = args.get("value")
-      if not isinstance(value, int):
+      if not _integer(value):
         raise ToolError("write takes an integer value")
       state.ledger = value
       return state, f"the ledger now holds {value}", False
@@ -499,7 +510,3 @@ def step_tags(prompt: str, step_texts) -> list[str]:
   """The world's name of each agent step's action (TAG_OF_ACTION)."""
   state = parse_steps(parse_task(prompt), step_texts)
   return [TAG_OF_ACTION[a] for a in state.actions]
-
-
-def fork(state: Ledger) -> Ledger:
-  return copy.deepcopy(state)

@@ -106,7 +106,20 @@ def execute(env, state, call: ToolCall | Malformed):
     state, observation, done = env.step(state, call)
   except ToolError as e:
     return state, f"error: {e}", False
+  except Exception as e:  # the environment's own failure: named in one line, never a result
+    raise HindsightError(f"the tool environment's step({call.name}) raised "
+                         f"{type(e).__name__}: {e}") from None  # fmt: skip
   return state, str(observation), bool(done)
+
+
+def guarded(what: str, fn, *args):
+  """fn(*args); an exception of the environment's own as a one-line HindsightError."""
+  try:
+    return fn(*args)
+  except HindsightError:
+    raise
+  except Exception as e:
+    raise HindsightError(f"the tool environment's {what} raised {type(e).__name__}: {e}") from None
 
 
 class Branches:
@@ -121,12 +134,12 @@ class Branches:
     self.calls, self.observations = calls, observations
     self.branching = env.branching
     self._saved: list = []  # per step: a deep copy (functional) or a snapshot
-    state = env.reset(trace, seed)
+    state = guarded("reset()", env.reset, trace, seed)
     for t in range(len(calls) + 1):
       if self.branching == "functional":
-        self._saved.append(copy.deepcopy(state))
+        self._saved.append(guarded("state (deep-copied)", copy.deepcopy, state))
       elif self.branching == "snapshot":
-        self._saved.append(env.snapshot(state))
+        self._saved.append(guarded("snapshot()", env.snapshot, state))
       if t < len(calls):
         state = self._replay_step(state, t)
     self.final = state
@@ -152,8 +165,8 @@ class Branches:
     if self.branching == "functional":
       return copy.deepcopy(self._saved[t])
     if self.branching == "snapshot":
-      return self.env.restore(self._saved[t])
-    state = self.env.reset(self.trace, self.seed)
+      return guarded("restore()", self.env.restore, self._saved[t])
+    state = guarded("reset()", self.env.reset, self.trace, self.seed)
     for j in range(t):
       state = self._replay_step(state, j)
     return state
