@@ -479,3 +479,19 @@ def test_roles_and_cut_calls_a_user_or_a_model_writes_are_labeled(tmp_path, tool
   with running_app(_fake_model(cut)) as url:
     (row,) = _labeler(prompts, url, tmp_path / "b.sqlite", episodes=1, K=2).label(0, 1, 0)
   assert row["step_text"] == ["Reading the boxes. "] and row["completions"] == 1 + 2
+
+
+def test_the_language_model_learns_the_tool_worlds_text():
+  """`lm train --world tools`: each row is a tool-world trace of the scripted agent and its
+  environment (calls and results inline), the loss on exactly its completion and EOS."""
+  from hindsight.lm.config import LMTrainConfig
+  from hindsight.lm.train import training_sequences
+
+  cfg = LMTrainConfig(world="tools", traces=6, max_count=5, max_len=768)
+  tok, ids, mask, _ = training_sequences(cfg)
+  for i, trace in enumerate(tw.sample_traces(cfg.seed, cfg.traces, cfg.max_count)):
+    assert "<tool_response>" in trace.completion() and trace.prompt.startswith("Task ")
+    targets = ids[i, 1:][mask[i, :-1] > 0]
+    np.testing.assert_array_equal(targets, [*tok.encode(trace.completion()), 1])
+  with pytest.raises(HindsightError, match="world must be text or tools"):
+    LMTrainConfig(world="chat")
