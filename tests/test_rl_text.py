@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +176,34 @@ def test_a_stub_source_raises_its_steps_log_probability_and_a_zero_source_moves_
   for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(still["model"])),
                   jax.tree.leaves(nnx.to_pure_dict(lm.state)), strict=True):  # fmt: skip
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_fitted_models_are_refit_for_another_lm_in_the_same_directory(policy, tmp_path):
+  """The setup's models cache is keyed by the LM's weights, not its name: the same LM reads
+  its fit back, another LM of the same name (its weights moved) in the same directory is fit
+  anew, on its own hidden states."""
+  import dataclasses
+
+  from hindsight.lm.rl.context import Context
+  from hindsight.lm.train import load_lm
+
+  config = load_config("rl_text:smoke", [f"lm={policy}"])
+  lm = load_lm(policy)
+  first = Context(config, lm, str(tmp_path)).models()
+  again = Context(config, lm, str(tmp_path)).models()
+  assert again.stats == first.stats  # read back: the same fit, its timing included
+  scaled = jax.tree.map(
+    lambda x: x * 1.05 if jnp.issubdtype(x.dtype, jnp.floating) else x, lm.state
+  )
+  moved = dataclasses.replace(lm, state=scaled)
+  assert moved.name == lm.name
+  other = Context(config, moved, str(tmp_path))
+  refit = other.models()
+  prm_a, prm_b = (jax.tree.leaves(m.prm.params) for m in (first, refit))
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(prm_a, prm_b, strict=True))  # fmt: skip
+  with open(os.path.join(tmp_path, "models.pkl"), "rb") as f:
+    assert pickle.load(f)["fields"] == other.models_key()
 
 
 # -- the experiment --------------------------------------------------------------------------

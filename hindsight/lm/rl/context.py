@@ -1,13 +1,17 @@
 """What one run of `rl_text` shares between its seeds: the starting LM, its sampler, the
-prompts, the verifier, and the learned models fitted once on the initial policy's traces."""
+prompts, the verifier, and the learned models fitted once on the initial policy's traces
+(cached in the setup directory under what they depend on, `Context.models_key`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import time
 
 import jax
+import msgspec
 import numpy as np
 
 from hindsight.errors import HindsightError
@@ -39,6 +43,9 @@ class Prompts:
           raise HindsightError(f"{spec}: trace {name}'s prompt fills the model's context "
                                f"({lm.cfg.max_len} tokens)")  # fmt: skip
     self.counts = tuple(lm.record.get("counts", (3, 60)))
+    # What the prompts drawn depend on: the file's traces, or the text world's box counts.
+    drawn = [msgspec.json.encode(t).decode() for t in self.file] if self.file else self.counts
+    self.digest = hashlib.sha256(json.dumps(drawn).encode()).hexdigest()
 
   def draw(self, key, n: int) -> list[Prompt]:
     from hindsight.text import world
@@ -115,12 +122,23 @@ class Context:
       self._models = self._fit_models()
     return self._models
 
+  def models_key(self) -> dict:
+    """What the fitted models depend on, so a cached fit is reused only for the same: the LM's
+    weights (their digest: every trained workdir is named `hindsight-small-lm`), the prompts,
+    the verifier, the sampling, the seed and the `models` node."""
+    from hindsight.model.programs import state_digest
+
+    c = self.config
+    return {"lm": self.lm.name, "weights": state_digest(self.lm.state),
+            "prompts": self.prompts.digest, "verifier": str(c.verifier),
+            "temperature": float(c.grpo.temperature), "max_tokens": int(c.grpo.max_tokens),
+            "seed": int(c.seed), **c.models.to_dict()}  # fmt: skip
+
   def _fit_models(self) -> Models:
     m = self.config.models
     features = Features(self.lm.graphdef, self.lm.state, self.lm.cfg)
     path = os.path.join(self.setup_dir, "models.pkl")
-    fields = {"lm": self.lm.name, "seed": int(self.config.seed), **m.to_dict(),
-              "max_tokens": int(self.config.grpo.max_tokens)}  # fmt: skip
+    fields = self.models_key()
     if os.path.exists(path):
       with open(path, "rb") as f:
         saved = pickle.load(f)
