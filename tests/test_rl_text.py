@@ -372,3 +372,103 @@ def test_bad_rl_text_input_is_one_line(policy, tmp_path):
   proc = run_cli("rl", "--config", "rl_text:smoke", "--workdir", tmp_path / "a",
                  f"--config.lm={policy}", f"--config.prompts={missing}")  # fmt: skip
   assert_one_line_error(proc, "none.jsonl: cannot read it")
+
+
+# -- each source's signal against its definition, on a hand-built batch ----------------------
+
+
+def _hand_built():
+  """Eight traces (two groups of four) of known steps and rewards, and hand-made pools: the
+  outcomes of K = 3 continuations of every prefix x_t of trace i, with means (i + t) / 20."""
+  from types import SimpleNamespace
+
+  T = [2, 3, 1, 4, 2, 3, 2, 1]
+  rewards = np.array([1, 0, 0, 0, 1, 1, 1, 0], np.float64)  # groups of unequal means
+  rollouts = SimpleNamespace(completions=[SimpleNamespace(num_steps=t) for t in T],
+                             rewards=rewards)  # fmt: skip
+  pools = {(i, t): np.array([0.0, 1.0, 2.0], np.float32) / 20 + np.float32((i + t - 1) / 20)
+           for i in range(8) for t in range(T[i])}  # fmt: skip
+  return T, rewards, rollouts, pools
+
+
+class _Ctx:
+  """What a source reads of the run: the config, its pools (each request recorded) and the
+  fitted models (a PRM's p(x_t) and a credit head's (f, s), given)."""
+
+  def __init__(self, pools, prm=None, head=None, **pp):
+    from types import SimpleNamespace
+
+    from hindsight.lm.rl.credit import Spend
+
+    self._pools, self.asked, self.spend = pools, [], Spend
+    pp = {"rho": 1.0, "p_min": 1.0, "lam": 0.5, **pp}
+    self.config = SimpleNamespace(grpo=SimpleNamespace(group=4), pp=SimpleNamespace(**pp),
+                                  label=SimpleNamespace(num_rollouts=3))  # fmt: skip
+    self._models = SimpleNamespace(prm_values=lambda ro: prm, credit_values=lambda ro: head)
+
+  def pools(self, state, rollouts, wanted, K, key):
+    self.asked.append(sorted(wanted))
+    return {w: self._pools[w] for w in wanted}, self.spend()
+
+  def models(self):
+    return self._models
+
+
+def test_outcome_is_the_group_z_score_over_consecutive_groups():
+  from hindsight.lm.rl.sources import Outcome
+
+  T, rewards, rollouts, pools = _hand_built()
+  steps = Outcome(_Ctx(pools)).signal(None, rollouts, None).steps
+  for g in range(2):  # groups are consecutive: traces 0-3 and 4-7
+    r = rewards[4 * g : 4 * g + 4]
+    z = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+    for j in range(4):
+      np.testing.assert_allclose(steps[4 * g + j], np.full(T[4 * g + j], z[j]), rtol=1e-6)
+
+
+def test_mc_credit_is_the_next_prefixs_pool_minus_this_ones():
+  from hindsight.lm.rl.credit import all_prefixes
+  from hindsight.lm.rl.sources import MonteCarloCredit
+
+  T, rewards, rollouts, pools = _hand_built()
+  ctx = _Ctx(pools)
+  steps = MonteCarloCredit(ctx).signal(None, rollouts, jax.random.key(0)).steps
+  assert ctx.asked == [all_prefixes(rollouts)]
+  for i in range(8):
+    keep = [*(pools[(i, t + 1)].mean() for t in range(T[i] - 1)), rewards[i]]
+    want = np.array(keep) - np.array([pools[(i, t)].mean() for t in range(T[i])])
+    np.testing.assert_allclose(steps[i], want, atol=1e-6)
+
+
+def test_prm_and_shaped_read_the_prms_values_as_defined():
+  from hindsight.lm.rl.sources import ProcessReward, Shaped
+
+  T, rewards, rollouts, pools = _hand_built()
+  prm = [np.linspace(0.1, 0.9, t + 1).astype(np.float32) ** (i + 1) for i, t in enumerate(T)]
+  ctx = _Ctx(pools, prm=prm)
+  increments = ProcessReward(ctx).signal(None, rollouts, None).steps
+  shaped = Shaped(ctx).signal(None, rollouts, None).steps
+  for i in range(8):
+    np.testing.assert_allclose(increments[i], prm[i][1:] - prm[i][:-1], atol=1e-7)
+    np.testing.assert_allclose(shaped[i], rewards[i] - prm[i][:-1], atol=1e-7)  # p(x_t), t < T
+
+
+def test_pp_credit_is_the_head_rectified_by_the_labels_it_buys():
+  """Every step labelled (p = 1): A_t = D_t, the MC credit, whatever f says. Few labelled
+  (rho = p_min = 0.01): the unlabelled steps carry lam f_t exactly."""
+  from hindsight.lm.rl.sources import PredictionPoweredCredit
+
+  T, rewards, rollouts, pools = _hand_built()
+  head = [(np.full(t, 0.3 + 0.1 * i, np.float32), np.full(t, 0.2, np.float32))
+          for i, t in enumerate(T)]  # fmt: skip
+  everything = PredictionPoweredCredit(_Ctx(pools, head=head))
+  steps = everything.signal(None, rollouts, jax.random.key(1)).steps
+  for i in range(8):
+    keep = [*(pools[(i, t + 1)].mean() for t in range(T[i] - 1)), rewards[i]]
+    want = np.array(keep) - np.array([pools[(i, t)].mean() for t in range(T[i])])
+    np.testing.assert_allclose(steps[i], want, atol=1e-6)
+  few = PredictionPoweredCredit(_Ctx(pools, head=head, rho=0.01, p_min=0.01))
+  signal = few.signal(None, rollouts, jax.random.key(2))
+  unlabelled = [np.isclose(s, 0.5 * f) for s, (f, _) in zip(signal.steps, head, strict=True)]
+  assert signal.record["label_share"] < 0.5
+  assert np.concatenate(unlabelled).mean() >= 1 - signal.record["label_share"] - 1e-9
