@@ -121,6 +121,52 @@ def test_confidence_sequence_is_the_documented_formula():
     eb_confidence_sequence(np.array([5.0]), -4.0, 4.0, 0.1)
 
 
+def _asymptotic_by_the_formula(x, alpha, t_opt):
+  """Waudby-Smith, Arbour, Sinha, Kennedy & Ramdas (2024), Thm 2.2, step by step: the sample
+  mean and standard deviation (ddof 1) of the first t draws, and the Gaussian mixture's
+  margin sd_t sqrt(2 (t rho^2 + 1) / (t^2 rho^2) log(sqrt(t rho^2 + 1) / alpha)), rho^2
+  the one whose margin at t_opt is least, found by a numerical search (not the closed
+  form through Lambert's W that the code uses)."""
+  from scipy import optimize
+
+  def margin(t, sd, rho2):
+    return sd * math.sqrt(2 * (t * rho2 + 1) / (t**2 * rho2) * math.log(math.sqrt(t * rho2 + 1)
+                                                                        / alpha))  # fmt: skip
+
+  found = optimize.minimize_scalar(
+    lambda r: margin(t_opt, 1.0, math.exp(r)), bounds=(-20, 5), method="bounded",
+    options={"xatol": 1e-10},
+  )  # fmt: skip
+  rho2 = math.exp(found.x)
+  lo, hi = [], []
+  for t in range(1, len(x) + 1):
+    sd = float(np.std(x[:t], ddof=1)) if t > 1 else math.inf
+    m = margin(t, sd, rho2)
+    lo.append(float(np.mean(x[:t])) - m)
+    hi.append(float(np.mean(x[:t])) + m)
+  return np.array(lo), np.array(hi), rho2
+
+
+def test_asymptotic_confidence_sequence_is_theorem_2_2():
+  """The Gaussian-mixture sequence against the theorem's formula computed apart: a margin
+  k times too wide, or rho^2 tuned at another time (n = 1), fails; and at t_opt and alpha
+  0.05 its half-width is 3.04 sd / sqrt(t), as documented."""
+  from hindsight.metrics.sequential import asymptotic_confidence_sequence, best_rho2
+
+  rng = np.random.default_rng(1)
+  x = rng.gamma(2.0, 0.3, 400)
+  for alpha, t_opt in ((0.05, 400), (0.01, 100), (0.2, 37)):
+    lo, hi = asymptotic_confidence_sequence(x, alpha, t_opt)
+    want_lo, want_hi, rho2 = _asymptotic_by_the_formula(x, alpha, t_opt)
+    assert best_rho2(t_opt, alpha) == pytest.approx(rho2, rel=1e-5)
+    np.testing.assert_allclose(lo[1:], want_lo[1:], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(hi[1:], want_hi[1:], rtol=1e-6, atol=1e-7)
+    assert np.isneginf(lo[0]) and np.isposinf(hi[0])  # one draw: no spread, the whole line
+  lo, hi = asymptotic_confidence_sequence(x, 0.05)  # t_opt defaults to n
+  t = x.size
+  assert (hi[-1] - lo[-1]) / 2 == pytest.approx(3.04 * np.std(x, ddof=1) / math.sqrt(t), rel=2e-3)
+
+
 def test_confidence_sequence_misses_about_alpha_over_the_whole_stream():
   """Its miss rate over whole streams of a skewed law: at most alpha, and not vacuous (the
   same streams at a 4x larger alpha miss more often; at alpha=0.4 about 0.05, measured)."""
