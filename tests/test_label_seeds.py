@@ -51,12 +51,22 @@ def test_the_python_adapters_honour_the_seed(tmp_path):
   _assert_seed_honoured(job, tmp_path)
 
 
-def test_the_text_labeler_honours_the_seed(tmp_path):
-  prompts = tmp_path / "prompts.jsonl"
-  write_traces(str(prompts), world.prompt_traces(0, 3))
-  with running_world() as url:
-    options = TextOptions(endpoint=url, model=world.MODEL_NAME)
-    job = LabelJob(f"text:{prompts}", 3, LabelConfig(num_rollouts=4), options=options)
+@pytest.mark.parametrize("tools", [False, True], ids=["text", "agent"])
+def test_the_text_labeler_honours_the_seed(tmp_path, tools):
+  """On traces whose steps are given (a trace sampled under the seed would differ by itself):
+  only the branch pools can follow the seed, for text and for agent traces (tools run)."""
+  from hindsight.text import tool_world
+
+  traces = tool_world.sample_traces(0, 3) if tools else world.sample_traces(0, 3)
+  path = tmp_path / "traces.jsonl"
+  write_traces(str(path), traces)
+  with running_world(tools=tools) as url:
+    if tools:
+      options = TextOptions(endpoint=url, model=tool_world.MODEL_NAME, tools="tool-world",
+                            verifier="env")  # fmt: skip
+    else:
+      options = TextOptions(endpoint=url, model=world.MODEL_NAME)
+    job = LabelJob(f"text:{path}", 3, LabelConfig(num_rollouts=4), options=options)
     _assert_seed_honoured(job, tmp_path)
 
 
