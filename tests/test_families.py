@@ -129,3 +129,40 @@ def test_a_label_source_of_ones_own_serves_a_family(user_module, tmp_path):
   for i in range(n):
     for name, value in b[i].items():
       assert np.asarray(a[i][name]).tobytes() == np.asarray(value).tobytes(), (i, name)
+
+
+def test_an_installed_plugin_is_found_through_its_entry_point(tmp_path, monkeypatch):
+  """A package's `hindsight.plugins` entry point is imported when a registry is asked for
+  its name (here a tool environment); one that fails to import is a one-line error naming
+  the plug-in and its module."""
+  import importlib.metadata
+
+  from hindsight import plugins
+  from hindsight.errors import HindsightError
+  from hindsight.text import tools
+
+  (tmp_path / "my_plugin_tools.py").write_text(
+    "from hindsight.text.tools import register_tool_env\n"
+    "from hindsight.text.tool_world import ToolWorldEnv\n"
+    "register_tool_env('my-tools', lambda: ToolWorldEnv('replay'))\n"
+  )
+  (tmp_path / "my_broken_plugin.py").write_text("raise RuntimeError('half installed')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  points = [importlib.metadata.EntryPoint(name, value, plugins.ENTRY_POINT_GROUP)
+            for name, value in (("my-tools", "my_plugin_tools"),
+                                ("my-broken", "my_broken_plugin"))]  # fmt: skip
+  real = importlib.metadata.entry_points
+  monkeypatch.setattr(importlib.metadata, "entry_points",
+                      lambda **kw: points if kw.get("group") == plugins.ENTRY_POINT_GROUP
+                      else real(**kw))  # fmt: skip
+  monkeypatch.setattr(plugins, "_LOADED", set(plugins._LOADED))
+  monkeypatch.setattr(tools, "_TOOL_ENVS", plugins.Registry(tools._TOOL_ENVS))
+  assert {"my-tools", "my-broken"} <= set(plugins.declared())
+  env = tools.load_tool_env("my-tools")
+  assert env.branching == "replay" and "my_plugin_tools" in sys.modules
+  with pytest.raises(HindsightError) as e:
+    plugins.load("my-broken")
+  assert str(e.value) == ("plug-in 'my-broken' (my_broken_plugin) failed to load (half "
+                          "installed)")  # fmt: skip
+  for name in ("my_plugin_tools", "my_broken_plugin"):
+    sys.modules.pop(name, None)
