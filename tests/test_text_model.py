@@ -708,3 +708,29 @@ def test_the_text_audit_resamples_through_the_endpoint_in_completions(text_run, 
     bare = AuditConfig(checkpoint=text_run["workdir"], budget=10, out=str(tmp_path),
                        trajectories=str(path))  # fmt: skip
     prepare_text_audit(bare, predictor, meta, str(tmp_path))
+
+
+def test_an_annotated_axis_the_mesh_does_not_divide_falls_back_to_replicated():
+  """Qwen2.5-0.5B's 2 KV heads over tp = 4: the key projection's head axis cannot be cut 4
+  ways, so that axis is replicated while its other annotated axes keep their cut; an axis
+  the mesh divides keeps `tp`; and the arrays are placed on those shardings."""
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+
+  from hindsight.model.sharding import make_mesh, state_shardings
+
+  mesh = make_mesh(1, 2, tp=4)  # the suite's 8 CPU devices: fsdp 2 x tp 4
+  shapes = {
+    "k_proj": jax.ShapeDtypeStruct((64, 2, 16), jnp.float32),  # [embed, kv heads, dim]
+    "q_proj": jax.ShapeDtypeStruct((64, 8, 16), jnp.float32),  # 8 heads: 4 divides
+    "odd": jax.ShapeDtypeStruct((63, 8), jnp.float32),
+  }  # fsdp 2 does not divide 63
+  specs = {"k_proj": P("fsdp", "tp", None), "q_proj": P("fsdp", "tp", None),
+           "odd": P("fsdp", "tp")}  # fmt: skip
+  got = state_shardings(shapes, mesh, specs=specs)
+  assert got["k_proj"].spec == P("fsdp", None, None)
+  assert got["q_proj"].spec == P("fsdp", "tp", None)
+  assert got["odd"].spec == P(None, "tp")
+  for name, shape in shapes.items():
+    placed = jax.device_put(jnp.zeros(shape.shape, shape.dtype), got[name])
+    assert placed.sharding == got[name]
