@@ -239,3 +239,11 @@ def test_the_variance_split_says_whether_labels_or_model_limit():
   assert bad["explained_variance"] < 0, bad
   tied = dict(r, d_noise=np.zeros(mu.shape))  # every pair tied: no noise, whatever the bound
   assert chunk_statistics(tied)["noise_share"] == 0.0
+  # Labels that barely vary (a constant move cost, up to 1e-6) under a model that predicts 0:
+  # explained variance is undefined (n/a in the table), not -1e4 or -1e6.
+  flat = dict(r, d=np.where(r["z"], -0.01 + rng.normal(0, 1e-6, mu.shape), 0.0),
+              f=np.zeros(mu.shape), d_noise=np.zeros(mu.shape))  # fmt: skip
+  assert chunk_statistics(flat)["explained_variance"] is None
+  within_noise = dict(r, d=np.where(r["z"], rng.normal(0, 0.05, mu.shape), 0.0),
+                      d_noise=np.full(mu.shape, 0.1))  # fmt: skip
+  assert chunk_statistics(within_noise)["explained_variance"] is None

@@ -30,7 +30,12 @@ from tunix.rl.algo_core import compute_advantages
 from hindsight.errors import HindsightError
 from hindsight.lm.rl.credit import Spend, all_prefixes, step_credit, trace_fields
 from hindsight.rl.sources.base import HACKABLE, UNBIASED
-from hindsight.rl.sources.prediction_powered import allocate, pp_signal, tuned_weight
+from hindsight.rl.sources.prediction_powered import (
+  allocate,
+  labels_vary,
+  pp_signal,
+  tuned_weight,
+)
 
 _SOURCES: dict[str, type] = {}
 
@@ -211,7 +216,8 @@ class PredictionPoweredCredit(_Modelled):
               "lam": float(np.broadcast_to(lam, mask.shape)[mask].mean())}  # fmt: skip
     if labelled >= 2:
       resid, dz = (d - f)[z], d[z]
-      record["explained_variance"] = float(1 - resid.var() / max(dz.var(), 1e-12))
+      if labels_vary(dz.var(), 0.0, float(np.mean(dz**2))):  # else undefined (n/a)
+        record["explained_variance"] = float(1 - resid.var() / dz.var())
     return Signal([adv[i, : T[i]] for i in range(E)], spend, record)
 
   def predict(self, rollouts):

@@ -307,6 +307,15 @@ class PredictionPowered(CreditSource):
     return fitted.state if all(finite) else None
 
 
+def labels_vary(spread: float, noise: float, square: float) -> bool:
+  """Whether explained variance means anything: the labels' (weighted) sum of squares about
+  their mean `spread` exceeds their Monte Carlo noise's `noise` and a millionth of their sum
+  of squares `square`. Labels that barely vary (a constant credit up to rounding, or
+  spread within noise) make 1 - residual / spread a ratio of two small numbers, of any size
+  (-1.4e6 on DeepSea's near-constant labels): undefined there."""
+  return bool(spread > max(noise, 1e-6 * square, 0.0))
+
+
 def chunk_statistics(r: dict) -> dict:
   """What a chunk's labels say of the model (`r`: the records, leaves [n, E, H]):
   explained_variance 1 - sum w (D - f)^2 / sum w (D - mean_w D)^2 over the labelled steps
@@ -317,7 +326,7 @@ def chunk_statistics(r: dict) -> dict:
   sum_z se^2 / p^2 over sum_z (D - lam f)^2 / p^2 with se the branch pairs' sample stderr:
   near 1, no model can shrink it; near 0, a better model can),
   labelled (steps labelled) and label_share (of the valid steps).
-  None where undefined."""
+  None where undefined (explained variance: where the labels barely vary, `labels_vary`)."""
   valid, z = r["mask"], r["z"] & r["mask"]
   out = {"explained_variance": None, "lam": None, "rectifier_share": None,
          "noise_share": None, "labelled": int(z.sum()),
@@ -329,12 +338,12 @@ def chunk_statistics(r: dict) -> dict:
     w, d, f = 1.0 / r["p"][z], r["d"][z], r["f"][z]
     mean = np.sum(w * d) / np.sum(w)
     total = np.sum(w * (d - mean) ** 2)
-    if total > 0:
-      out["explained_variance"] = float(1.0 - np.sum(w * (d - f) ** 2) / total)
     # the labels' noise: the branch pairs' sample stderr (an unbiased estimate of it, where
     # the label's stderr may be raised to a conservative tie bound)
     sample = r["d_noise"][z]
     known = np.isfinite(sample)
+    if labels_vary(total, np.sum((w * sample**2)[known]), np.sum(w * d**2)):
+      out["explained_variance"] = float(1.0 - np.sum(w * (d - f) ** 2) / total)
     second = np.sum((w**2 * (d - r["lam"][z] * f) ** 2)[known])
     if second > 0:
       noise = np.sum((w**2 * sample**2)[known])
