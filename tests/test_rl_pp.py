@@ -240,7 +240,7 @@ def test_the_variance_split_says_whether_labels_or_model_limit():
   tied = dict(r, d_noise=np.zeros(mu.shape))  # every pair tied: no noise, whatever the bound
   assert chunk_statistics(tied)["noise_share"] == 0.0
   # Labels that barely vary (a constant move cost, up to 1e-6) under a model that predicts 0:
-  # explained variance is undefined (n/a in the table), not -1e4 or -1e6.
+  # explained variance is undefined (n/a in the table), not about -1e8.
   flat = dict(r, d=np.where(r["z"], -0.01 + rng.normal(0, 1e-6, mu.shape), 0.0),
               f=np.zeros(mu.shape), d_noise=np.zeros(mu.shape))  # fmt: skip
   assert chunk_statistics(flat)["explained_variance"] is None
