@@ -21,7 +21,8 @@ continuation is the environment's.
 The replacements are `policy` (step t redrawn: the continuations of x_t) and `null` (step t
 replaced by `--null-text`, which makes no call: the call is not made, its side effect never
 happens); `policy_other` and `policy_no_repeat` are refused for agent traces. Each trace's
-dataset row counts its completions and its tool calls (`tool_calls`).
+row counts its completions and its tool calls, and the dataset's metadata sums them
+(`completions`, `tool_calls`).
 """
 
 from __future__ import annotations
