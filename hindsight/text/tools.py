@@ -103,20 +103,18 @@ def execute(env, state, call: ToolCall | Malformed):
   if isinstance(call, Malformed):
     return state, f"error: {call.reason}", False
   try:
-    state, observation, done = env.step(state, call)
+    state, observation, done = guarded(f"step({call.name})", env.step, state, call)
   except ToolError as e:
     return state, f"error: {e}", False
-  except Exception as e:  # the environment's own failure: named in one line, never a result
-    raise HindsightError(f"the tool environment's step({call.name}) raised "
-                         f"{type(e).__name__}: {e}") from None  # fmt: skip
   return state, str(observation), bool(done)
 
 
 def guarded(what: str, fn, *args):
-  """fn(*args); an exception of the environment's own as a one-line HindsightError."""
+  """fn(*args); an exception of the environment's own as a one-line HindsightError (a
+  `ToolError` passes: it is the agent's answer, `execute`'s to give)."""
   try:
     return fn(*args)
-  except HindsightError:
+  except (HindsightError, ToolError):
     raise
   except Exception as e:
     raise HindsightError(f"the tool environment's {what} raised {type(e).__name__}: {e}") from None
@@ -149,8 +147,8 @@ class Branches:
     call = self.calls[t]
     if call is None:
       return state
-    if self.branching == "functional":
-      state = copy.deepcopy(state)
+    # `step` may mutate `state`: under functional branching the copies in `_saved` were
+    # taken before, and no one else holds this one.
     state, observation, _ = execute(self.env, state, call)
     if observation != self.observations[t]:
       raise HindsightError(
