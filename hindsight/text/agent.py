@@ -59,7 +59,7 @@ from hindsight.text.tool_syntax import (
   result_of,
   trailing_call,
 )
-from hindsight.text.tools import Branches, execute, load_tool_env
+from hindsight.text.tools import Branches, execute, guarded, load_tool_env
 from hindsight.text.trace import TextStep, TextTrace, chunk_text
 
 ARM_ENV = 3  # the request-seed arm of each trace's environment seed
@@ -265,18 +265,12 @@ class AgentLabeler(TextLabeler):
     tools executed (`_roll` from the environment's first state); the environment's states
     along it (`Branches`), checked to give the trace's own results."""
     out = list(traces)
-    todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
-    if todo:
-      asks = [Ask(traces[i].prompt, int(request_seeds(seed, episodes[i], 0, 1)[0]), 0, 1,
-                  prompt_name(traces[i], episodes[i]), episodes[i], 0) for i in todo]  # fmt: skip
-      starts = [functools.partial(self.env.reset, traces[i], self._env_seed(seed, episodes[i]))
-                for i in todo]  # fmt: skip
-      # The trace's first turn: sample 0 of its seed alone, as the text labeler draws it.
-      draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
-               for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
-      first = self.client.sample(draws)
-      for i, (rollout,) in zip(todo, self._roll(asks, starts, first), strict=True):
-        out[i] = msgspec.structs.replace(traces[i], text=rollout.text)
+    # The trace's first turn as the text labeler draws a trace, then its later turns.
+    todo, asks, first = self.sample_from_prompts(traces, episodes, seed)
+    starts = [functools.partial(self.env.reset, traces[i], self._env_seed(seed, episodes[i]))
+              for i in todo]  # fmt: skip
+    for i, (rollout,) in zip(todo, self._roll(asks, starts, first) if todo else [], strict=True):
+      out[i] = msgspec.structs.replace(traces[i], text=rollout.text)
     views = []
     for trace, e in zip(out, episodes, strict=True):
       where = f"{self.path}: trace {name_of(trace, e)}"
@@ -321,18 +315,20 @@ class AgentLabeler(TextLabeler):
       live.extend(r for r in row if not r.done)
       out.append(row)
     while live:
-      prompts = [r.ask.prompt + r.text for r in live]
-      caps = self._turn_caps(prompts)
-      for r, cap in zip(live, caps, strict=True):
+      going = []
+      for r, cap in zip(live, self._turn_caps([r.ask.prompt + r.text for r in live]),
+                        strict=True):  # fmt: skip
         if cap == 0:  # the text fills the model's context: the episode ends as written
           r.done, r.finish = True, "length"
-      live = [r for r, cap in zip(live, caps, strict=True) if cap != 0]
+        else:
+          going.append((r, cap))
       draws = [Draw(r.ask.prompt + r.text, turn_seed(r.ask.seed, r.index, r.turns), 0, 1,
                     cap, f"{r.ask.where}, continuation {r.index}, turn {r.turns}")
-               for r, cap in zip(live, (c for c in caps if c != 0), strict=True)]  # fmt: skip
-      for r, (completion,) in zip(live, self.client.sample(draws) if draws else [], strict=True):
+               for r, cap in going]  # fmt: skip
+      for (r, _), (completion,) in zip(going, self.client.sample(draws) if draws else [],
+                                       strict=True):  # fmt: skip
         self._take(r, completion)
-      live = [r for r in live if not r.done]
+      live = [r for r, _ in going if not r.done]
     result = []
     for row in out:
       for r in row:
@@ -343,12 +339,10 @@ class AgentLabeler(TextLabeler):
 
   def _turn_caps(self, prompts: list[str]) -> list[int | None]:
     """Each later turn's max_tokens: None (--max-tokens), what its text leaves of the
-    model's context where that is less, 0 where nothing is left."""
-    context = self.client.context
-    counts = self.client.count_tokens(prompts) if context else None
-    if counts is None:
+    model's context where that is less (`rooms`), 0 where nothing is left."""
+    rooms = self.rooms(prompts)
+    if rooms is None:
       return [None] * len(prompts)
-    rooms = [context - n for n in counts]
     return [max(room, 0) if room < self.options.max_tokens else None for room in rooms]
 
   def _take(self, r: _Live, completion) -> None:
@@ -373,8 +367,6 @@ class AgentLabeler(TextLabeler):
 
   # -- outcomes -----------------------------------------------------------------------------
   def _env_outcome(self, state, where: str) -> float:
-    from hindsight.text.tools import guarded
-
     value = guarded("outcome()", self.env.outcome, state)
     try:
       number = float(value)

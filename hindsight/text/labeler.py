@@ -214,21 +214,27 @@ class TextLabeler:
     than --max-tokens (None: --max-tokens), from the endpoint's context and token counts
     (`CompletionClient.context`, `count_tokens`); none where it reports neither. A prompt
     that fills the context is a one-line error naming the trace and step."""
-    context = self.client.context
-    counts = self.client.count_tokens([a.prompt for a in asks]) if context else None
-    if counts is None:
+    rooms = self.rooms([a.prompt for a in asks])
+    if rooms is None:
       return [None] * len(asks)
     out = []
-    for ask, count in zip(asks, counts, strict=True):
-      room = context - count
+    for ask, room in zip(asks, rooms, strict=True):
       if room < 1:
+        context = self.client.context
         raise HindsightError(
-          f"{ask.where}: the text before it is {count} tokens, which fills the model's "
-          f"context of {context} (nothing is left to continue it): shorten the trace or serve "
-          "the model with a longer context"
+          f"{ask.where}: the text before it is {context - room} tokens, which fills the "
+          f"model's context of {context} (nothing is left to continue it): shorten the trace "
+          "or serve the model with a longer context"
         )
       out.append(room if room < self.options.max_tokens else None)
     return out
+
+  def rooms(self, prompts: list[str]) -> list[int] | None:
+    """What each prompt leaves of the model's context, in tokens (`CompletionClient.context`
+    minus `count_tokens`); None where the endpoint reports either not."""
+    context = self.client.context
+    counts = self.client.count_tokens(prompts) if context else None
+    return None if counts is None else [context - n for n in counts]
 
   def check_context(self) -> None:
     """Before anything is spent: the longest prefix every trace of the file will be continued
@@ -273,17 +279,23 @@ class TextLabeler:
     """Each trace with its steps: its own, its text chunked, or sampled from its prompt (the
     sample's request seed from `seed`)."""
     out = list(traces)
-    todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
-    if todo:
-      seeds = [int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]) for i in todo]
-      asks = [Ask(traces[i].prompt, s, 0, 1, prompt_name(traces[i], episodes[i]), episodes[i])
-              for i, s in zip(todo, seeds, strict=True)]  # fmt: skip
-      # One completion each: the trace (sample 0 of its seed, as a block of n would start).
-      draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
-               for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
-      for i, completions in zip(todo, self.client.sample(draws), strict=True):
-        out[i] = msgspec.structs.replace(traces[i], text=completions[0].text)
+    todo, _, first = self.sample_from_prompts(traces, episodes, seed)
+    for i, (completion,) in zip(todo, first, strict=True):
+      out[i] = msgspec.structs.replace(traces[i], text=completion.text)
     return [chunked(t, self.options.chunking, str(e)) for t, e in zip(out, episodes, strict=True)]
+
+  def sample_from_prompts(self, traces: list[TextTrace], episodes: range, seed: int):
+    """(the indices of the traces given as a prompt alone, their asks, each one's first
+    completion [1]): sample 0 of the request seed of its ARM_BASE arm, as a block of n would
+    start it."""
+    todo = [i for i, t in enumerate(traces) if t.steps is None and t.text is None]
+    asks = [Ask(traces[i].prompt, int(request_seeds(seed, episodes[i], ARM_BASE, 1)[0]), 0, 1,
+                prompt_name(traces[i], episodes[i]), episodes[i]) for i in todo]  # fmt: skip
+    if not asks:
+      return todo, asks, []
+    draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
+             for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
+    return todo, asks, self.client.sample(draws)
 
   def trace_outcome(self, trace: TextTrace, episode: int) -> float:
     """The trace's own outcome R: the verifier's on what it wrote."""
