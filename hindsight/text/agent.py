@@ -53,6 +53,7 @@ from hindsight.text.tool_syntax import (
   ToolCall,
   end_turn,
   has_tool_markup,
+  is_agent_trace,
   openai_call,
   pieces,
   render_result,
@@ -164,17 +165,6 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences") -> Age
                          "its result")  # fmt: skip
   view = msgspec.structs.replace(trace, steps=merged, text=None)
   return AgentView(view, calls, observations)
-
-
-def is_agent_trace(trace: TextTrace) -> int | None:
-  """The index of the first step that calls a tool or holds a result (None: a plain text
-  trace); -1 for a `text` trace with tool markup."""
-  for k, step in enumerate(trace.steps or ()):
-    if step.role == "tool" or step.tool_call is not None or has_tool_markup(step.text):
-      return k
-  if trace.text is not None and has_tool_markup(trace.text):
-    return -1
-  return None
 
 
 def refuse_tool_traces(traces: list[TextTrace], path: str) -> None:

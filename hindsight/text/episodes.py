@@ -48,38 +48,24 @@ def _verifier(spec: str):
 
 def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list[str]]:
   """(the steps' texts, their tags) of a trace in any of the accepted layouts."""
+  given = None  # the trace's own steps, as objects (an agent trace is re-read from them)
   if episode.get("step_text") is not None:
     texts, roles = list(episode["step_text"]), [None] * len(episode["step_text"])
   elif episode.get("steps") is not None:
     steps = episode["steps"]
     if not isinstance(steps, list | tuple):
       raise HindsightError(f"{where}: 'steps' must be a list")
-    texts, roles = [], []
+    texts, roles, given = [], [], []
     for i, s in enumerate(steps):
-      if isinstance(s, str):
-        texts.append(s)
-        roles.append("tool_call" if "<tool_call>" in s else None)
-      elif isinstance(s, dict) and s.get("role") == "tool":
-        # A tool's result belongs to the call before it, as the agent labels merge them.
-        if not texts or roles[-1] != "tool_call" or "</tool_response>" in texts[-1]:
-          raise HindsightError(f"{where}: step {i} is a tool result that follows no call")
-        texts[-1] += s.get("text", "")
-      elif isinstance(s, dict) and "text" in s:
-        texts.append(s["text"])
-        calls = s.get("tool_call") or "<tool_call>" in str(s["text"])
-        roles.append("tool_call" if calls else None)
-      else:
+      s = {"text": s} if isinstance(s, str) else s
+      if not (isinstance(s, dict) and "text" in s):
         raise HindsightError(f"{where}: step {i} must be a string or an object with 'text'")
+      texts.append(s["text"])
+      roles.append("tool_call" if s.get("tool_call") else None)
+      given.append(s)
   elif isinstance(episode.get("text"), str):
-    from hindsight.text.tool_syntax import has_tool_markup
     from hindsight.text.trace import chunk_text
 
-    if has_tool_markup(episode["text"]):  # an agent's text: its steps as the labels cut them
-      from hindsight.text.agent import agent_steps
-
-      steps = [{"text": s.text, "role": s.role, "tool_call": s.tool_call}
-               for s in agent_steps(episode["text"], chunking)]  # fmt: skip
-      return _steps_of({**episode, "text": None, "steps": steps}, chunking, where)
     texts = chunk_text(episode["text"], chunking)
     roles = [None] * len(texts)
   else:
@@ -91,10 +77,32 @@ def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list
       raise HindsightError(f"{where}: step {i} is not a string")
     if not t.strip():
       raise HindsightError(f"{where}: step {i} is empty")
+  agent = _agent_trace(episode, given)
+  if agent is not None:  # the agent's steps, each result in its call's, as its labels cut them
+    from hindsight.text.agent import agent_view
+
+    view = agent_view(agent, where, chunking)
+    texts = [s.text for s in view.trace.steps]
+    roles = ["tool_call" if c is not None else None for c in view.calls]
   tags = episode.get("tags")
   if tags is not None and len(tags) == len(texts):
     roles = [str(x) for x in tags]
   return texts, [r or "step" for r in roles]
+
+
+def _agent_trace(episode: dict, given: list[dict] | None):
+  """The trace as a TextTrace where it calls tools (`tool_syntax.is_agent_trace`), else
+  None."""
+  from hindsight.text.tool_syntax import is_agent_trace
+  from hindsight.text.trace import TextStep, TextTrace
+
+  if given is not None:
+    steps = [TextStep(text=s["text"], role=s.get("role"), tool_call=s.get("tool_call"))
+             for s in given]  # fmt: skip
+    trace = TextTrace(prompt="", steps=steps)
+  else:
+    trace = TextTrace(prompt="", text=episode.get("text"))
+  return trace if is_agent_trace(trace) is not None else None
 
 
 def _outcome(episode: dict, texts: list[str], verifier: str, where: str) -> float:

@@ -124,6 +124,17 @@ def has_tool_markup(text: str) -> bool:
   return CALL_OPEN in text or RESULT_OPEN in text
 
 
+def is_agent_trace(trace) -> int | None:
+  """The index of the first step of a `TextTrace` that calls a tool or holds a result (None:
+  a plain text trace); -1 for a `text` trace with tool markup."""
+  for k, step in enumerate(trace.steps or ()):
+    if step.role == "tool" or step.tool_call is not None or has_tool_markup(step.text):
+      return k
+  if trace.text is not None and has_tool_markup(trace.text):
+    return -1
+  return None
+
+
 def pieces(text: str) -> list[tuple[str, str]]:
   """text -> [(kind, piece)] tiling it: kind "call", "result" or "text"."""
   out, start = [], 0
