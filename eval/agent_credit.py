@@ -28,47 +28,43 @@ import collections
 import json
 import os
 
-import jax
 import numpy as np
 from scipy import stats
 
 from hindsight.credit.names import KLASS_NAMES
 from hindsight.data import open_labels
 from hindsight.data.labels import as_text
+from hindsight.metrics.drift import bootstrap
 from hindsight.text import tool_world as tw
 from hindsight.text.agent import agent_view
 
 CALL_TAGS = ("search", "read", "lookup", "write", "write_double", "submit")
-BOOTSTRAP = 2000
+RESAMPLES = 2000  # of the traces, for every interval
 
 
-def _rng(seed: int) -> np.random.Generator:
-  return np.random.default_rng(np.asarray(jax.random.key_data(jax.random.key(seed))))
-
-
-def bootstrap_share(flags: list[np.ndarray], rng) -> tuple[float, float, float]:
-  """(share, 2.5%, 97.5%) of True among all steps, the traces resampled (`flags`: one bool
-  array per trace)."""
+def bootstrap_share(flags: list[np.ndarray], seed: int) -> tuple[float, float, float]:
+  """(share, 2.5%, 97.5%) of True among all steps, the traces resampled
+  (`metrics.drift.bootstrap`; `flags`: one bool array per trace)."""
   hits = np.array([f.sum() for f in flags], np.float64)
   sizes = np.array([f.size for f in flags], np.float64)
   if sizes.sum() == 0:
     return float("nan"), float("nan"), float("nan")
-  draws = rng.integers(0, len(flags), (BOOTSTRAP, len(flags)))
-  shares = hits[draws].sum(1) / np.maximum(sizes[draws].sum(1), 1)
-  return float(hits.sum() / sizes.sum()), *map(float, np.percentile(shares, [2.5, 97.5]))
+  value, lo, hi, _ = bootstrap(len(flags), lambda i: hits[i].sum() / max(sizes[i].sum(), 1),
+                               RESAMPLES, seed)  # fmt: skip
+  return float(value), float(lo), float(hi)
 
 
-def bootstrap_spearman(x: list[np.ndarray], y: list[np.ndarray], rng, draws: int = 500):
+def bootstrap_spearman(x: list[np.ndarray], y: list[np.ndarray], seed: int):
   """(Spearman rho of the pooled steps, 2.5%, 97.5%), the traces resampled."""
   keep = [i for i, v in enumerate(x) if v.size]
   x, y = [x[i] for i in keep], [y[i] for i in keep]
-  rho = float(stats.spearmanr(np.concatenate(x), np.concatenate(y)).statistic)
-  rhos = []
-  for _ in range(draws):
-    pick = rng.integers(0, len(x), len(x))
-    rhos.append(stats.spearmanr(np.concatenate([x[i] for i in pick]),
-                                np.concatenate([y[i] for i in pick])).statistic)  # fmt: skip
-  return rho, *map(float, np.nanpercentile(rhos, [2.5, 97.5]))
+
+  def rho(picked):
+    return stats.spearmanr(np.concatenate([x[i] for i in picked]),
+                           np.concatenate([y[i] for i in picked])).statistic  # fmt: skip
+
+  value, lo, hi, _ = bootstrap(len(x), rho, RESAMPLES // 4, seed)
+  return float(value), float(lo), float(hi)
 
 
 def _kind_stats(credits: dict, tolerance: float) -> dict:
@@ -84,7 +80,6 @@ def _kind_stats(credits: dict, tolerance: float) -> dict:
 
 def scripted(count: int, seed: int, tolerance: float) -> dict:
   """The exact measurements of the module docstring on `count` traces of the scripted agent."""
-  rng = _rng(seed + 1)
   rows = []  # per trace: tags [T], credit under policy / null [T], the observer's increments [T]
   for trace in tw.sample_traces(seed, count):
     view = agent_view(trace, trace.id)
@@ -107,23 +102,23 @@ def scripted(count: int, seed: int, tolerance: float) -> dict:
   for q in ("policy", "null"):
     decorative = [np.abs(r[q]) <= tolerance for r in rows]
     out[f"decorative_calls_{q}"] = bootstrap_share(
-      [d[c] for d, c in zip(decorative, is_call, strict=True)], rng
+      [d[c] for d, c in zip(decorative, is_call, strict=True)], seed
     )
     out[f"decorative_thoughts_{q}"] = bootstrap_share(
-      [d[~c] for d, c in zip(decorative, is_call, strict=True)], rng
+      [d[~c] for d, c in zip(decorative, is_call, strict=True)], seed
     )
     harmful = [(r[q] < -tolerance)[...] for r in rows]
     out[f"harmful_recovered_{q}"] = bootstrap_share([h for h, r in zip(harmful, rows, strict=True)
-                                                     if r["success"]], rng)  # fmt: skip
+                                                     if r["success"]], seed)  # fmt: skip
     out[f"prm_spearman_calls_{q}"] = bootstrap_spearman(
       [r["prm"][c] for r, c in zip(rows, is_call, strict=True)],
       [r[q][c] for r, c in zip(rows, is_call, strict=True)],
-      rng,
+      seed,
     )
     out[f"prm_spearman_thoughts_{q}"] = bootstrap_spearman(
       [r["prm"][~c] for r, c in zip(rows, is_call, strict=True)],
       [r[q][~c] for r, c in zip(rows, is_call, strict=True)],
-      rng,
+      seed,
     )
   per = collections.defaultdict(lambda: collections.defaultdict(list))
   for r in rows:
@@ -151,7 +146,6 @@ def from_labels(path: str, tolerance: float, seed: int) -> dict:
   """The decorative shares of an agent-trace label dataset (module docstring)."""
   labels = open_labels(path)
   names = labels.metadata.tag_names
-  rng = _rng(seed + 2)
   point, certified, calls, errors = [], [], [], 0
   for example in labels:
     tags = [as_text(t) if not isinstance(t, int | np.integer) else names[t]
@@ -171,8 +165,8 @@ def from_labels(path: str, tolerance: float, seed: int) -> dict:
   for name, flags in (("point", point), ("certified", certified)):
     on_calls = [f[c] for f, c in zip(flags, calls, strict=True)]
     on_thoughts = [f[~c] for f, c in zip(flags, calls, strict=True)]
-    out[f"decorative_calls_{name}"] = bootstrap_share(on_calls, rng)
-    out[f"decorative_thoughts_{name}"] = bootstrap_share(on_thoughts, rng)
+    out[f"decorative_calls_{name}"] = bootstrap_share(on_calls, seed)
+    out[f"decorative_thoughts_{name}"] = bootstrap_share(on_thoughts, seed)
   return out
 
 
