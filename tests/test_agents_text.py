@@ -216,12 +216,12 @@ def _label_args(path, url, out, *more):
 
 def test_what_cannot_be_branched_or_replayed_is_refused_in_one_line(tmp_path, tool_url, played):
   cases = [
-    ("tests.tool_envs:unbranchable", "cannot be branched"),
-    ("tests.tool_envs:snapshot_without_restore", "cannot be branched"),
-    ("tests.tool_envs:drifting_replay", "not deterministic"),
-    ("tests.tool_envs:late_drift_replay", "not deterministic"),
-    ("tests.tool_envs:shifted", "comes from another environment"),
-    ("tests.tool_envs:crashing", "step(lookup) raised ZeroDivisionError: the tool broke"),
+    ("tests.tool_envs:Unbranchable", "cannot be branched"),
+    ("tests.tool_envs:SnapshotWithoutRestore", "cannot be branched"),
+    ("tests.tool_envs:DriftingReplay", "not deterministic"),
+    ("tests.tool_envs:LateDriftReplay", "not deterministic"),
+    ("tests.tool_envs:Shifted", "comes from another environment"),
+    ("tests.tool_envs:Crashing", "step(lookup) raised ZeroDivisionError: the tool broke"),
     ("nope", "no such environment"),
   ]
   for i, (tools, message) in enumerate(cases):

@@ -1,4 +1,5 @@
-"""Tool environments for tests/test_agents_text.py, named as `--tools tests.tool_envs:NAME`."""
+"""Tool environments for tests/test_agents_text.py, named as `--tools tests.tool_envs:CLASS`
+(a class is the factory `--tools MODULE:ENV` calls)."""
 
 from __future__ import annotations
 
@@ -87,27 +88,3 @@ class Recording(ToolWorldEnv):
     state, observation, done = super().step(state, call)
     self.written.append(observation)
     return state, observation, done
-
-
-def unbranchable():
-  return Unbranchable()
-
-
-def drifting_replay():
-  return DriftingReplay()
-
-
-def snapshot_without_restore():
-  return SnapshotWithoutRestore()
-
-
-def late_drift_replay():
-  return LateDriftReplay()
-
-
-def shifted():
-  return Shifted()
-
-
-def crashing():
-  return Crashing()

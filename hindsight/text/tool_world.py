@@ -43,6 +43,7 @@ from hindsight.text.tool_syntax import (
   render_result,
 )
 from hindsight.text.tools import ToolEnv, ToolError
+from hindsight.text.world import sampling_probs
 
 MODEL_NAME = "hindsight-tool-world"
 HORIZON = 12
@@ -286,12 +287,6 @@ def parse_prefix(prompt: str) -> AgentState:
     elif kind == "call":
       steps.append(piece)
   return parse_steps(task, steps)
-
-
-def sampling_probs(pi: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
-  from hindsight.text.world import sampling_probs as world_sampling
-
-  return world_sampling(pi, temperature, top_p)
 
 
 def continue_turn(
