@@ -272,20 +272,16 @@ def parse_steps(task: Task, step_texts) -> AgentState:
 
 
 def parse_prefix(prompt: str) -> AgentState:
-  """The state after a prompt: the task header and the agent's text after it (thoughts cut
-  by sentences, calls, the results between them)."""
-  from hindsight.text.trace import chunk_text
+  """The state after a prompt: the task header and the agent's text after it, cut into the
+  agent's steps as the labels cut it (`agent.agent_steps`: thoughts by sentences, calls;
+  the results between them are the environment's)."""
+  from hindsight.text.agent import agent_steps
 
   task = parse_task(prompt)
   if task is None:
     raise HindsightError("not a tool-world prompt: it must begin with the task header")
   rest = prompt[len(task.prompt()) :] if prompt.startswith(task.prompt()) else ""
-  steps = []
-  for kind, piece in pieces(rest):
-    if kind == "text":
-      steps.extend(c for c in chunk_text(piece) if c.strip())
-    elif kind == "call":
-      steps.append(piece)
+  steps = [s.text for s in agent_steps(rest, "sentences") if s.role != "tool"]
   return parse_steps(task, steps)
 
 
