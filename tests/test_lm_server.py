@@ -236,18 +236,22 @@ def test_lm_serve_says_what_it_does_and_ctrl_c_stops_it(folder):
      "mine", "--max-batch", "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
     stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
-  lines = []
-  deadline = time.time() + 240
-  while not any("on http://127.0.0.1:8193/v1" in line for line in lines):
-    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
-    lines.append(proc.stdout.readline())
-  text = "".join(lines)
-  assert "loading" in text and "context 512 tokens, 4 slots" in text
-  assert "compiling its" in text and "compiled in" in text
-  assert httpx.get("http://127.0.0.1:8193/v1/models").json()["data"][0]["id"] == "mine"
-  proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=60)
-  assert "hindsight: stopped" in err and "resume" not in err, err
+  try:
+    lines = []
+    deadline = time.time() + 240
+    while not any("on http://127.0.0.1:8193/v1" in line for line in lines):
+      assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+      lines.append(proc.stdout.readline())
+    text = "".join(lines)
+    assert "loading" in text and "context 512 tokens, 4 slots" in text
+    assert "compiling its" in text and "compiled in" in text
+    # The address is said once the socket listens: a client that read it connects at once.
+    assert httpx.get("http://127.0.0.1:8193/v1/models").json()["data"][0]["id"] == "mine"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "hindsight: stopped" in err and "resume" not in err, err
+  finally:
+    proc.kill()  # a failed assertion leaves no server holding the port
 
 
 def test_choices_of_one_prompt_share_its_prefill_and_an_overwritten_one_is_prefilled_again(

@@ -271,10 +271,10 @@ def create_app(engine: SlotEngine, name: str | None = None):
 def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True,
              max_batch: int = MAX_BATCH, max_len: int | None = None,
              name: str | None = None):  # fmt: skip
-  """Serves the model at `path` until SIGTERM/SIGINT, saying what it does while it starts."""
-  import uvicorn
-
+  """Serves the model at `path` until SIGTERM/SIGINT, saying what it does while it starts
+  (the address once it listens)."""
   from hindsight.lm.backbone import parameter_count
+  from hindsight.text.server import serve_until_stopped
 
   def say(text: str) -> None:
     print(f"hindsight: {text}", flush=True)
@@ -294,11 +294,9 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
         "compiles each on the first request that needs it)")  # fmt: skip
     engine.warmup()
     say(f"compiled in {time.perf_counter() - tic:.0f} s")
-  server = uvicorn.Server(uvicorn.Config(create_app(engine, name), host=host, port=port,
-                                         log_level="warning"))  # fmt: skip
-  say(f"{name} on http://{host}:{port}/v1 (Ctrl-C stops it)")
+  listening = f"hindsight: {name} on http://{host}:{port}/v1 (Ctrl-C stops it)"
   try:
-    server.run()
+    serve_until_stopped(create_app(engine, name), host, port, listening)
   finally:
     engine.close()
 

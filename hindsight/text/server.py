@@ -131,11 +131,18 @@ def create_app(tools: bool = False):
   return protocol_app({"/v1/completions": completions}, model, stats)
 
 
-def _server(host: str, port: int, tools: bool = False):
+def serve_until_stopped(app, host: str, port: int, listening: str) -> None:
+  """Serves the ASGI `app` with uvicorn until SIGTERM/SIGINT, printing `listening` once its
+  socket accepts connections (not before: a client that reads the line can connect)."""
   import uvicorn
 
-  config = uvicorn.Config(create_app(tools), host=host, port=port, log_level="warning")
-  return uvicorn.Server(config)
+  class Narrated(uvicorn.Server):
+    async def startup(self, sockets=None):
+      await super().startup(sockets=sockets)
+      if self.started:
+        print(listening, flush=True)
+
+  Narrated(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
 
 def serve_world(host: str = "127.0.0.1", port: int = 8100, tools: bool = False) -> None:
@@ -147,9 +154,8 @@ def serve_world(host: str = "127.0.0.1", port: int = 8100, tools: bool = False) 
   else:
     world.policy_table(0.5)  # compile the policy before the first request waits for it
     name, model = "text world", world.MODEL_NAME
-  server = _server(host, port, tools)
-  print(f"hindsight: {name} (model {model}) on http://{host}:{port}/v1", flush=True)
-  server.run()
+  serve_until_stopped(create_app(tools), host, port,
+                      f"hindsight: {name} (model {model}) on http://{host}:{port}/v1")  # fmt: skip
 
 
 @contextlib.contextmanager
