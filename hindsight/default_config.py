@@ -81,7 +81,11 @@ def base_config() -> ConfigDict:
   c.checkpoint = ConfigDict()
   c.checkpoint.keep = 3  # latest checkpoints kept (the best by validation loss is kept too)
   c.checkpoint.fallback = False  # on a damaged checkpoint, resume from the previous good one
-  c.checkpoint.evaluate = "best"  # checkpoint scored on the test split: "best" or "last"
+  # The checkpoint scored on the test split and loaded by eval, serve, score and audit by
+  # default: "last" (the cosine schedule's end, where the learning rate is 1% of its peak)
+  # or "best" (lowest validation loss). "best" picks among a plateau's checkpoints by noise
+  # whose ordering float rounding decides, so another CPU picks another model.
+  c.checkpoint.evaluate = "last"
 
   c.mesh = ConfigDict()
   c.mesh.devices = -1  # devices to use, the first N of jax.devices() (-1: all)

@@ -13,9 +13,9 @@
      WORKDIR/report.json and a scatter plot. `hindsight eval --checkpoint WORKDIR` then
      scores it against the reference credit.
 
-Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose best
-checkpoint the model starts from (its parameters and DataSpec; a fresh optimizer and
-schedule), and `data.mix_labels_dir` appends the old labels to the new ones.
+Fine-tuning (e.g. on the steps `hindsight audit` labeled): `init_from` names a run whose model
+(the step its report scored) this one starts from (its parameters and DataSpec; a fresh
+optimizer and schedule), and `data.mix_labels_dir` appends the old labels to the new ones.
 
 WORKDIR/splits.json names the label dataset and the episodes of each split (the drift
 harness evaluates the test split). Each checkpoint step carries the model config and the
@@ -142,7 +142,7 @@ def _labels_dir(config: ConfigDict, workdir: str) -> str:
 
 def _init_model(config: ConfigDict, spec) -> Predictor:
   """The model `init_from` names, checked against this run's config and labels."""
-  init = Predictor.load(config.init_from, "best")
+  init = Predictor.load(config.init_from)  # the step that run scored (`checkpoint.evaluate`)
   want = ModelConfig(**config.model.to_dict())
   have = init.model_config
   for field in ("width", "depth", "num_heads", "mlp_ratio"):

@@ -7,6 +7,7 @@ reads them, none writes into them (reports go to tmp_path).
 import dataclasses
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -358,6 +359,7 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   assert headline_text(report).splitlines()[1].lstrip().startswith("model (point)")
   cached = os.listdir(tmp_path / "drift" / "cache")
   assert len(cached) == 7, cached
+  _readme_section_is_rendered_from(reasoning_run, tmp_path / "drift" / "report.json", tmp_path)
   # Without the report, the same inputs recompute it from the cache: the same numbers.
   os.remove(tmp_path / "drift" / "report.inputs")
   assert same(run_drift(cfg)["headline"], again["headline"])
@@ -406,6 +408,42 @@ def test_eval_mc_reference_shifts_and_baselines_on_a_reasoning_run(reasoning_run
   assert fresh["env"] == "reasoning:decorative_rate=0" and fresh["episodes"] == 6
   assert "model (point)" in fresh["headline"]
   assert not any(name.startswith("training labels") for name in fresh["headline"])
+
+
+def _readme_section_is_rendered_from(run, drift_report, tmp_path):
+  """eval/readme_results.py on a :smoke demo (the run's report and its drift report where
+  `make demo` leaves them): the README's results section has the rendered section's lines,
+  figures apart; a README holding the rendered section passes the check, and one figure
+  changed fails it, naming the line."""
+  from eval import readme_results
+
+  demo = tmp_path / "demo"
+  (demo / "drift").mkdir(parents=True)
+  shutil.copy(os.path.join(run, "report.json"), demo / "report.json")
+  shutil.copy(drift_report, demo / "drift" / "report.json")
+  with open(os.path.join(ROOT, "README.md")) as f:
+    readme = f.read()
+  named, start, end = readme_results.section(readme)
+  assert named == "runs/demo"
+  rendered = readme_results.render(str(demo), named)
+
+  def shape(text):  # the words, every figure masked (a figure's width may move a line break)
+    numbers = re.sub(r"[+-]?\d(?:[\d,.]*\d)?|n/a", "#", text)
+    return " ".join(re.sub(r"# \[#, #\]", "#", numbers).split())  # an interval is a figure
+
+  assert shape(readme[start:end].rstrip("\n")) == shape(rendered)
+  assert "| **credit model** (one forward pass) |" in rendered
+  page = tmp_path / "README.md"
+  page.write_text(readme[:start] + rendered + "\n" + readme[end:])
+  assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 0
+  row = next(line for line in rendered.splitlines() if line.startswith("| its training labels"))
+  changed = re.sub(r"\d(?=\.\d{3} \[)", lambda m: str((int(m[0]) + 1) % 10), row, count=1)
+  assert changed != row
+  page.write_text(page.read_text().replace(row, changed))
+  assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 1
+  assert readme_results.main(["--run", str(demo), "--readme", str(page), "--write"]) == 0
+  assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 0
+  assert page.read_text() == readme[:start] + rendered + "\n" + readme[end:]
 
 
 def test_eval_bad_input_is_one_line(tmp_path):

@@ -247,6 +247,9 @@ def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
   assert {str(x.dtype) for x in params} <= {"float32", "int32", "uint32", "key<fry>"}
 
 
+PATIENCE = ("optim.learning_rate=0.0", "train.patience=20", "checkpoint.evaluate=best")
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("train")
 def test_patience_stops_where_the_validation_loss_stopped_improving(tmp_path, synthetic_labels):
@@ -254,14 +257,14 @@ def test_patience_stops_where_the_validation_loss_stopped_improving(tmp_path, sy
   patience 20 stops the run at step 30 of 40, the report says so, and a restart after the
   checkpoints (the finished mark removed) stops there again with the same parameters."""
   workdir = tmp_path / "patience"
-  rc, out, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.0", "train.patience=20")
+  rc, out, err = _run(workdir, synthetic_labels, *PATIENCE)
   assert rc == 0, err
   report = _report(workdir)
   assert report["train"]["stopped_early_at"] == 30 and report["evaluated_checkpoint"] == 10
   assert "stopped early at step 30 of 40" in out
   assert _saved_steps(workdir)[-1] == 30
   os.remove(os.path.join(workdir, "report.inputs"))
-  rc, _, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.0", "train.patience=20")
+  rc, _, err = _run(workdir, synthetic_labels, *PATIENCE)
   assert rc == 0, err
   again = _report(workdir)
   assert again["train"]["stopped_early_at"] == 30
@@ -272,15 +275,26 @@ def test_patience_stops_where_the_validation_loss_stopped_improving(tmp_path, sy
 @pytest.mark.xdist_group("train")
 def test_report_scores_the_best_checkpoint_not_the_last(tmp_path, synthetic_labels):
   """A learning rate that overshoots late makes the last validation loss not the lowest:
-  the report must score the step with the lowest one (it scored the latest, silently)."""
+  with checkpoint.evaluate=best the report must score the step with the lowest one (it
+  scored the latest, silently), and the run's model is that step for every loader."""
   workdir = tmp_path / "overshoot"
-  rc, _, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.3", "optim.warmup_steps=0")
+  rc, _, err = _run(workdir, synthetic_labels, "optim.learning_rate=0.3", "optim.warmup_steps=0",
+                    "checkpoint.evaluate=best")  # fmt: skip
   assert rc == 0, err
   val = {r["step"]: r["loss"] for r in read_metrics(str(workdir), split="validation")}
   best = min(val, key=val.get)
   assert best != max(val), val  # the situation under test arises (deterministic per seed)
   report = _report(workdir)
   assert report["evaluated_checkpoint"] == best and report["evaluated_by"] == "best", val
+  # What eval, serve, score and audit load by default ("run") is the step the report scored;
+  # a run whose config chose the last step (today's default) is loaded at its last.
+  assert Predictor.load(str(workdir)).step == best
+  assert Predictor.load(str(workdir), "last").step == STEPS
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["checkpoint.evaluate"] == "best"
+  (workdir / "config.json").write_text(json.dumps({**config, "checkpoint.evaluate": "last"}))
+  assert Predictor.load(str(workdir)).step == STEPS
+  assert Predictor.load(str(workdir / "checkpoints")).step == STEPS  # the directory, named too
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ class AuditConfig:
   out: str
   env: str | None = None  # audit fresh episodes of this spec ...
   trajectories: str | None = None  # ... or these (a label dataset dir or a JSON-lines file)
-  step: str = "best"  # checkpoint step: best, last or a number
+  step: str = "run"  # checkpoint step: run (the training run's choice), best, last or N
   episodes: int = 256  # pool size (--env), or the most trajectories read (0: all)
   rollouts: int = 32  # K branches per arm of every audited step
   gap_tolerance: float = 0.0  # |mean gap| allowed (0: a tenth of the model's credit scale)

@@ -29,7 +29,12 @@ def add_parser(sub):
 
   au = sub.add_parser(NAME, help=HELP)
   option(au, AuditConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(au, AuditConfig, "step", "checkpoint step: best, last or a number")
+  option(
+    au,
+    AuditConfig,
+    "step",
+    "checkpoint step: run (the step the training run scored), best, last or a number",
+  )
   where = au.add_mutually_exclusive_group(required=True)
   option(where, AuditConfig, "env", "audit fresh episodes of this env spec (its policy)")
   option(where, AuditConfig, "trajectories",

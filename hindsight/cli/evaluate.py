@@ -17,7 +17,12 @@ def add_parser(sub):
 
   ev = sub.add_parser(NAME, help=HELP)
   option(ev, DriftConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(ev, DriftConfig, "step", "checkpoint step: best, last or a number")
+  option(
+    ev,
+    DriftConfig,
+    "step",
+    "checkpoint step: run (the step the training run scored), best, last or a number",
+  )
   option(ev, DriftConfig, "env", "evaluate fresh episodes of this env spec (default: test split)")
   option(ev, DriftConfig, "episodes", "episodes (0: the whole test split)")
   option(ev, DriftConfig, "reference", "the reference credit: exact (a tabular MDP's or the "

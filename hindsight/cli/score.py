@@ -15,7 +15,12 @@ def add_parser(sub):
 
   sc = sub.add_parser(NAME, help=HELP)
   option(sc, ScoreConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(sc, ScoreConfig, "step", "checkpoint step: best, last or a number")
+  option(
+    sc,
+    ScoreConfig,
+    "step",
+    "checkpoint step: run (the step the training run scored), best, last or a number",
+  )
   option(sc, ScoreConfig, "input", "JSONL (export format) or a dataset dir", required=True)
   option(sc, ScoreConfig, "out", "output JSONL (written atomically)", required=True)
   option(sc, ScoreConfig, "allow_longer",

@@ -14,7 +14,12 @@ def add_parser(sub):
 
   sv = sub.add_parser(NAME, help=HELP)
   option(sv, ServeConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(sv, ServeConfig, "step", "checkpoint step: best, last or a number")
+  option(
+    sv,
+    ServeConfig,
+    "step",
+    "checkpoint step: run (the step the training run scored), best, last or a number",
+  )
   sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   sv.add_argument("--port", type=int, default=8000, help="port")
   option(sv, ServeConfig, "window_ms", "batching window")

@@ -15,7 +15,7 @@ class DriftConfig:
   """What `hindsight eval` evaluates and how hard (CLI flags map onto these)."""
 
   checkpoint: str  # a training run's workdir (or its checkpoint directory); A,B,C an ensemble
-  step: str = "best"  # checkpoint step: best, last or a number
+  step: str = "run"  # checkpoint step: run (the training run's choice), best, last or N
   env: str | None = None  # evaluate fresh episodes of this spec instead of the test split
   episodes: int = 0  # evaluated episodes (0: the whole test split, or 256 with --env)
   reference_rollouts: int = 0  # K_ref (0: chosen so the reference's stderr is small)

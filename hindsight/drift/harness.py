@@ -93,7 +93,7 @@ def run_drift(cfg: DriftConfig) -> dict:
   cfg.check()
   tic = time.perf_counter()
   predictor = load_predictor(cfg.checkpoint, cfg.step)
-  versus = load_predictor(cfg.versus, "best") if cfg.versus else None
+  versus = load_predictor(cfg.versus, "run") if cfg.versus else None
   run = open_run(cfg.checkpoint)
   _check_episodes(cfg, run)
   out = make_dir(cfg.out or _default_out(run), "--out")

@@ -92,6 +92,22 @@ def checkpoint_dir(workdir: str) -> str:
   )
 
 
+def run_step_choice(directory: str) -> str:
+  """What step "run" means for the checkpoints in `directory`: the training run's own
+  choice, `checkpoint.evaluate` of its config.json ("last" or "best": the step its report
+  scored), or "best" for a directory without one."""
+  for workdir in (directory, os.path.dirname(os.path.abspath(directory))):
+    path = os.path.join(workdir, "config.json")
+    if os.path.isfile(os.path.join(workdir, "splits.json")) and os.path.isfile(path):
+      try:
+        with open(path) as f:
+          choice = json.load(f).get("checkpoint.evaluate", "best")
+      except ValueError:
+        raise HindsightError(f"{path} is damaged (not JSON)") from None
+      return choice if choice in ("best", "last") else "best"
+  return "best"
+
+
 def training_run(workdir: str) -> dict:
   """WORKDIR/splits.json of a training run: the label dataset it trained on ("labels") and
   the episode ids of each split."""
@@ -190,8 +206,9 @@ class Predictor:
     self._score = jax.jit(self.credit_fn())
 
   @classmethod
-  def load(cls, workdir: str, step: int | str = "best", calibrated: bool = True) -> Predictor:
-    """The model of `step` ("best": lowest validation loss, "last", or a step number) of
+  def load(cls, workdir: str, step: int | str = "run", calibrated: bool = True) -> Predictor:
+    """The model of `step` ("run": the step the training run scored, its
+    `checkpoint.evaluate`; "best": lowest validation loss; "last"; or a step number) of
     the run in `workdir` (or its checkpoint directory), after verifying its manifest; with
     the run's fitted sigma scale for that step (`model.calibration`) unless `calibrated` is
     False."""
@@ -201,6 +218,8 @@ class Predictor:
       steps = ckpt.steps()
       if not steps:
         raise HindsightError(f"checkpoint {workdir}: no finished checkpoint")
+      if step == "run":
+        step = run_step_choice(directory)
       if step == "best":
         chosen = ckpt.best_step()
       elif step in ("last", "latest"):
@@ -209,7 +228,7 @@ class Predictor:
         try:
           chosen = int(step)
         except ValueError:
-          raise HindsightError(f"step {step!r}: expected best, last or a number") from None
+          raise HindsightError(f"step {step!r}: expected run, best, last or a number") from None
         if chosen not in steps:
           raise HindsightError(f"step {chosen}: not a kept checkpoint (kept: {steps})")
       path = os.path.join(ckpt.step_dir(chosen), MODEL_FILE)
@@ -254,7 +273,7 @@ class Predictor:
 
   @classmethod
   def load_ensemble(
-    cls, workdirs: Sequence[str], step: int | str = "best", calibrated: bool = True
+    cls, workdirs: Sequence[str], step: int | str = "run", calibrated: bool = True
   ) -> Predictor:
     """The models of several runs as one predictor (`ensemble_outputs`): members must share
     the model config and the DataSpec (runs of one config and labels, `member` = 0, 1, ...)."""
@@ -402,7 +421,7 @@ def checkpoint_workdirs(checkpoint: str) -> list[str]:
   return [w for w in checkpoint.split(",") if w]
 
 
-def load_predictor(checkpoint: str, step: int | str = "best", calibrated: bool = True):
+def load_predictor(checkpoint: str, step: int | str = "run", calibrated: bool = True):
   """The Predictor of a `--checkpoint` (`checkpoint_workdirs`): one run's model, or the
   ensemble of several (`Predictor.load_ensemble`)."""
   workdirs = checkpoint_workdirs(checkpoint)

@@ -5,7 +5,7 @@
                  -> {"credit": [[...]], "credit_std": [[...]], "p_zero": [[...]],
                      "klass": [[name, ...]], "model": {"step", "digest"},
                      "steps": [[text, ...]] (a text model: each trace's steps as cut)}
-  POST /v1/reload   {"checkpoint"?: DIR, "step"?: "best" | "last" | N}: load, verify, warm
+  POST /v1/reload   {"checkpoint"?: DIR, "step"?: "run" | "best" | "last" | N}: load, verify, warm
                     up, then swap; requests in flight finish on the model they started on.
                     An admin action: it needs `Authorization: Bearer TOKEN` (the server's
                     --admin-token-file or $HINDSIGHT_ADMIN_TOKEN; without one it is off: 403),
@@ -19,8 +19,8 @@ Concurrent requests are batched dynamically: a batch takes every request that ar
 thread). POST /v1/credit is a bare ASGI handler; the other routes go through Starlette.
 Every request is validated before it joins a batch, so one bad request never fails another;
 bad requests get a 4xx and a one-line message that names no server path (the server's log
-keeps the detail). SIGHUP reloads the checkpoint directory served (its best step), for the
-operator on the machine.
+keeps the detail). SIGHUP reloads the checkpoint directory served (the step `--step` names),
+for the operator on the machine.
 """
 
 from __future__ import annotations

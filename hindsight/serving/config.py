@@ -16,7 +16,7 @@ class ServeConfig:
   """The server's model, batching and limits (the `hindsight serve` flags)."""
 
   checkpoint: str
-  step: str = "best"
+  step: str = "run"  # checkpoint step: run (the training run's choice), best, last or N
   window_ms: float = 0.5  # a batch closes once no request has arrived for this long
   max_batch: int = 64  # trajectories scored together at most
   max_body_bytes: int = 8 << 20
@@ -76,6 +76,6 @@ class ScoreConfig:
   checkpoint: str  # a training run's workdir
   input: str  # JSONL (the export format, or text traces) or a label dataset directory
   out: str  # the output JSONL
-  step: str = "best"  # checkpoint step: best, last or a number
+  step: str = "run"  # checkpoint step: run (the training run's choice), best, last or N
   allow_longer: bool = False  # score episodes longer than the model was trained on too
   progress: bool = True

@@ -1,0 +1,170 @@
+"""The README's results section, regenerated from the reports of the command it names.
+
+  python eval/readme_results.py --run runs/demo                    # check README.md
+  python eval/readme_results.py --run runs/demo --write README.md  # rewrite the section
+
+`make demo` writes RUN/report.json (the training run) and RUN/drift/report.json (`hindsight
+eval`). Every figure between the README's markers
+
+  <!-- results: RUN -->  ...  <!-- /results -->
+
+is rendered here from those two files and nothing else: the labels' size and K, the steps
+trained and the step scored, the drift table (Spearman, MAE, within-episode Spearman with
+their 95% bootstrap intervals), the reference's noise ceiling, the model's equivalent
+rollouts K*, its coverage and the decorative-versus-fact contrast. `--check` (the default)
+exits 1 with the first line that differs, so a README that no longer matches its command
+fails (tests/test_drift_harness.py runs it on the :smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import textwrap
+
+BEGIN = re.compile(r"<!-- results: (?P<run>[^ ]+) -->\n")
+END = "<!-- /results -->"
+WIDTH = 92  # the README's line width
+
+# (drift report signal, README row name), in the README's order; a signal the report lacks
+# (a run without baselines) has no row.
+ROWS = (
+  ("model (point)", "**credit model** (one forward pass)"),
+  ("training labels (MC, K={k})", "its training labels (MC, K={k})"),
+  ("TD advantage", "learned value baseline (TD advantage)"),
+  ("MC progress (soft)", "MC progress, soft (Math-Shepherd)"),
+  ("learned PRM", "learned PRM, P(success \\| history) increments"),
+  ("RUDDER (return decomposition)", "RUDDER-style return decomposition"),
+  ("MC phi_hard (Math-Shepherd hard)", "MC progress, hard (Math-Shepherd)"),
+  ("outcome R", "outcome R at every step"),
+)
+
+
+def _estimate(e: dict, digits: int, bold: bool = False) -> str:
+  """`value [lo, hi]`, the value bold if asked; n/a where undefined."""
+  if e is None or e.get("value") is None:
+    return "n/a"
+  value = f"{e['value']:.{digits}f}"
+  value = f"**{value}**" if bold else value
+  if e.get("lo") is None or e.get("hi") is None:
+    return value
+  return f"{value} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
+
+
+def read_reports(run: str) -> tuple[dict, dict]:
+  """(RUN/report.json, RUN/drift/report.json); a one-line error for a missing one."""
+  reports = []
+  for path in (os.path.join(run, "report.json"), os.path.join(run, "drift", "report.json")):
+    if not os.path.isfile(path):
+      raise SystemExit(f"readme_results: {path} is missing (run `make demo` first)")
+    with open(path) as f:
+      reports.append(json.load(f))
+  return reports[0], reports[1]
+
+
+def render(run: str, name: str | None = None) -> str:
+  """The section's text (between the markers) from RUN's two reports, which it names as
+  `name` (default: RUN)."""
+  train, drift = read_reports(run)
+  k = int(drift["label_rollouts"])
+  episodes = sum(int(n) for n in train["episodes"].values())
+  steps, scored = int(train["train"]["steps"]), int(train["evaluated_checkpoint"])
+  schedule = (
+    f"for {steps:,} steps (cosine decay to the last step, the model scored)"
+    if scored == steps
+    else f"for {steps:,} steps (scored: step {scored:,}, by {train['evaluated_by']})"
+  )
+  ref = drift["reference"]
+  lines = [
+    f"{episodes:,} `{drift['env']}` episodes labeled at K={k}, the credit model trained "
+    f"{schedule}, then every signal scored on {drift['episodes']:,} held-out test episodes "
+    f"({drift['steps']:,} steps) against a reference credit (the same trajectories relabeled "
+    f"at K={ref['rollouts']:,} with independent keys). 95% bootstrap CIs over episodes; from "
+    f"`{name or run}/drift/report.json`:",
+    "",
+    "| signal | Spearman | MAE | within-episode Spearman |",
+    "|---|---|---|---|",
+  ]
+  headline = drift["headline"]
+  for signal, name in ROWS:
+    signal, name = signal.format(k=k), name.format(k=k)
+    if signal not in headline:
+      continue
+    m, bold = headline[signal], signal == "model (point)"
+    lines.append(
+      f"| {name} | {_estimate(m['spearman'], 3, bold)} | {_estimate(m['mae'], 4, bold)} | "
+      f"{_estimate(m['within_spearman'], 3)} |"
+    )
+  model = headline["model (point)"]["spearman"]["value"]
+  check, e = ref["check"], drift["equivalent_rollouts"]
+  contrast = drift["per_tag"]["contrast"]
+  coverage = drift["calibration"]["coverage"]["95%"]
+  lines += [
+    "",
+    f"The reference's own noise caps any signal near Spearman **{check['spearman_ceiling']:.3f}** "
+    f"(two independent passes agree at {check['spearman_between_passes']:.3f}), so the model "
+    f"reaches {model / check['spearman_ceiling']:.0%} of what an observer of the trace could. By "
+    f"squared error it is worth **K = {_estimate(e['k'], 1)}** rollouts per step, "
+    f"{e['k']['value'] / k:.1f} times its labels' {k}, and its 95% intervals cover "
+    f"{_estimate(coverage, 3)} of the reference. Decorative steps (verify, restate) minus "
+    f"facts, in standard deviations of each signal: the reference "
+    f"{contrast['reference']['value']:+.2f}, the model {contrast['model (point)']['value']:+.2f}, "
+    f"the learned process reward model {contrast['learned PRM']['value']:+.2f}.",
+  ]
+  prose = lambda line: line and not line.startswith("|")  # noqa: E731
+  return "\n".join(_wrap(line) if prose(line) else line for line in lines)
+
+
+def _wrap(paragraph: str) -> str:
+  return textwrap.fill(paragraph, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def section(readme: str) -> tuple[str, int, int]:
+  """(the run the README's section names, start, end of its text) in `readme`."""
+  begin = BEGIN.search(readme)
+  end = readme.find(END, begin.end()) if begin else -1
+  if begin is None or end < 0:
+    raise SystemExit(f"readme_results: no '<!-- results: RUN -->' ... '{END}' section")
+  return begin["run"], begin.end(), end
+
+
+def check(readme: str, rendered: str) -> str | None:
+  """None when the README's section is `rendered`, else the first line that differs."""
+  _, start, end = section(readme)
+  have, want = readme[start:end].rstrip("\n").splitlines(), rendered.splitlines()
+  for i, (a, b) in enumerate(zip(have, want, strict=False)):
+    if a != b:
+      return f"line {i + 1} of the section reads\n  {a}\nbut the reports give\n  {b}"
+  if len(have) != len(want):
+    return f"the section has {len(have)} lines, the reports give {len(want)}"
+  return None
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--run", help="the run's directory (default: the one the section names)")
+  parser.add_argument("--readme", default="README.md", help="the page to check")
+  parser.add_argument("--write", action="store_true", help="rewrite the section instead")
+  args = parser.parse_args(argv)
+  with open(args.readme) as f:
+    readme = f.read()
+  named, start, end = section(readme)
+  rendered = render(args.run or named, named)
+  if args.write:
+    with open(args.readme, "w") as f:
+      f.write(readme[:start] + rendered + "\n" + readme[end:])
+    print(f"{args.readme}: results section written from {args.run or named}")
+    return 0
+  problem = check(readme, rendered)
+  if problem is not None:
+    print(f"readme_results: {args.readme} does not match its reports: {problem}", file=sys.stderr)
+    return 1
+  print(f"{args.readme}: the results section matches {args.run or named}'s reports")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
