@@ -2,11 +2,11 @@
 
   python -m train.main --config configs/key_to_door.py --workdir runs/key_to_door
 
-Expected (2-core CPU, 2m46s with labeling): on 205 held-out episodes, scored with the best
-checkpoint (step 1000), against the training labels Spearman 0.822, Pearson 0.992, MAE
-0.0446; against the reference (`hindsight eval`, K=1024) Spearman 0.776 [0.759, 0.795]
-(its labels 0.801; two reference passes agree at 0.816), MAE 0.0147 (labels 0.0407),
-equivalent rollouts K = 771 [663, 908], 95% coverage 0.938 (docs/results.md).
+Expected (2-core CPU, 2m10s with labeling; the last of 3000 steps scored): on 205 held-out
+episodes, against the training labels Spearman 0.820, Pearson 0.992, MAE 0.0411; against the
+reference (`hindsight eval`, K=1024) Spearman 0.776 [0.762, 0.795] (its labels 0.801; two
+reference passes agree at 0.816), MAE 0.0096 (labels 0.0407), equivalent rollouts K = 2419
+[1770, 3465], 95% coverage 0.940 (docs/results.md).
 The :smoke variant (32 episodes, K=8, 40 steps) is for tests.
 """
 

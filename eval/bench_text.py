@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--completions", type=int, default=512, help="completions per concurrency")
   p.add_argument("--port", type=int, default=8131)
   p.add_argument("--lm", default="runs/text-demo/lm", help="a `hindsight lm train` workdir")
+  p.add_argument("--no-warmup", action="store_true",
+                 help="part 6 compiles only the programs its requests need, as they arrive "
+                      "(its rates then include compiling: for a smoke run)")  # fmt: skip
   args = p.parse_args(argv)
   url = f"http://127.0.0.1:{args.port}/v1"
   work = tempfile.mkdtemp(prefix="bench_text_")
@@ -140,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
   finally:
     server.terminate()
     server.wait(timeout=10)
-  _small_lm(args.lm, args.completions, work)
+  _small_lm(args.lm, args.completions, work, warmup=not args.no_warmup)
   return 0
 
 
-def _small_lm(workdir: str, completions: int, work: str) -> None:
+def _small_lm(workdir: str, completions: int, work: str, warmup: bool = True) -> None:
   """6. The small language model's endpoint (module docstring)."""
   print("\n6. the language model's endpoint (n = 16 per request, 12-step traces)")
   if not os.path.isdir(os.path.join(workdir, "checkpoints")) and not os.path.isfile(
@@ -156,7 +159,7 @@ def _small_lm(workdir: str, completions: int, work: str) -> None:
 
   traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
   prefixes = [t.prefix(j) for t in traces for j in range(12)]
-  with running_lm(workdir, warmup=True) as (url, model):
+  with running_lm(workdir, warmup=warmup) as (url, model):
     print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}"
           f"{'prompt tokens computed':>24}{'reused':>9}")  # fmt: skip
     before = httpx.get(url.removesuffix("/v1") + "/stats").json()

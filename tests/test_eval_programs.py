@@ -176,7 +176,7 @@ def test_bench_text_smoke(tmp_path):
   folder = hf.write_hf(backbone.build(cfg, jax.random.key(0)), cfg, train_bpe(texts, 300),
                        str(tmp_path / "lm"))  # fmt: skip
   out = _run("eval/bench_text.py", "--traces", 2, "--completions", 32, "--lm", folder,
-             "--port", 8137)  # fmt: skip
+             "--port", 8137, "--no-warmup")  # fmt: skip
   for part in range(1, 8):
     assert f"\n{part}. " in "\n" + out, (part, out)
   assert "100.0% from the cache, 0 requests sent" in out
