@@ -16,6 +16,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_COMPILE = "--xla_backend_optimization_level=0"
+CLI_FLAGS = os.environ["XLA_FLAGS"]  # a subprocess's flags where its device count is not tested
 # One persistent XLA cache for the session's processes: the training tests start several
 # subprocesses that compile the same programs (results do not depend on it).
 _CACHE = os.path.join(ROOT, ".pytest_cache", "jax-compilation-cache")
@@ -66,14 +67,15 @@ def run_cli(*args, timeout=300, env=None, process=False):
   (`hindsight.cli.main`, from the repository root, its output captured): a fresh
   interpreter costs a JAX start and a compile of every program the command runs, and the
   command is what these tests are about. `process=True` or an `env` runs
-  `python -m hindsight.cli ARGS` in a subprocess, for tests of the process boundary itself."""
+  `python -m hindsight.cli ARGS` in a subprocess, for tests of the process boundary itself:
+  at this session's device count and XLA flags (CLI_FLAGS), so its programs are the ones the
+  session compiled already and come from the persistent cache, unless `env` sets its own
+  XLA_FLAGS (a test of the device count itself)."""
   import subprocess
 
   argv = [str(a) for a in args]
   if process or env is not None:
     full_env = dict(os.environ, **(env or {}))
-    # The CLI picks its own device count, as for a user; tests keep their fast compiles.
-    full_env["XLA_FLAGS"] = FAST_COMPILE
     return subprocess.run(
       [*HINDSIGHT, *argv],
       capture_output=True,

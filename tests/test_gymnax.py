@@ -127,7 +127,7 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
   import subprocess
   import time
 
-  from conftest import FAST_COMPILE, ROOT, wait_until_ready
+  from conftest import CLI_FLAGS, ROOT, wait_until_ready
 
   from hindsight.data import open_labels
   from hindsight.model.predictor import Predictor
@@ -150,7 +150,7 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
   labels_dir = tmp_path / "labels"
   argv = [*HINDSIGHT_CLI, *map(str, base), "--return-range=-1:1", "--chunk-size", "16",
           "--out", str(labels_dir)]  # fmt: skip
-  environ = dict(os.environ, XLA_FLAGS=FAST_COMPILE)
+  environ = dict(os.environ, XLA_FLAGS=CLI_FLAGS)
   proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 240
   chunks = labels_dir / "_chunks"
@@ -159,8 +159,8 @@ def test_memory_chain_through_label_train_eval_score_serve_and_audit(tmp_path):
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
-  # The rerun as the killed job ran: in a process with the CLI's own device count (the
-  # chunk size is rounded to the devices' micro-batches).
+  # The rerun as the killed job ran: in a process at its device count (the chunk size is
+  # rounded to the devices' micro-batches).
   resume = [*base, "--return-range=-1:1", "--chunk-size", 16, "--out", labels_dir]
   rerun = run_cli(*resume, process=True)
   assert rerun.returncode == 0, rerun.stderr

@@ -85,9 +85,11 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, mdp_file):
   args = ["--env", f"tabular:{mdp_file}", "--episodes", 96, "--rollouts", 16,
           "--replacement", "policy", "--seed", 3, "--chunk-size", 8, "--no-progress"]  # fmt: skip
   ref, out = str(tmp_path / "ref"), str(tmp_path / "killed")
-  # Every run in a process of its own with the CLI's own device count (the chunk size is
-  # rounded to the devices' micro-batches, and a rerun must match the killed job's).
-  proc = run_cli("label", *args, "--out", ref, process=True)
+  # Every run in a process of its own on one device (the chunk size is rounded to the
+  # devices' micro-batches, and a rerun must match the killed job's; at eight devices the
+  # job is two chunks and ends before it can be killed).
+  one_device = {"XLA_FLAGS": FAST_COMPILE}
+  proc = run_cli("label", *args, "--out", ref, env=one_device)
   assert proc.returncode == 0, proc.stderr
 
   # The same XLA flags as run_cli: optimisation levels round differently (by an ulp).
@@ -112,7 +114,7 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, mdp_file):
   proc = run_cli("export", out)
   assert_one_line_error(proc, "no complete label dataset", "rerun")
 
-  proc = run_cli("label", *args, "--out", out, process=True)
+  proc = run_cli("label", *args, "--out", out, env=one_device)
   assert proc.returncode == 0, proc.stderr
   _assert_same(_examples(ref), _examples(out))
   assert open_labels(ref).metadata == open_labels(out).metadata
