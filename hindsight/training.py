@@ -253,8 +253,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
   programs = train_programs(ProgramsConfig.from_config(config), data.spec, layout.mesh)
   _write_splits(config, workdir, data)
   ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-  start, state = _restore_or_init(config, ckpt, programs, data, layout.train_seed)
-  try:
+  try:  # closed however it ends (a damaged step is an error of the restore)
+    start, state = _restore_or_init(config, ckpt, programs, data, layout.train_seed)
     tic = time.perf_counter()
     outcome = _train(config, workdir, data, layout, programs, ckpt, start, state)
     stages["train"] = time.perf_counter() - tic

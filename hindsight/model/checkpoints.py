@@ -206,4 +206,10 @@ class Checkpoints:
     return None, None
 
   def close(self) -> None:
+    # A writable manager cleans its directory's temporary paths in a background thread it
+    # starts when opened; a process that exits while that thread runs (after a one-line
+    # error) gets orbax's traceback on stderr, so the cleanup is awaited first.
+    await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
+    if await_cleanup is not None:
+      await_cleanup()
     self.manager.close()
