@@ -7,7 +7,7 @@ import argparse
 import os
 
 from hindsight.cli.options import build, option
-from hindsight.cli.parser import RUN_FLAG, RUN_HELP, no_progress
+from hindsight.cli.parser import RUN_FLAG, RUN_HELP, STEP_HELP, no_progress
 
 NAME = "audit"
 HELP = "spot-check a model against rollouts: drift alarm and labels to fine-tune on"
@@ -29,12 +29,7 @@ def add_parser(sub):
 
   au = sub.add_parser(NAME, help=HELP)
   option(au, AuditConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(
-    au,
-    AuditConfig,
-    "step",
-    "checkpoint step: run (the step the training run scored), best, last or a number",
-  )
+  option(au, AuditConfig, "step", STEP_HELP)
   where = au.add_mutually_exclusive_group(required=True)
   option(where, AuditConfig, "env", "audit fresh episodes of this env spec (its policy)")
   option(where, AuditConfig, "trajectories",

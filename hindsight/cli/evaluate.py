@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from hindsight.cli.options import build, option
-from hindsight.cli.parser import RUN_FLAG, RUN_HELP, no_progress
+from hindsight.cli.parser import RUN_FLAG, RUN_HELP, STEP_HELP, no_progress
 
 NAME = "eval"
 HELP = "drift report: a trained model and every baseline against the reference"
@@ -17,12 +17,7 @@ def add_parser(sub):
 
   ev = sub.add_parser(NAME, help=HELP)
   option(ev, DriftConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(
-    ev,
-    DriftConfig,
-    "step",
-    "checkpoint step: run (the step the training run scored), best, last or a number",
-  )
+  option(ev, DriftConfig, "step", STEP_HELP)
   option(ev, DriftConfig, "env", "evaluate fresh episodes of this env spec (default: test split)")
   option(ev, DriftConfig, "episodes", "episodes (0: the whole test split)")
   option(ev, DriftConfig, "reference", "the reference credit: exact (a tabular MDP's or the "

@@ -62,6 +62,7 @@ def return_range(text: str) -> tuple[float, float]:
 # A training run's directory: --run, with --checkpoint (its name before) as an alias.
 RUN_FLAG = {"flag": "--run", "aliases": ("--checkpoint",), "metavar": "RUN"}
 RUN_HELP = "a training run's --workdir (alias: --checkpoint; A,B,C for an ensemble in eval)"
+STEP_HELP = "checkpoint step: run (the step the training run scored), best, last or a number"
 
 
 def no_progress(parser, what: str = "no progress bar") -> None:

@@ -4,7 +4,7 @@ label dataset with a trained model; the output is written atomically."""
 from __future__ import annotations
 
 from hindsight.cli.options import build, option
-from hindsight.cli.parser import RUN_FLAG, RUN_HELP, no_progress
+from hindsight.cli.parser import RUN_FLAG, RUN_HELP, STEP_HELP, no_progress
 
 NAME = "score"
 HELP = "batch-score a JSONL file or a label dataset"
@@ -15,12 +15,7 @@ def add_parser(sub):
 
   sc = sub.add_parser(NAME, help=HELP)
   option(sc, ScoreConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(
-    sc,
-    ScoreConfig,
-    "step",
-    "checkpoint step: run (the step the training run scored), best, last or a number",
-  )
+  option(sc, ScoreConfig, "step", STEP_HELP)
   option(sc, ScoreConfig, "input", "JSONL (export format) or a dataset dir", required=True)
   option(sc, ScoreConfig, "out", "output JSONL (written atomically)", required=True)
   option(sc, ScoreConfig, "allow_longer",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hindsight.cli.options import build, option
-from hindsight.cli.parser import RUN_FLAG, RUN_HELP
+from hindsight.cli.parser import RUN_FLAG, RUN_HELP, STEP_HELP
 
 NAME = "serve"
 HELP = "serve credit over HTTP (POST /v1/credit)"
@@ -14,12 +14,7 @@ def add_parser(sub):
 
   sv = sub.add_parser(NAME, help=HELP)
   option(sv, ServeConfig, "checkpoint", RUN_HELP, required=True, **RUN_FLAG)
-  option(
-    sv,
-    ServeConfig,
-    "step",
-    "checkpoint step: run (the step the training run scored), best, last or a number",
-  )
+  option(sv, ServeConfig, "step", STEP_HELP)
   sv.add_argument("--host", default="127.0.0.1", help="interface to listen on")
   sv.add_argument("--port", type=int, default=8000, help="port")
   option(sv, ServeConfig, "window_ms", "batching window")
