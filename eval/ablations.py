@@ -182,6 +182,8 @@ def main(argv=None) -> dict:
     directive = lambda k, default, ov=overrides: next(  # noqa: E731
       (o.split("=", 1)[1] for o in ov if o.startswith(k + "=")), default
     )
+    # The studies' baseline scores the best checkpoint by validation loss (their published
+    # tables do); the "last" variant scores what a training run scores by default.
     step, labels = directive("step", "best"), directive("labels", "")
     members = int(directive("members", "1"))
     config_overrides = [o for o in overrides if not o.startswith(("step=", "labels=", "members="))]

@@ -2,8 +2,8 @@
 
 Uses the model and optimizer of a config (the same jitted programs as `hindsight.training`,
 `hindsight.model.programs`) on random batches shaped like that config's data: the DataSpec
-of a finished run's best checkpoint when `--workdir` is given, else a reasoning-shaped spec
-(float obs [7], 10 actions, 20 steps).
+of a finished run's model (the step it scored) when `--workdir` is given, else a
+reasoning-shaped spec (float obs [7], 10 actions, 20 steps).
 Programs are compiled and warmed up first; the best of `--repeats` timings is reported.
 Achieved FLOP/s = XLA's FLOP count of the compiled program (`cost_analysis`, one device's
 program under SPMD, times the devices) x calls per second; with `--peak-tflops` (the

@@ -1,7 +1,8 @@
 """The README's results section, regenerated from the reports of the command it names.
 
-  python eval/readme_results.py --run runs/demo                    # check README.md
-  python eval/readme_results.py --run runs/demo --write README.md  # rewrite the section
+  python eval/readme_results.py                  # check README.md against runs/demo
+  python eval/readme_results.py --write          # rewrite the section from runs/demo
+  python eval/readme_results.py --run DIR --readme PAGE   # another run, another page
 
 `make demo` writes RUN/report.json (the training run) and RUN/drift/report.json (`hindsight
 eval`). Every figure between the README's markers
@@ -11,9 +12,9 @@ eval`). Every figure between the README's markers
 is rendered here from those two files and nothing else: the labels' size and K, the steps
 trained and the step scored, the drift table (Spearman, MAE, within-episode Spearman with
 their 95% bootstrap intervals), the reference's noise ceiling, the model's equivalent
-rollouts K*, its coverage and the decorative-versus-fact contrast. `--check` (the default)
-exits 1 with the first line that differs, so a README that no longer matches its command
-fails (tests/test_drift_harness.py runs it on the :smoke run).
+rollouts K*, its coverage and the decorative-versus-fact contrast. Without `--write` it
+checks, and exits 1 with the first line that differs, so a README that no longer matches its
+command fails (tests/test_drift_harness.py runs it on the :smoke run).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ import textwrap
 BEGIN = re.compile(r"<!-- results: (?P<run>[^ ]+) -->\n")
 END = "<!-- /results -->"
 WIDTH = 92  # the README's line width
+# (who, the drift report's signal) whose decorative-minus-fact contrast the section quotes
+CONTRASTS = (
+  ("the reference", "reference"),
+  ("the model", "model (point)"),
+  ("the learned process reward model", "learned PRM"),
+)
 
 # (drift report signal, README row name), in the README's order; a signal the report lacks
 # (a run without baselines) has no row.
@@ -44,14 +51,13 @@ ROWS = (
 
 
 def _estimate(e: dict, digits: int, bold: bool = False) -> str:
-  """`value [lo, hi]`, the value bold if asked; n/a where undefined."""
+  """`value [lo, hi]`, the value bold if asked; n/a for what is undefined (a bootstrap
+  bound of K* can be: unbounded above)."""
+  text = lambda x: "n/a" if x is None else f"{x:.{digits}f}"  # noqa: E731
   if e is None or e.get("value") is None:
     return "n/a"
-  value = f"{e['value']:.{digits}f}"
-  value = f"**{value}**" if bold else value
-  if e.get("lo") is None or e.get("hi") is None:
-    return value
-  return f"{value} [{e['lo']:.{digits}f}, {e['hi']:.{digits}f}]"
+  value = f"**{text(e['value'])}**" if bold else text(e["value"])
+  return f"{value} [{text(e.get('lo'))}, {text(e.get('hi'))}]"
 
 
 def read_reports(run: str) -> tuple[dict, dict]:
@@ -98,24 +104,41 @@ def render(run: str, name: str | None = None) -> str:
       f"| {name} | {_estimate(m['spearman'], 3, bold)} | {_estimate(m['mae'], 4, bold)} | "
       f"{_estimate(m['within_spearman'], 3)} |"
     )
-  model = headline["model (point)"]["spearman"]["value"]
-  check, e = ref["check"], drift["equivalent_rollouts"]
-  contrast = drift["per_tag"]["contrast"]
-  coverage = drift["calibration"]["coverage"]["95%"]
-  lines += [
-    "",
-    f"The reference's own noise caps any signal near Spearman **{check['spearman_ceiling']:.3f}** "
-    f"(two independent passes agree at {check['spearman_between_passes']:.3f}), so the model "
-    f"reaches {model / check['spearman_ceiling']:.0%} of what an observer of the trace could. By "
-    f"squared error it is worth **K = {_estimate(e['k'], 1)}** rollouts per step, "
-    f"{e['k']['value'] / k:.1f} times its labels' {k}, and its 95% intervals cover "
-    f"{_estimate(coverage, 3)} of the reference. Decorative steps (verify, restate) minus "
-    f"facts, in standard deviations of each signal: the reference "
-    f"{contrast['reference']['value']:+.2f}, the model {contrast['model (point)']['value']:+.2f}, "
-    f"the learned process reward model {contrast['learned PRM']['value']:+.2f}.",
-  ]
+  lines += ["", " ".join(_closing_sentences(drift, k))]
   prose = lambda line: line and not line.startswith("|")  # noqa: E731
   return "\n".join(_wrap(line) if prose(line) else line for line in lines)
+
+
+def _closing_sentences(drift: dict, k: int) -> list[str]:
+  """The paragraph under the table: the noise ceiling, K* and coverage, and the
+  decorative-minus-fact contrasts, each where the report has it."""
+  model = drift["headline"]["model (point)"]["spearman"]["value"]
+  check, e = drift["reference"].get("check") or {}, drift.get("equivalent_rollouts") or {}
+  sentences = []
+  if "spearman_ceiling" in check:
+    ceiling = check["spearman_ceiling"]
+    sentences.append(
+      f"The reference's own noise caps any signal near Spearman **{ceiling:.3f}** (two "
+      f"independent passes agree at {check['spearman_between_passes']:.3f}), so the model "
+      f"reaches {model / ceiling:.0%} of what an observer of the trace could."
+    )
+  if e and not e.get("undefined") and e["k"].get("value") is not None:
+    coverage = drift["calibration"]["coverage"]["95%"]
+    sentences.append(
+      f"By squared error it is worth **K = {_estimate(e['k'], 1)}** rollouts per step, "
+      f"{e['k']['value'] / k:.1f} times its labels' {k}, and its 95% intervals cover "
+      f"{_estimate(coverage, 3)} of the reference."
+    )
+  elif e:
+    sentences.append(f"Its equivalent rollouts K* are undefined here ({e.get('undefined')}).")
+  contrast = drift.get("per_tag", {}).get("contrast", {})
+  named = [(who, contrast[key]["value"]) for who, key in CONTRASTS if key in contrast]
+  if named:
+    sentences.append(
+      "Decorative steps (verify, restate) minus facts, in standard deviations of each "
+      "signal: " + ", ".join(f"{who} {value:+.2f}" for who, value in named) + "."
+    )
+  return sentences
 
 
 def _wrap(paragraph: str) -> str:

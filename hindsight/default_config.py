@@ -15,8 +15,8 @@ def base_config() -> ConfigDict:
   # Ensemble member m > 0: the same split, its own initialisation, dropout and batch order
   # (`hindsight eval --checkpoint A,B,C` scores the members as one ensemble).
   c.member = 0
-  # Fine-tune: start from the best checkpoint of this run's workdir (its parameters, model
-  # config and DataSpec; a fresh optimizer and schedule). "" = a fresh initialisation.
+  # Fine-tune: start from the model of this run's workdir, the step its report scored (its
+  # parameters, model config and DataSpec; a fresh optimizer and schedule). "" = fresh.
   c.init_from = ""
 
   c.data = ConfigDict()

@@ -7,7 +7,8 @@
   3. AdamW (warmup + cosine decay, global-norm clipping) on the Gaussian NLL + class CE;
   4. every `train.eval_every` steps: validation loss, a checkpoint (last N kept + the best by
      validation loss), metrics to TensorBoard (WORKDIR/tensorboard);
-  5. the spread of the best checkpoint's predictions calibrated on the validation split
+  5. the spread of the evaluated checkpoint's predictions (the last, or with
+     checkpoint.evaluate=best the lowest validation loss) calibrated on the validation split
      (calibration.json in its step directory, `hindsight.model.calibration`), then the
      test split scored by it against its training labels (the `label_fit` evaluator):
      WORKDIR/report.json and a scatter plot. `hindsight eval --checkpoint WORKDIR` then

@@ -432,7 +432,29 @@ def _readme_section_is_rendered_from(run, drift_report, tmp_path):
     return " ".join(re.sub(r"# \[#, #\]", "#", numbers).split())  # an interval is a figure
 
   assert shape(readme[start:end].rstrip("\n")) == shape(rendered)
-  assert "| **credit model** (one forward pass) |" in rendered
+  # The figures are the reports' own, each in its place (an interval's bound may be
+  # undefined on a run this small: n/a).
+  with open(drift_report) as f:
+    drift = json.load(f)
+  flat, check = " ".join(rendered.split()), drift["reference"]["check"]
+
+  def figure(e, digits, bold=False):
+    text = lambda x: "n/a" if x is None else f"{x:.{digits}f}"  # noqa: E731
+    value = f"**{text(e['value'])}**" if bold else text(e["value"])
+    return f"{value} [{text(e['lo'])}, {text(e['hi'])}]"
+
+  model, k_star = drift["headline"]["model (point)"], drift["equivalent_rollouts"]["k"]
+  assert (f"| **credit model** (one forward pass) | {figure(model['spearman'], 3, True)} | "
+          f"{figure(model['mae'], 4, True)} |") in rendered  # fmt: skip
+  assert f"Spearman **{check['spearman_ceiling']:.3f}**" in flat
+  assert f"agree at {check['spearman_between_passes']:.3f})" in flat
+  assert f"**K = {figure(k_star, 1)}**" in flat
+  assert f"{k_star['value'] / drift['label_rollouts']:.1f} times its labels'" in flat
+  contrast = {k: v["value"] for k, v in drift["per_tag"]["contrast"].items()}
+  assert (f"the reference {contrast['reference']:+.2f}, the model "
+          f"{contrast['model (point)']:+.2f}, the learned process reward model "
+          f"{contrast['learned PRM']:+.2f}.") in flat  # fmt: skip
+  assert "(cosine decay to the last step, the model scored)" in flat
   page = tmp_path / "README.md"
   page.write_text(readme[:start] + rendered + "\n" + readme[end:])
   assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 0
@@ -444,6 +466,13 @@ def _readme_section_is_rendered_from(run, drift_report, tmp_path):
   assert readme_results.main(["--run", str(demo), "--readme", str(page), "--write"]) == 0
   assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 0
   assert page.read_text() == readme[:start] + rendered + "\n" + readme[end:]
+  page.write_text(readme[:start] + rendered + "\nA line the reports do not give.\n" + readme[end:])
+  assert readme_results.main(["--run", str(demo), "--readme", str(page)]) == 1
+  # A run that scored another step than its last says which.
+  report = json.loads((demo / "report.json").read_text())
+  report.update(evaluated_checkpoint=10, evaluated_by="best")
+  (demo / "report.json").write_text(json.dumps(report))
+  assert "(scored: step 10, by best)" in " ".join(readme_results.render(str(demo)).split())
 
 
 def test_eval_bad_input_is_one_line(tmp_path):

@@ -247,6 +247,32 @@ def test_sharded_loss_curve_matches_single_device(tmp_path, synthetic_labels):
   assert {str(x.dtype) for x in params} <= {"float32", "int32", "uint32", "key<fry>"}
 
 
+def test_the_runs_step_is_its_configs_choice(tmp_path):
+  """ "run" reads checkpoint.evaluate from the run's config.json (the run's directory or its
+  checkpoints directory named); a directory that is no training run loads its best step as
+  before; a config.json that does not say best or last is a one-line error."""
+  from hindsight.errors import HindsightError
+  from hindsight.model.predictor import run_step_choice
+
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "splits.json").write_text("{}")
+  for choice in ("last", "best"):
+    (run / "config.json").write_text(json.dumps({"checkpoint.evaluate": choice}))
+    assert run_step_choice(str(run)) == choice
+    assert run_step_choice(str(run / "checkpoints")) == choice
+  (run / "config.json").write_text("{}")  # written before the field existed
+  assert run_step_choice(str(run)) == "best"
+  (run / "splits.json").unlink()  # not a training run's directory
+  (run / "config.json").write_text(json.dumps({"checkpoint.evaluate": "last"}))
+  assert run_step_choice(str(run)) == "best"
+  (run / "splits.json").write_text("{}")
+  for bad in ("[1, 2]", json.dumps({"checkpoint.evaluate": "first"}), "{not json"):
+    (run / "config.json").write_text(bad)
+    with pytest.raises(HindsightError, match=r"config\.json"):
+      run_step_choice(str(run))
+
+
 PATIENCE = ("optim.learning_rate=0.0", "train.patience=20", "checkpoint.evaluate=best")
 
 
@@ -312,6 +338,9 @@ def test_tabular_smoke_config_labels_trains_and_reports(tmp_path, monkeypatch):
   for key in ("spearman", "pearson", "mae", "summary", "per_tag", "label_reliability"):
     assert key in on_disk
   assert on_disk["episodes"] == {"train": 50, "validation": 7, "test": 7}
+  # The last step is the model (the default): scored here, and what every loader loads.
+  assert on_disk["evaluated_by"] == "last" and on_disk["evaluated_checkpoint"] == 400
+  assert Predictor.load(str(workdir)).step == 400
   assert on_disk["data_spec"]["encoder"]["kind"] == "discrete"
   assert np.isfinite(on_disk["mae"]) and on_disk["mae"] == report["mae"]
   # It learned something: its MAE beats the best constant's, and it ranks the ~130 test

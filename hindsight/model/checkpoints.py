@@ -211,5 +211,10 @@ class Checkpoints:
     # error) gets orbax's traceback on stderr, so the cleanup is awaited first.
     await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
     if await_cleanup is not None:
-      await_cleanup()
+      try:
+        await_cleanup()
+      except Exception as e:
+        # A leftover temporary path is harmless; the error a caller may be raising (a
+        # damaged step) is not to be hidden by this one.
+        log.warning("orbax's cleanup of temporary checkpoint paths failed: %s", e)
     self.manager.close()

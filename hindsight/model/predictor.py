@@ -1,6 +1,6 @@
 """`Predictor`: the one way to use a trained credit model (docs/design.md, section 2).
 
-    predictor = Predictor.load("runs/demo")           # the best checkpoint, model only
+    predictor = Predictor.load("runs/demo")           # the step the run scored, model only
     scores = predictor.score(episodes)                # in-memory episodes -> per-step arrays
     fn = predictor.credit_fn()                        # pure (state, batch) -> outputs
     out = jax.jit(fn)(predictor.state, batch)         # inside the caller's own jit/vmap/scan
@@ -101,10 +101,13 @@ def run_step_choice(directory: str) -> str:
     if os.path.isfile(os.path.join(workdir, "splits.json")) and os.path.isfile(path):
       try:
         with open(path) as f:
-          choice = json.load(f).get("checkpoint.evaluate", "best")
+          saved = json.load(f)
       except ValueError:
         raise HindsightError(f"{path} is damaged (not JSON)") from None
-      return choice if choice in ("best", "last") else "best"
+      choice = saved.get("checkpoint.evaluate", "best") if isinstance(saved, dict) else None
+      if choice not in ("best", "last"):
+        raise HindsightError(f"{path}: checkpoint.evaluate is not 'best' or 'last'")
+      return choice
   return "best"
 
 
