@@ -111,6 +111,8 @@ def test_a_character_cut_across_tokens_belongs_to_its_step():
 
 # -- one update ------------------------------------------------------------------------------
 
+KL_BETA, KL_UPDATES = 1.0, 6  # a weight that shows within a few updates of one batch
+
 
 class _Stub:
   """A source whose signal is +1 on step `k` of every trace, 0 elsewhere (or 0 everywhere)."""
@@ -176,6 +178,46 @@ def test_a_stub_source_raises_its_steps_log_probability_and_a_zero_source_moves_
   for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(still["model"])),
                   jax.tree.leaves(nnx.to_pure_dict(lm.state)), strict=True):  # fmt: skip
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
+  """Tunix's k3 KL to the starting policy, weighted by grpo.beta: its gradient is 0 at the
+  start, so the test runs several updates of one batch. With beta > 0 the policy ends nearer
+  the start (mean |log pi - log pi_0| over the batch's tokens) than with beta = 0 on the same
+  advantages, and the KL the loss reports grows from 0; a reference that moved with the
+  policy (or beta forced to 0) would leave the two runs equal."""
+  from tunix.rl import common
+
+  from hindsight.lm.rl.context import Context
+  from hindsight.lm.rl.grpo import make_learner
+  from hindsight.lm.rl.trainer import update_batch
+  from hindsight.lm.train import load_lm
+
+  config = load_config("rl_text:smoke", [f"lm={policy}", "grpo.prompts=4", "grpo.group=4"])
+  lm = load_lm(policy)
+  ctx = Context(config, lm, str(tmp_path))
+  _, _, batch = update_batch(ctx, _Stub(1), lm.state, jax.random.key(3), 0, 0)
+  mask = batch["completion_mask"] > 0
+
+  def logps(state):
+    return np.asarray(common.compute_per_token_logps(
+      lm.graphdef, state, jnp.asarray(batch["prompt_ids"]),
+      jnp.asarray(batch["completion_ids"]), pad_id=lm.cfg.pad_id, eos_id=lm.cfg.eos_ids[0],
+    ))[mask]  # fmt: skip
+
+  start = logps(lm.state)
+  moved, kls = {}, {}
+  for beta in (0.0, KL_BETA):
+    config.grpo.beta = beta
+    learner = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
+    parts, kls[beta] = learner.init(lm.state), []
+    for _ in range(KL_UPDATES):
+      parts, aux = learner.update(parts, batch)
+      kls[beta].append(float(aux["kl"]))
+    moved[beta] = float(np.mean(np.abs(logps(parts["model"]) - start)))
+  assert moved[0.0] > 0.01, moved  # the signal moves the policy
+  assert moved[KL_BETA] < 0.8 * moved[0.0], moved
+  assert kls[KL_BETA][0] == pytest.approx(0.0, abs=1e-5) and kls[KL_BETA][-1] > 1e-4, kls
 
 
 def test_the_fitted_models_are_refit_for_another_lm_in_the_same_directory(policy, tmp_path):
