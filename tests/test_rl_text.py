@@ -4,6 +4,7 @@ policy reloaded and sampled by a loop of this file's own."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
@@ -493,6 +494,46 @@ def test_prm_and_shaped_read_the_prms_values_as_defined():
   for i in range(8):
     np.testing.assert_allclose(increments[i], prm[i][1:] - prm[i][:-1], atol=1e-7)
     np.testing.assert_allclose(shaped[i], rewards[i] - prm[i][:-1], atol=1e-7)  # p(x_t), t < T
+
+
+def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():
+  """pp.lam < 0: the even traces are weighted by the lam fitted on the odd traces' labels and
+  the reverse (`tuned_weight` on the other half), so no trace's weight reads its own MC
+  credit (fitted in-sample it would correlate with the rectifier it scales, a bias of order
+  one over the dozen labels an LM batch has per half). Read off the unlabelled steps (A_t =
+  lam f_t there): new MC labels on the even traces move the odd traces' weight and leave
+  the even ones'. Fitting each half on itself fails it."""
+  from hindsight.lm.rl.sources import PredictionPoweredCredit
+
+  T, rewards, rollouts, pools = _hand_built()
+  rng = np.random.default_rng(0)
+  credit = [
+    np.array([*(0.05 for _ in range(t - 1)), rewards[i] - (i + t - 1) / 20 - 0.05])
+    for i, t in enumerate(T)
+  ]  # the MC credit these pools give (mean of a pool + 0.05)
+  head = [((2 * c + rng.normal(0, 0.02, len(c))).astype(np.float32),
+           np.full(len(c), 0.05, np.float32)) for c in credit]  # fmt: skip
+  steeper = {(i, t): v * (1.5 if i % 2 == 0 else 1.0) for (i, t), v in pools.items()}
+
+  def signal(pools):
+    ctx = _Ctx(pools, head=head, rho=0.5, p_min=0.3, lam=-1.0)
+    return PredictionPoweredCredit(ctx).signal(None, rollouts, jax.random.key(5))
+
+  before, after = signal(pools), signal(steeper)
+  assert 0 < before.record["lam"] < 1 and before.record["label_share"] < 1
+
+  def weight(signal, half):
+    """The ratio A_t / f_t most steps of a half share: lam f_t / f_t on its unlabelled steps
+    (a labelled one adds its own rectifier; one labelled with p = 1 carries D_t alone)."""
+    ratios = [round(float(signal.steps[i][t] / head[i][0][t]), 5)
+              for i in range(half, 8, 2) for t in range(T[i])]  # fmt: skip
+    (value, count), *_ = collections.Counter(ratios).most_common(1)
+    assert count >= 2, ratios
+    return value
+
+  assert 0 < weight(before, 0) < 1 and 0 < weight(before, 1) < 1
+  assert weight(after, 0) == weight(before, 0)  # even: set by the odd labels alone
+  assert weight(after, 1) != weight(before, 1)  # odd: set by the even labels, which moved
 
 
 def test_pp_credit_is_the_head_rectified_by_the_labels_it_buys():
