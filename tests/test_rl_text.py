@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from scipy import stats
 
 from hindsight.config_io import load_config
 from hindsight.model.encoders.tokenizer import bytes_tokenizer, train_bpe
@@ -280,6 +281,20 @@ def test_the_experiment_writes_its_table_plots_and_every_sources_cost(experiment
   pp_setup = runs["pp_credit"]["setup"]["completions"]
   assert pp_setup > setup and spent["pp_credit"] - pp_setup < spent["mc_credit"]
   assert "mc_credit minus outcome, paired by seed" in table
+  # The table's figures are results.json's last point: each source's mean over seeds with
+  # its 95% t-interval, recomputed here (the start, update 0, would read other tokens).
+  main = next(block for block in table.split("\n\n") if block.startswith("| source | success"))
+  cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:5]]
+           for line in main.splitlines()[2:]}  # fmt: skip
+  for name in SOURCES:
+    seeds, first = runs[name]["seeds"], runs[name]["curve"][0]["seeds"]
+    assert cells[name][0].startswith(f"{np.mean([s['success'] for s in seeds]):.3f} [")
+    for column, measure, fmt in ((1, "tokens", ".1f"), (2, "length", ".2f")):
+      x = np.array([s[measure] for s in seeds])
+      half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+      want = f"{x.mean():{fmt}} [{max(x.mean() - half, 0):{fmt}}, {x.mean() + half:{fmt}}]"
+      assert cells[name][column] == want, (name, measure, cells[name][column], want)
+    assert np.mean([s["tokens"] for s in first]) != np.mean([s["tokens"] for s in seeds])
   # The learned sources are held against the reference per sentence class.
   for name in ("pp_credit", "prm", "shaped"):
     drift = runs[name]["seeds"][0]["drift"]
