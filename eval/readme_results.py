@@ -26,6 +26,8 @@ import re
 import sys
 import textwrap
 
+from hindsight.drift.render import estimate_text
+
 BEGIN = re.compile(r"<!-- results: (?P<run>[^ ]+) -->\n")
 END = "<!-- /results -->"
 WIDTH = 92  # the README's line width
@@ -51,13 +53,13 @@ ROWS = (
 
 
 def _estimate(e: dict, digits: int, bold: bool = False) -> str:
-  """`value [lo, hi]`, the value bold if asked; n/a for what is undefined (a bootstrap
-  bound of K* can be: unbounded above)."""
-  text = lambda x: "n/a" if x is None else f"{x:.{digits}f}"  # noqa: E731
-  if e is None or e.get("value") is None:
-    return "n/a"
-  value = f"**{text(e['value'])}**" if bold else text(e["value"])
-  return f"{value} [{text(e.get('lo'))}, {text(e.get('hi'))}]"
+  """`value [lo, hi]` as the drift report writes it (`estimate_text`: n/a for what is
+  undefined, e.g. K*'s upper bound), the value bold if asked."""
+  text = estimate_text(e, digits)
+  if not bold or text == "n/a":
+    return text
+  value, _, interval = text.partition(" ")
+  return f"**{value}** {interval}"
 
 
 def read_reports(run: str) -> tuple[dict, dict]:

@@ -135,14 +135,19 @@ class _Stub:
     return Signal(steps, Spend())
 
 
-def _step_logps(ctx, state, ro, batch, k) -> float:
-  """Sum over the batch of the log-probability of step k's tokens under `state`."""
+def _token_logps(lm, state, batch) -> np.ndarray:
+  """log pi(token) of every completion token of a Tunix batch under `state` [B, C]."""
   from tunix.rl import common
 
-  logps = np.asarray(common.compute_per_token_logps(
-    ctx.lm.graphdef, state, jnp.asarray(batch["prompt_ids"]), jnp.asarray(batch["completion_ids"]),
-    pad_id=ctx.lm.cfg.pad_id, eos_id=ctx.lm.cfg.eos_ids[0],
+  return np.asarray(common.compute_per_token_logps(
+    lm.graphdef, state, jnp.asarray(batch["prompt_ids"]), jnp.asarray(batch["completion_ids"]),
+    pad_id=lm.cfg.pad_id, eos_id=lm.cfg.eos_ids[0],
   ))  # fmt: skip
+
+
+def _step_logps(ctx, state, ro, batch, k) -> float:
+  """Sum over the batch of the log-probability of step k's tokens under `state`."""
+  logps = _token_logps(ctx.lm, state, batch)
   total = 0.0
   for i, c in enumerate(ro.completions):
     total += logps[i, : len(c.ids)][c.token_step == min(k, c.num_steps - 1)].sum()
@@ -188,8 +193,6 @@ def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
   the start (mean |log pi - log pi_0| over the batch's tokens) than with beta = 0 on the same
   advantages, and the KL the loss reports grows from 0; a reference that moved with the
   policy (or beta forced to 0) would leave the two runs equal."""
-  from tunix.rl import common
-
   from hindsight.lm.rl.context import Context
   from hindsight.lm.rl.grpo import make_learner
   from hindsight.lm.rl.trainer import update_batch
@@ -200,14 +203,7 @@ def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
   ctx = Context(config, lm, str(tmp_path))
   _, _, batch = update_batch(ctx, _Stub(1), lm.state, jax.random.key(3), 0, 0)
   mask = batch["completion_mask"] > 0
-
-  def logps(state):
-    return np.asarray(common.compute_per_token_logps(
-      lm.graphdef, state, jnp.asarray(batch["prompt_ids"]),
-      jnp.asarray(batch["completion_ids"]), pad_id=lm.cfg.pad_id, eos_id=lm.cfg.eos_ids[0],
-    ))[mask]  # fmt: skip
-
-  start = logps(lm.state)
+  start = _token_logps(lm, lm.state, batch)[mask]
   moved, kls = {}, {}
   for beta in (0.0, KL_BETA):
     config.grpo.beta = beta
@@ -216,7 +212,7 @@ def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
     for _ in range(KL_UPDATES):
       parts, aux = learner.update(parts, batch)
       kls[beta].append(float(aux["kl"]))
-    moved[beta] = float(np.mean(np.abs(logps(parts["model"]) - start)))
+    moved[beta] = float(np.mean(np.abs(_token_logps(lm, parts["model"], batch)[mask] - start)))
   assert moved[0.0] > 0.01, moved  # the signal moves the policy
   assert moved[KL_BETA] < 0.8 * moved[0.0], moved
   assert kls[KL_BETA][0] == pytest.approx(0.0, abs=1e-5) and kls[KL_BETA][-1] > 1e-4, kls
