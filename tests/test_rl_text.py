@@ -154,47 +154,63 @@ def _step_logps(ctx, state, ro, batch, k) -> float:
   return total
 
 
+def _fixed_learner(lm, grpo, batch):
+  """Tunix's GRPO learner on a cluster of `lm` (`rl.tunix_learner`) whose every update takes
+  `batch` (a Tunix layout of `update_batch`)."""
+  from hindsight.lm.rl.tunix_learner import Batch, CreditGRPOLearner, algo_config, make_cluster
+
+  return CreditGRPOLearner(make_cluster(lm, grpo), algo_config(grpo),
+                           lambda *_: Batch(batch))  # fmt: skip
+
+
+def _params(learner):
+  return learner.parts()["model"]
+
+
 def test_a_stub_source_raises_its_steps_log_probability_and_a_zero_source_moves_nothing(
   policy, tmp_path
 ):
   from hindsight.lm.rl.context import Context
-  from hindsight.lm.rl.grpo import make_learner
   from hindsight.lm.rl.trainer import update_batch
   from hindsight.lm.train import load_lm
 
   config = load_config("rl_text:smoke", [f"lm={policy}", "grpo.prompts=4", "grpo.group=4"])
   lm = load_lm(policy)
   ctx = Context(config, lm, str(tmp_path))
-  learner = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
-  parts = learner.init(lm.state)
   key = jax.random.key(3)
   ro, _, batch = update_batch(ctx, _Stub(1), lm.state, key, 0, 0)
   assert sum(len(c.ids) for c in ro.completions) == batch["completion_mask"].sum()
+  learner = _fixed_learner(lm, config.grpo, batch)
   before = _step_logps(ctx, lm.state, ro, batch, 1)
-  after_parts, _ = learner.update(parts, batch)
-  after = _step_logps(ctx, after_parts["model"], ro, batch, 1)
+  got, aux = learner.train_step({"update": 0})
+  assert got.arrays is batch and set(aux) >= {"loss", "kl", "pg_loss", "entropy"}
+  after = _step_logps(ctx, _params(learner), ro, batch, 1)
   assert after > before + 1e-3, (before, after)
+  # The rollout worker samples the updated policy (it shares the actor's module).
+  for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(learner.rollout.state)),
+                  jax.tree.leaves(nnx.to_pure_dict(_params(learner))), strict=True):  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # The same batch, signal 0 everywhere, the KL term off (its k3 estimator's gradient at the
   # starting policy is 0 only up to the rounding of two forwards, which Adam scales up; the
   # loss has no entropy term): not one weight moves.
   _, _, zero = update_batch(ctx, _Stub(None), lm.state, key, 0, 0)
   assert not np.any(zero["advantages"])
   config.grpo.beta = 0.0
-  plain = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
-  still, _ = plain.update(plain.init(lm.state), zero)
-  for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(still["model"])),
+  plain = _fixed_learner(lm, config.grpo, zero)
+  plain.train_step({"update": 0})
+  for a, b in zip(jax.tree.leaves(nnx.to_pure_dict(_params(plain))),
                   jax.tree.leaves(nnx.to_pure_dict(lm.state)), strict=True):  # fmt: skip
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
-  """Tunix's k3 KL to the starting policy, weighted by grpo.beta: its gradient is 0 at the
-  start, so the test runs several updates of one batch. With beta > 0 the policy ends nearer
-  the start (mean |log pi - log pi_0| over the batch's tokens) than with beta = 0 on the same
-  advantages, and the KL the loss reports grows from 0; a reference that moved with the
-  policy (or beta forced to 0) would leave the two runs equal."""
+  """Tunix's k3 KL to the starting policy (the cluster's reference role), weighted by
+  grpo.beta: its gradient is 0 at the start, so the test runs several updates of one batch.
+  With beta > 0 the policy ends nearer the start (mean |log pi - log pi_0| over the batch's
+  tokens) than with beta = 0 on the same advantages, and the KL the loss reports grows from 0;
+  a reference that moved with the policy (or beta forced to 0) would leave the two runs
+  equal."""
   from hindsight.lm.rl.context import Context
-  from hindsight.lm.rl.grpo import make_learner
   from hindsight.lm.rl.trainer import update_batch
   from hindsight.lm.train import load_lm
 
@@ -207,12 +223,10 @@ def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
   moved, kls = {}, {}
   for beta in (0.0, KL_BETA):
     config.grpo.beta = beta
-    learner = make_learner(lm.graphdef, lm.state, lm.cfg, config.grpo)
-    parts, kls[beta] = learner.init(lm.state), []
-    for _ in range(KL_UPDATES):
-      parts, aux = learner.update(parts, batch)
-      kls[beta].append(float(aux["kl"]))
-    moved[beta] = float(np.mean(np.abs(_token_logps(lm, parts["model"], batch)[mask] - start)))
+    learner, kls[beta] = _fixed_learner(lm, config.grpo, batch), []
+    for u in range(KL_UPDATES):
+      kls[beta].append(learner.train_step({"update": u})[1]["kl"])
+    moved[beta] = float(np.mean(np.abs(_token_logps(lm, _params(learner), batch)[mask] - start)))
   assert moved[0.0] > 0.01, moved  # the signal moves the policy
   assert moved[KL_BETA] < 0.8 * moved[0.0], moved
   assert kls[KL_BETA][0] == pytest.approx(0.0, abs=1e-5) and kls[KL_BETA][-1] > 1e-4, kls

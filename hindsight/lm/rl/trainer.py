@@ -1,20 +1,24 @@
-"""`hindsight rl --config rl_text`: GRPO of a language model on a per-step credit source.
+"""`hindsight rl --config rl_text`: GRPO of a language model on a per-step credit source,
+on Tunix's RL engine (`rl.tunix_learner`: an `RLCluster` and a `GRPOLearner` whose advantages
+come from the source).
 
 One update of one seed:
-  1. draws grpo.prompts prompts and grpo.group completions of each from the policy (its own
-     sampler, `rl.rollout`), verified;
-  2. asks the source for each step's signal A_t (`rl.sources`), charged in completions and
-     tokens, and divides it by its std over the batch's steps (grpo.normalize);
+  1. draws grpo.prompts prompts and grpo.group completions of each through the cluster's
+     rollout worker (`rl.engine_rollout`), verified;
+  2. asks the source for each step's signal A_t (`rl.sources`), its Monte Carlo pools drawn
+     through the same worker, charged in completions and tokens, and divides it by its std
+     over the batch's steps (grpo.normalize);
   3. puts each step's A_t on exactly that step's tokens (`grpo.token_advantages`) and takes
-     one Adam step on Tunix's GRPO loss (`rl.grpo`), KL to the starting policy included.
+     one step of Tunix's actor trainer on its GRPO loss, KL to the starting policy (the
+     cluster's reference role) included.
 
-Seeds run one after another from the same starting LM, each with keys fold_in(seed, i)
-(`context.stream_key`). Every eval.every updates the seed is measured on fresh prompts
-(`rl.measure`) and checkpointed (orbax: the model, the optimizer and the log so far), so a
-killed run resumes from its last point and ends with the same parameters and results.
-WORKDIR/results.json holds what `hindsight rl --sources` compares (`rl.experiment`'s shape:
-per seed the last point, and the curve over points), WORKDIR/seed_I/checkpoints the policies
-(`load_policy`).
+Seeds run one after another from the same starting LM, each on a cluster of its own, with
+keys fold_in(seed, i) (`context.stream_key`). Every eval.every updates the seed is measured on
+fresh prompts (`rl.measure`) and checkpointed (orbax: the actor's model, its optimizer and the
+log so far), so a killed run resumes from its last point and ends with the same parameters and
+results. WORKDIR/results.json holds what `hindsight rl --sources` compares (`rl.experiment`'s
+shape: per seed the last point, and the curve over points), WORKDIR/seed_I/checkpoints the
+policies (`load_policy`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from hindsight.errors import HindsightError
 from hindsight.lm.rl.config import check_config
 from hindsight.lm.rl.context import CREDIT, EVAL, REFERENCE, TRAIN, Context, stream_key
 from hindsight.lm.rl.credit import Spend
-from hindsight.lm.rl.grpo import batch_arrays, make_learner, token_advantages
+from hindsight.lm.rl.grpo import batch_arrays, token_advantages
 from hindsight.lm.rl.measure import evaluate_point
 from hindsight.lm.rl.sources import source_class
 
@@ -82,6 +86,25 @@ def update_batch(ctx, source, state, update_key, update: int, seed_index: int):
   return ro, signal, batch
 
 
+def seed_learner(ctx, source, seed_index: int):
+  """Tunix's learner for one seed, on a cluster of its own from the starting LM, whose
+  advantages are `update_batch`'s (a training input: {"update": u}; the prompts and keys
+  follow from the seed and u). Its rollout worker becomes the run's sampler (`ctx.sampler`):
+  the seed's completions, pools and evaluations all draw through it."""
+  from hindsight.lm.rl.tunix_learner import Batch, CreditGRPOLearner, algo_config, make_cluster
+
+  def make_batch(training_input, sampler, state):
+    u = int(training_input["update"])
+    key = stream_key(ctx.root, seed_index, TRAIN, 2 * u + 1)
+    ro, signal, arrays = update_batch(ctx, source, state, key, u, seed_index)
+    return Batch(arrays, (ro, signal))
+
+  learner = CreditGRPOLearner(make_cluster(ctx.lm, ctx.config.grpo),
+                              algo_config(ctx.config.grpo), make_batch)  # fmt: skip
+  ctx.sampler = learner.rollout
+  return learner
+
+
 class SeedRun:
   """One seed's training (module docstring), resumable from WORKDIR/seed_I/checkpoints."""
 
@@ -89,7 +112,7 @@ class SeedRun:
     from hindsight.model.checkpoints import Checkpoints
 
     self.ctx, self.source, self.i = ctx, source, seed_index
-    self.learner = make_learner(ctx.lm.graphdef, ctx.lm.state, ctx.lm.cfg, ctx.config.grpo)
+    self.learner = seed_learner(ctx, source, seed_index)
     self.ckpt = Checkpoints(os.path.join(workdir, f"seed_{seed_index}", "checkpoints"), keep=1)
 
   def point(self, state, update: int, index: int, before):
@@ -100,34 +123,33 @@ class SeedRun:
                           stream_key(c.root, self.i, EVAL, 2 * update + 1),
                           stream_key(c.root, self.i, REFERENCE, update), index, before)  # fmt: skip
 
-  def save(self, step: int, parts, log: dict) -> None:
-    """Checkpoints `parts` and the log at `step`, the log's seconds brought up to now (a
-    resumed run adds to them: its results count every run's time)."""
+  def save(self, step: int, log: dict) -> None:
+    """Checkpoints the actor's model and optimizer and the log at `step`, the log's seconds
+    brought up to now (a resumed run adds to them: its results count every run's time)."""
     now = time.time()
     log["seconds"] = log.get("seconds", 0.0) + now - self._since
     self._since = now
-    self.ckpt.save(step, parts, 0.0, {LOG_FILE: json.dumps(log)})
+    self.ckpt.save(step, self.learner.parts(), 0.0, {LOG_FILE: json.dumps(log)})
 
   def run(self, bar=None) -> dict:
     c, g = self.ctx, self.ctx.config.grpo
     self._since = time.time()
-    start, parts = self.ckpt.restore(self.learner.abstract(c.lm.state))
+    learner = self.learner
+    start, parts = self.ckpt.restore(_abstract(learner.parts()))
     if parts is None:
-      parts = self.learner.init(c.lm.state)
       log = {"points": [], "updates": [], "policy": Spend().as_dict(), "credit": Spend().as_dict()}
-      log["points"].append(self._point(parts, 0, log))
-      self.save(0, parts, log)
+      log["points"].append(self._point(0, log))
+      self.save(0, log)
       start = 0
     else:
+      learner.load(parts)
       with open(os.path.join(self.ckpt.step_dir(start), LOG_FILE)) as f:
         log = json.load(f)
     if bar is not None:
       bar.update(start)
     for u in range(start, int(g.updates)):
-      state = parts["model"]
-      key = stream_key(c.root, self.i, TRAIN, 2 * u + 1)
-      ro, signal, batch = update_batch(c, self.source, state, key, u, self.i)
-      parts, aux = self.learner.update(parts, batch)
+      batch, aux = learner.train_step({"update": u})
+      ro, signal = batch.info
       log["policy"] = (Spend(**log["policy"]) + Spend(len(ro.completions), ro.tokens)).as_dict()
       log["credit"] = (Spend(**log["credit"]) + signal.spend).as_dict()
       log["updates"].append({"update": u, "reward": float(ro.rewards.mean()),
@@ -139,15 +161,22 @@ class SeedRun:
         bar.set_postfix(seed=self.i, reward=f"{ro.rewards.mean():.2f}",
                         kl=f"{float(aux['kl']):.3f}")  # fmt: skip
       if (u + 1) % int(c.config.eval.every) == 0:
-        log["points"].append(self._point(parts, u + 1, log))
-        self.save(u + 1, parts, log)
+        log["points"].append(self._point(u + 1, log))
+        self.save(u + 1, log)
     self.ckpt.close()
     return log
 
-  def _point(self, parts, update: int, log: dict) -> dict:
+  def _point(self, update: int, log: dict) -> dict:
     before = log["points"][0].get("drift", {}).get("tags") if log["points"] else None
-    p = self.point(parts["model"], update, len(log["points"]), before)
+    p = self.point(self.learner.rollout.state, update, len(log["points"]), before)
     return {"update": update, "policy": dict(log["policy"]), "credit": dict(log["credit"]), **p}
+
+
+def _abstract(state):
+  """The restore target of `state`: its shapes, dtypes and shardings."""
+  import jax
+
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
 
 
 def _seed_entry(point: dict, setup: Spend) -> dict:
