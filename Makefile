@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python eval/bench_model.py --config configs/reasoning.py
 	$(BIN)/python eval/bench_rl.py --config configs/rl_reasoning.py
 	$(BIN)/python eval/bench_text.py
+	$(BIN)/python eval/bench_lm.py
 	@if [ -d runs/demo/checkpoints ]; then $(BIN)/python eval/bench_serve.py --checkpoint runs/demo; \
 	else echo "bench_serve: skipped (it serves the demo's model: run make demo first)"; fi
 

@@ -289,6 +289,9 @@ def main(argv=None):
   p.add_argument("--env-episodes", type=int, default=256, help="episodes of the other envs")
   p.add_argument("--e2e-episodes", type=int, default=1500, help="episodes of the end-to-end job")
   p.add_argument("--startup-repeats", type=int, default=3, help="fresh processes per figure")
+  p.add_argument(
+    "--quick", action="store_true", help="the JAX labeler's env steps/s only (device_check.sh)"
+  )
   args = p.parse_args(argv)
 
   labeler = _tabular_labeler(args)
@@ -300,9 +303,16 @@ def main(argv=None):
   print(
     f"tabular MDP S={args.states} A={args.actions} H={args.horizon} "
     f"({args.terminal} terminal), K={args.rollouts}, uniform replacement; "
-    f"{args.episodes} episodes; {len(jax.devices())} CPU devices, micro-batch "
+    f"{args.episodes} episodes; {len(jax.devices())} {jax.default_backend()} devices, micro-batch "
     f"{labeler.micro_batch()} episodes"
   )
+
+  if args.quick:
+    seconds, (_, lab) = time_labeling(labeler, args.episodes, args.seed, args.repeats)
+    steps = int(lab["rollout_steps"].sum())
+    print(f"labeler ({jax.default_backend()}, {jax.devices()[0].device_kind}): {steps:,} env "
+          f"steps in {seconds:.3f} s = {steps / seconds / 1e6:.2f} M env steps/s")  # fmt: skip
+    return
 
   t = cli_startup(args.startup_repeats)
   floor = t["python_jax"]

@@ -6,13 +6,14 @@ of a finished run's model (the step it scored) when `--workdir` is given, else a
 reasoning-shaped spec (float obs [7], 10 actions, 20 steps).
 Programs are compiled and warmed up first; the best of `--repeats` timings is reported.
 Achieved FLOP/s = XLA's FLOP count of the compiled program (`cost_analysis`, one device's
-program under SPMD, times the devices) x calls per second; with `--peak-tflops` (the
-device's peak for the dtype in use, all devices together) also the model FLOP utilisation
-(MFU), so an accelerator run has a number to report.
+program under SPMD, times the devices) x calls per second; with `--peak-tflops` (one
+device's peak for the dtype in use) also the model FLOP utilisation (MFU) over all devices,
+so an accelerator run has a number to report; on a known accelerator the peak is its dense
+bf16 peak (`model.programs.peak_bf16_tflops`) unless given.
 
   make bench
   python eval/bench_model.py --config configs/reasoning.py --workdir runs/demo
-  python eval/bench_model.py --peak-tflops 989 --score-batch 4096   # e.g. one H100, bf16
+  python eval/bench_model.py --set model.compute_dtype=bfloat16 --score-batch 4096  # bf16
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from flax import nnx
 from hindsight.config_io import load_config
 from hindsight.model.encoders import DiscreteEncoder, VectorEncoder
 from hindsight.model.predictor import Predictor
-from hindsight.model.programs import program_flops, train_programs
+from hindsight.model.programs import peak_bf16_tflops, program_flops, train_programs
 from hindsight.model.sharding import devices_for_batch, global_batch, make_mesh
 from hindsight.model.spec import DataSpec
 
@@ -78,11 +79,17 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=50, help="train steps per timing")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument(
-    "--peak-tflops", type=float, default=0.0, help="the devices' peak TFLOP/s: report MFU"
-  )
+    "--peak-tflops", type=float, default=0.0,
+    help="one device's peak TFLOP/s: report MFU (default: a known accelerator's bf16 peak)",
+  )  # fmt: skip
+  p.add_argument(
+    "--set", action="append", default=[], metavar="KEY=VALUE",
+    help="a config override, e.g. model.compute_dtype=bfloat16 (repeatable)",
+  )  # fmt: skip
   args = p.parse_args()
 
-  config = load_config(args.config)
+  config = load_config(args.config, args.set)
+  peak = args.peak_tflops or peak_bf16_tflops() or 0.0
   if args.workdir:
     spec = Predictor.load(args.workdir).spec
   else:
@@ -123,6 +130,9 @@ def main() -> None:
   model = nnx.merge(graphdef, state)["model"]
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   result = {
+    "backend": jax.default_backend(),
+    "device": str(jax.devices()[0].device_kind),
+    "compute_dtype": str(config.model.get("compute_dtype", "")) or "float32",
     "devices": count,
     "model_params": int(params),
     "spec": {"obs": spec.encoder.describe(), "actions": spec.num_actions, "T": length},
@@ -138,8 +148,8 @@ def main() -> None:
     achieved = flops * count * calls_per_s
     result[f"{name}_gflops_per_call"] = round(flops * count / 1e9, 4)
     result[f"{name}_achieved_tflops"] = round(achieved / 1e12, 4)
-    if args.peak_tflops > 0:
-      result[f"{name}_mfu"] = round(achieved / (args.peak_tflops * 1e12), 5)
+    if peak > 0:
+      result[f"{name}_mfu"] = round(achieved / (peak * count * 1e12), 5)
   print(json.dumps(result, indent=1))
 
 

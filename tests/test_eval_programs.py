@@ -206,3 +206,36 @@ def test_every_make_bench_program_has_a_smoke_test():
         tested += f.read()
   for program in programs:
     assert f'"eval/{program}.py"' in tested, f"no test runs eval/{program}.py"
+
+
+def test_the_device_check_runs_every_part_and_bench_lm_reports_its_model():
+  """`eval/device_check.sh --tiny`: the labeler's env steps/s, the credit model in bf16 and
+  the LM backbone's training and sampling rates, each part's figures printed; bench_lm's
+  parameter count is the small decoder's, built here independently, and its FLOP/s and
+  tokens are consistent with the sizes it was given."""
+  with open(os.path.join(ROOT, "eval", "device_check.sh")) as f:
+    script = f.read()
+  assert "eval/bench_lm.py" in script  # (`make bench` runs it too: its smoke test is this)
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE, PYTHON=sys.executable)
+  proc = subprocess.run(["bash", "eval/device_check.sh", "--tiny"], capture_output=True,
+                        text=True, timeout=300, cwd=ROOT, env=env)  # fmt: skip
+  out = proc.stdout
+  assert proc.returncode == 0 and "device_check: done" in out, (out, proc.stderr)
+  assert "failed" not in out and "ran past" not in out, out
+  rate = r"labeler \(cpu, cpu\): [\d,]+ env steps in [\d.]+ s = [\d.]+ M env steps/s"
+  assert re.search(rate, out), out
+  reports = [json.loads(m) for m in re.findall(r"^\{.*?^\}", out, re.M | re.S)]
+  model, lm = reports
+  assert model["compute_dtype"] == "bfloat16" and model["train_steps_per_s"] > 0
+  assert "train_mfu" not in model  # no peak is known for a CPU: no MFU
+  from hindsight.lm import backbone
+  from hindsight.lm.config import BackboneConfig
+
+  small = BackboneConfig(vocab_size=512, width=128, depth=2, num_heads=4, num_kv_heads=2,
+                         head_dim=32, hidden=384, max_len=384)  # fmt: skip
+  assert lm["params"] == backbone.parameter_count(backbone.abstract(small))
+  assert lm["size"] == "small (the CPU's smallest)" and lm["train"]["mfu"] is None
+  assert lm["train"]["tokens_per_s"] > 0 and lm["train"]["achieved_tflops"] > 0
+  # Each completion draws at most its 4 new tokens, at least one.
+  per_completion = lm["sample"]["new_tokens_per_s"] / lm["sample"]["completions_per_s"]
+  assert 1 <= per_completion <= 4 + 1e-6, lm["sample"]

@@ -104,6 +104,34 @@ def state_digest(state) -> str:
   return h.hexdigest()
 
 
+# Dense bf16 peak TFLOP/s of one accelerator, by `device_kind` (vendors' data sheets; H100
+# and H200 SXM without sparsity). MFU = achieved FLOP/s / (devices x this).
+PEAK_BF16_TFLOPS = {
+  "NVIDIA H100 80GB HBM3": 989.0,
+  "NVIDIA H100": 989.0,
+  "NVIDIA H200": 989.0,
+  "NVIDIA A100-SXM4-80GB": 312.0,
+  "NVIDIA A100-SXM4-40GB": 312.0,
+  "NVIDIA A100 80GB PCIe": 312.0,
+  "TPU v4": 275.0,
+  "TPU v5 lite": 197.0,
+  "TPU v5e": 197.0,
+  "TPU v5p": 459.0,
+  "TPU v6 lite": 918.0,
+  "TPU v6e": 918.0,
+}
+
+
+def peak_bf16_tflops(device=None) -> float | None:
+  """One device's dense bf16 peak (TFLOP/s) from its `device_kind`, matched exactly or by the
+  longest known prefix; None for a CPU or an unknown kind (no MFU is reported then)."""
+  kind = str((device or jax.devices()[0]).device_kind)
+  if kind in PEAK_BF16_TFLOPS:
+    return PEAK_BF16_TFLOPS[kind]
+  known = [k for k in PEAK_BF16_TFLOPS if kind.startswith(k)]
+  return PEAK_BF16_TFLOPS[max(known, key=len)] if known else None
+
+
 def program_flops(fn, *args) -> float | None:
   """XLA's FLOP count of one call of the jitted `fn` on `args` (compiled, not run), or None
   on a backend that does not count them. Under SPMD it is one device's program."""
