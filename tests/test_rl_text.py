@@ -283,7 +283,14 @@ def test_the_experiment_writes_its_table_plots_and_every_sources_cost(experiment
       assert len(p["seeds"]) == 2 and all(0 <= s["success"] <= 1 for s in p["seeds"])
   spent = {n: runs[n]["seeds"][0]["credit_env_steps"] for n in SOURCES}
   setup = runs["prm"]["setup"]["completions"]
-  assert spent["outcome"] == 0 and spent["prm"] == spent["shaped"] == setup == 8
+  assert spent["outcome"] == 0 and setup == 8
+  # prm and shaped: the PRM's traces, and the training alarm's labels (alarm.steps a update,
+  # their pools and the next step's, K = 2), charged to the run.
+  for name in ("prm", "shaped"):
+    alarm = sum(u["alarm_completions"] for u in runs[name]["updates_log"][0])
+    assert alarm > 0 and spent[name] == setup + alarm
+    checked = [u["checks"] for u in runs[name]["updates_log"][0]]
+    assert all(len(c["gap"]) == 4 for c in checked), checked
   # mc_credit draws K = 2 continuations at every step's prefix of its training traces;
   # pp_credit at a share of them, on top of the models' data and labels.
   steps = sum(u["steps"] for u in runs["mc_credit"]["updates_log"][0])
@@ -463,7 +470,7 @@ class _Ctx:
   """What a source reads of the run: the config, its pools (each request recorded) and the
   fitted models (a PRM's p(x_t) and a credit head's (f, s), given)."""
 
-  def __init__(self, pools, prm=None, head=None, **pp):
+  def __init__(self, pools, prm=None, head=None, alarm_steps=0, **pp):
     from types import SimpleNamespace
 
     from hindsight.lm.rl.credit import Spend
@@ -471,7 +478,8 @@ class _Ctx:
     self._pools, self.asked, self.spend = pools, [], Spend
     pp = {"rho": 1.0, "p_min": 1.0, "lam": 0.5, **pp}
     self.config = SimpleNamespace(grpo=SimpleNamespace(group=4), pp=SimpleNamespace(**pp),
-                                  label=SimpleNamespace(num_rollouts=3))  # fmt: skip
+                                  label=SimpleNamespace(num_rollouts=3),
+                                  alarm=SimpleNamespace(steps=alarm_steps))  # fmt: skip
     self._models = SimpleNamespace(prm_values=lambda ro: prm, credit_values=lambda ro: head)
 
   def pools(self, state, rollouts, wanted, K, key):
@@ -519,6 +527,119 @@ def test_prm_and_shaped_read_the_prms_values_as_defined():
   for i in range(8):
     np.testing.assert_allclose(increments[i], prm[i][1:] - prm[i][:-1], atol=1e-7)
     np.testing.assert_allclose(shaped[i], rewards[i] - prm[i][:-1], atol=1e-7)  # p(x_t), t < T
+
+
+def test_the_prms_alarm_checks_are_its_increments_against_mc_credit_on_drawn_steps():
+  """prm and shaped with alarm.steps = 5: five distinct training steps, drawn from the key,
+  each checked as (the PRM's increment, the MC credit from the pools of x_t and x_{t+1}, or
+  R at a trace's last step), the pools asked for exactly those prefixes; the signal itself
+  is unchanged. Labelling the next step (the pools of x_{t+1} and x_{t+2}) fails it."""
+  from hindsight.lm.rl.sources import ProcessReward, Shaped
+
+  T, rewards, rollouts, pools = _hand_built()
+  prm = [np.linspace(0.1, 0.9, t + 1).astype(np.float32) ** (i + 1) for i, t in enumerate(T)]
+  for cls in (ProcessReward, Shaped):
+    ctx = _Ctx(pools, prm=prm, alarm_steps=5)
+    signal = cls(ctx).signal(None, rollouts, jax.random.key(7))
+    plain = cls(_Ctx(pools, prm=prm)).signal(None, rollouts, jax.random.key(7))
+    assert signal.checks is not None and plain.checks is None
+    for a, b in zip(signal.steps, plain.steps, strict=True):
+      np.testing.assert_array_equal(a, b)
+    c = signal.checks
+    chosen = list(zip(c["trace"], c["step"], strict=True))
+    assert len(set(chosen)) == 5 and all(0 <= t < T[i] for i, t in chosen)
+    wanted = {(i, t) for i, t in chosen} | {(i, t + 1) for i, t in chosen if t + 1 < T[i]}
+    assert ctx.asked == [sorted(wanted)]
+    for (i, t), pred, ref in zip(chosen, c["pred"], c["ref"], strict=True):
+      keep = rewards[i] if t == T[i] - 1 else pools[(i, t + 1)].mean()
+      assert ref == pytest.approx(keep - pools[(i, t)].mean(), abs=1e-6)
+      assert pred == pytest.approx(prm[i][t + 1] - prm[i][t], abs=1e-7)
+  other = ProcessReward(_Ctx(pools, prm=prm, alarm_steps=5)).signal(None, rollouts,
+                                                                    jax.random.key(8))  # fmt: skip
+  assert other.checks["step"] != c["step"] or other.checks["trace"] != c["trace"]
+
+
+def test_pp_credits_alarm_checks_are_exactly_the_steps_it_labels():
+  """pp_credit's checks are its labelled steps (z_t = 1) with the head's f_t and the MC
+  credit D_t it bought: no extra label. Every step labelled (p = 1): every step checked."""
+  from hindsight.lm.rl.sources import PredictionPoweredCredit
+
+  T, rewards, rollouts, pools = _hand_built()
+  head = [(np.full(t, 0.3 + 0.1 * i, np.float32), np.full(t, 0.2, np.float32))
+          for i, t in enumerate(T)]  # fmt: skip
+  ctx = _Ctx(pools, head=head)
+  c = PredictionPoweredCredit(ctx).signal(None, rollouts, jax.random.key(1)).checks
+  assert list(zip(c["trace"], c["step"], strict=True)) == [
+    (i, t) for i in range(8) for t in range(T[i])
+  ]
+  for i, t, pred, ref in zip(c["trace"], c["step"], c["pred"], c["ref"], strict=True):
+    keep = rewards[i] if t == T[i] - 1 else pools[(i, t + 1)].mean()
+    assert ref == pytest.approx(keep - pools[(i, t)].mean(), abs=1e-6)
+    assert pred == pytest.approx(0.3 + 0.1 * i)
+  few = PredictionPoweredCredit(_Ctx(pools, head=head, rho=0.2, p_min=0.2))
+  signal = few.signal(None, rollouts, jax.random.key(1))
+  assert 0 < len(signal.checks["step"]) < sum(T)
+  for i, t in zip(signal.checks["trace"], signal.checks["step"], strict=True):
+    # a labelled step's signal carries its own rectifier: (D - lam f) / p on top of lam f
+    assert signal.steps[i][t] != pytest.approx(0.5 * head[i][0][t])
+
+
+def _simulated_records(rng, updates: int, shift_from: int | None, shift: float, n: int = 16):
+  """An update's checks of n steps over the sentence classes: gaps N(0, 0.3) per step,
+  the 'restate' steps' gaps moved by `shift` from update `shift_from` on."""
+  from hindsight.text.world import SENTENCE_TAGS
+
+  records = []
+  for u in range(updates):
+    tags = [SENTENCE_TAGS[j] for j in rng.integers(0, 4, n)]
+    gaps = rng.normal(0.0, 0.3, n)
+    if shift_from is not None and u >= shift_from:
+      gaps = gaps + shift * np.array([t == "restate" for t in tags])
+    records.append({"gap": gaps.tolist(), "tag": tags})
+  return records
+
+
+def _first_alarm(records, baseline=5, window=5):
+  from hindsight.lm.rl.alarm import alarm_test
+  from hindsight.text.world import SENTENCE_TAGS
+
+  for u in range(len(records)):
+    test = alarm_test(records[: u + 1], SENTENCE_TAGS, baseline, window, 0.05, 0.05)
+    if test is not None and test["fired"]:
+      return test
+  return None
+
+
+def test_the_training_alarm_holds_alpha_over_a_run_and_finds_a_moved_class():
+  """`rl.alarm.alarm_test` on simulated checks (16 steps an update over four classes, gap
+  noise 0.3, baseline 5 updates, window 5): with no class moving, at most alpha (0.05) of
+  200 runs of 30 updates ever fire; a 'restate' gap moved by 1.0 from update 10 is found,
+  on that class, in every one of 20 runs, within 10 updates. With one-update windows (about
+  4 gaps a class) no class is tested: testing classes of 2 gaps fires in most runs of no
+  drift (a sample sd of a few gaps can be near 0). Pooling every update since the baseline
+  instead of the window fails the delay. (Testing every window at alpha / 2, unspent,
+  passes here: a sequence read at one time is conservative; the spending is what the union
+  bound over a run's tests needs.)"""
+  from hindsight.lm.rl.alarm import alarm_message, check_record
+
+  rng = np.random.default_rng(0)
+  false = sum(_first_alarm(_simulated_records(rng, 30, None, 0.0)) is not None for _ in range(200))
+  assert false <= 0.05 * 200, false
+  thin = [_first_alarm(_simulated_records(rng, 30, None, 0.0), 1, 1) for _ in range(50)]
+  assert thin == [None] * 50, [t for t in thin if t]
+  for _ in range(20):
+    test = _first_alarm(_simulated_records(rng, 30, 10, 1.0))
+    assert test is not None and test["slice"] == "restate", test
+    assert 10 <= test["update"] < 20 and test["gap"] - test["before"] > 0.2, test
+    assert f"at update {test['update']}" in alarm_message(test, 0.05, 0.05)
+  # check_record: each check's class from its trace and step; a step with no finite reference
+  # is left out; a source with no checks has no record.
+  checks = {"trace": [0, 1, 1], "step": [1, 0, 2], "pred": [0.5, 0.1, 0.2],
+            "ref": [0.25, float("nan"), 0.4]}  # fmt: skip
+  tags = [["fact", "restate"], ["verify", "write", "answer"]]
+  assert check_record(checks, tags) == {"gap": [0.25, pytest.approx(-0.2)],
+                                        "tag": ["restate", "answer"]}  # fmt: skip
+  assert check_record(None, tags) is None
 
 
 def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():

@@ -67,6 +67,12 @@ def base_config() -> ConfigDict:
   c.eval.rollouts = 8  # the reference's K
   c.eval.tolerance = 0.05  # the drift tests' |mean gap| tolerance per sentence class
   c.eval.alpha = 0.05  # their false-alarm probability over a run
+  # The training alarm (`hindsight.lm.rl.alarm`): the learned sources' gap per sentence class
+  # on labelled training steps, pooled over updates; tolerance and alpha are eval's.
+  c.alarm = ConfigDict()
+  c.alarm.steps = 16  # prm, shaped: training steps Monte Carlo labelled per update (charged)
+  c.alarm.baseline = 5  # the first updates, whose gaps are the reference
+  c.alarm.window = 5  # the updates pooled in each later test
   # Where the learned models are cached ("": WORKDIR/setup); `--sources` shares OUT/setup.
   c.setup_dir = ""
   c.progress = True
@@ -93,6 +99,9 @@ def smoke(c: ConfigDict) -> ConfigDict:
   c.eval.prompts = 16
   c.eval.reference = 2
   c.eval.rollouts = 2
+  c.alarm.steps = 4
+  c.alarm.baseline = 1
+  c.alarm.window = 1
   c.progress = False
   return c
 
@@ -127,6 +136,9 @@ def check_config(c: ConfigDict) -> None:
     raise HindsightError("label.num_rollouts, models.rollouts and eval.rollouts must be >= 2")
   if not 0.0 < float(c.pp.rho) <= 1.0 or not 0.0 < float(c.pp.p_min) <= float(c.pp.rho):
     raise HindsightError("pp.rho must be in (0, 1] and pp.p_min in (0, pp.rho]")
+  a = c.alarm
+  if int(a.steps) < 0 or int(a.baseline) < 1 or int(a.window) < 1:
+    raise HindsightError("alarm.steps must be >= 0, alarm.baseline and alarm.window >= 1")
   if g.kl not in ("kl", "mse_kl", "low_var_kl"):
     raise HindsightError(f"grpo.kl must be kl, mse_kl or low_var_kl, got {g.kl!r}")
   if float(g.temperature) <= 0:

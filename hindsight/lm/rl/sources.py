@@ -15,7 +15,10 @@ in completions and generated tokens (`rl.credit.Spend`):
 
 The learned ones read `models.Models` (the PRM and the credit head, fitted on the initial
 policy's traces) and report, per step, the credit they predict (`predict`), which every
-evaluation point holds against credit resampled at the reference K.
+evaluation point holds against credit resampled at the reference K, and, on some of every
+update's training steps, their predicted and Monte Carlo credit (`Signal.checks`: the steps
+pp_credit labels, or alarm.steps steps labelled for the PRM's sources), which the training
+alarm pools over updates (`rl.alarm`).
 """
 
 from __future__ import annotations
@@ -60,12 +63,15 @@ def source_class(name: str) -> type:
 
 @dataclasses.dataclass
 class Signal:
-  """A source's answer for one batch: steps[i] float [T_i] per trace, what it spent, and a
-  record of scalars for the run's log."""
+  """A source's answer for one batch: steps[i] float [T_i] per trace, what it spent, a
+  record of scalars for the run's log, and the training alarm's checks (None: none):
+  {"trace", "step": int [n], "pred", "ref": float [n]}, the model's and the Monte Carlo
+  credit of n of the batch's steps."""
 
   steps: list[np.ndarray]
   spend: Spend
   record: dict = dataclasses.field(default_factory=dict)
+  checks: dict | None = None
 
 
 class TextSource:
@@ -138,10 +144,36 @@ class _Modelled(TextSource):
 
 
 class _PRMSource(_Modelled):
-  """A source of the PRM: the credit it predicts is the PRM's increments."""
+  """A source of the PRM: the credit it predicts is the PRM's increments. Its signal comes
+  with alarm.steps of the batch's steps, drawn uniformly, Monte Carlo labelled for the
+  training alarm (charged to the run)."""
 
   def predict(self, rollouts):
     return [np.diff(p).astype(np.float32) for p in self.ctx.models().prm_values(rollouts)]
+
+  def signal(self, state, rollouts, key):
+    signal = self.prm_signal(rollouts)
+    ctx, n = self.ctx, int(self.ctx.config.alarm.steps)
+    T = [c.num_steps for c in rollouts.completions]
+    steps = [(i, t) for i, n_i in enumerate(T) for t in range(n_i)]
+    if n <= 0 or not steps:
+      return signal
+    k_pick, k_label = jax.random.split(key)
+    picks = np.sort(np.asarray(jax.random.choice(k_pick, len(steps), (min(n, len(steps)),),
+                                                 replace=False)))  # fmt: skip
+    chosen = [steps[j] for j in picks]
+    wanted = {s for s in chosen} | {(i, t + 1) for i, t in chosen if t + 1 < T[i]}
+    pools, spend = ctx.pools(state, rollouts, sorted(wanted), int(ctx.config.label.num_rollouts),
+                             k_label)  # fmt: skip
+    pred, R = self.predict(rollouts), rollouts.rewards
+    checks = {"trace": [i for i, _ in chosen], "step": [t for _, t in chosen],
+              "pred": [float(pred[i][t]) for i, t in chosen],
+              "ref": [step_credit(pools, i, t, T[i], R[i]) for i, t in chosen]}  # fmt: skip
+    record = {**signal.record, "alarm_completions": spend.completions}
+    return dataclasses.replace(signal, spend=signal.spend + spend, record=record, checks=checks)
+
+  def prm_signal(self, rollouts) -> Signal:
+    raise NotImplementedError
 
 
 @register_text_source
@@ -150,7 +182,7 @@ class ProcessReward(_PRMSource):
   summary = "the PRM's increments p(x_{t+1}) - p(x_t)"
   unbiased = False
 
-  def signal(self, state, rollouts, key):
+  def prm_signal(self, rollouts):
     return Signal(self.predict(rollouts), Spend())
 
 
@@ -159,7 +191,7 @@ class Shaped(_PRMSource):
   name = "shaped"
   summary = "R - p(x_t): the PRM as a shaping potential"
 
-  def signal(self, state, rollouts, key):
+  def prm_signal(self, rollouts):
     values = self.ctx.models().prm_values(rollouts)
     pairs = zip(values, rollouts.rewards, strict=True)
     return Signal([(r - p[:-1]).astype(np.float32) for p, r in pairs], Spend())
@@ -218,7 +250,10 @@ class PredictionPoweredCredit(_Modelled):
       resid, dz = (d - f)[z], d[z]
       if labels_vary(dz.var(), 0.0, float(np.mean(dz**2))):  # else undefined (n/a)
         record["explained_variance"] = float(1 - resid.var() / dz.var())
-    return Signal([adv[i, : T[i]] for i in range(E)], spend, record)
+    zi, zt = np.nonzero(z)  # the labelled steps: the training alarm's checks
+    checks = {"trace": zi.tolist(), "step": zt.tolist(), "pred": f[zi, zt].tolist(),
+              "ref": d[zi, zt].tolist()}  # fmt: skip
+    return Signal([adv[i, : T[i]] for i in range(E)], spend, record, checks)
 
   def predict(self, rollouts):
     return [f for f, _ in self.ctx.models().credit_values(rollouts)]

@@ -30,12 +30,14 @@ import time
 import numpy as np
 
 from hindsight.errors import HindsightError
+from hindsight.lm.rl.alarm import alarm_message, alarm_test, check_record
 from hindsight.lm.rl.config import check_config
 from hindsight.lm.rl.context import CREDIT, EVAL, REFERENCE, TRAIN, Context, stream_key
 from hindsight.lm.rl.credit import Spend
 from hindsight.lm.rl.grpo import batch_arrays, token_advantages
-from hindsight.lm.rl.measure import evaluate_point
+from hindsight.lm.rl.measure import evaluate_point, step_tags
 from hindsight.lm.rl.sources import source_class
+from hindsight.text.world import SENTENCE_TAGS
 
 LOG_FILE = "log.json"
 
@@ -155,7 +157,9 @@ class SeedRun:
       log["updates"].append({"update": u, "reward": float(ro.rewards.mean()),
                              "steps": sum(x.num_steps for x in ro.completions),
                              "tokens": ro.tokens,
-                             **{k: float(v) for k, v in aux.items()}, **signal.record})  # fmt: skip
+                             **{k: float(v) for k, v in aux.items()}, **signal.record,
+                             "checks": check_record(signal.checks, step_tags(ro))})  # fmt: skip
+      self._alarm(log)
       if bar is not None:
         bar.update(1)
         bar.set_postfix(seed=self.i, reward=f"{ro.rewards.mean():.2f}",
@@ -166,9 +170,28 @@ class SeedRun:
     self.ckpt.close()
     return log
 
+  def _alarm(self, log: dict) -> None:
+    """The training alarm at the update just logged (`rl.alarm`); its first firing is kept
+    as log["alarm"] and the next point's `training_alarm` warning."""
+    c = self.ctx.config
+    if "alarm" in log or not self.source.learned:
+      return
+    e = c.eval
+    test = alarm_test([x["checks"] for x in log["updates"]], SENTENCE_TAGS, int(c.alarm.baseline),
+                      int(c.alarm.window), float(e.tolerance), float(e.alpha))  # fmt: skip
+    if test is not None:
+      log["updates"][-1]["alarm"] = test
+      if test["fired"]:
+        log["alarm"] = {**test, "message": alarm_message(test, float(e.tolerance),
+                                                         float(e.alpha))}  # fmt: skip
+
   def _point(self, update: int, log: dict) -> dict:
     before = log["points"][0].get("drift", {}).get("tags") if log["points"] else None
     p = self.point(self.learner.rollout.state, update, len(log["points"]), before)
+    alarm = log.get("alarm")
+    p["alarm_update"] = alarm["update"] if alarm else None  # the training alarm's first firing
+    if alarm:
+      p["warnings"] = {**p.get("warnings", {}), "training_alarm": alarm["message"]}
     return {"update": update, "policy": dict(log["policy"]), "credit": dict(log["credit"]), **p}
 
 
