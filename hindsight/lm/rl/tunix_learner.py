@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,17 @@ from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner, TrainExample
 from tunix.rl.rollout import base_rollout
 
 from hindsight.lm.rl.engine_rollout import EngineRollout, TunixTokenizer
+
+
+class _NoHbmNoticeOnCpu(logging.Filter):
+  """Tunix reports HBM use when it builds a cluster and warns, twice a cluster, that a CPU
+  has none: noise on every seed of a CPU run."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "Skipping non-TPU device" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_NoHbmNoticeOnCpu())
 
 # What each update's log keeps of the aux Tunix's GRPO loss returns.
 METRICS = ("kl", "pg_loss", "entropy", "pg_clipfrac")
@@ -57,7 +69,7 @@ def make_cluster(lm, grpo, mesh=None) -> rl_cluster_lib.RLCluster:
   with the slot engine as rollout worker; every role on `mesh` (default: one device, axes
   (data, fsdp, tp) of size 1, `model.sharding.make_mesh`: a TPU slice or GPUs are a mesh
   away)."""
-  from hindsight.model.sharding import make_mesh
+  from hindsight.model.sharding import make_mesh, state_shardings
 
   if mesh is None:
     mesh = make_mesh(1, 1, jax.devices()[:1])
@@ -75,9 +87,14 @@ def make_cluster(lm, grpo, mesh=None) -> rl_cluster_lib.RLCluster:
                                      temperature=float(grpo.temperature)),
     training_config=training, rollout_config=rollout,
   )  # fmt: skip
+  # The weights placed on the mesh first (each array cut as its own axes say, where the mesh
+  # has them), so Tunix finds them there and does not reshard.
+  abstract = nnx.state(nnx.eval_shape(lambda: nnx.merge(lm.graphdef, lm.state)))
+  shardings = state_shardings(abstract, mesh, specs=nnx.get_partition_spec(abstract))
   with mesh:
-    actor = nnx.merge(lm.graphdef, lm.state)
-    reference = nnx.merge(lm.graphdef, jax.tree.map(jnp.copy, lm.state))
+    actor = nnx.merge(lm.graphdef, jax.device_put(lm.state, shardings))
+    reference = nnx.merge(lm.graphdef, jax.device_put(jax.tree.map(jnp.copy, lm.state),
+                                                      shardings))  # fmt: skip
   return rl_cluster_lib.RLCluster(actor=actor, reference=reference,
                                   tokenizer=TunixTokenizer(lm.tokenizer, lm.cfg),
                                   cluster_config=cluster)  # fmt: skip
