@@ -143,7 +143,8 @@ def main(argv=None) -> None:
   device = str(jax.devices()[0].device_kind)
   tokens_per_s, flops, params = train_rate(cfg, dtype, batch, seq, args.steps, args.repeats)
   completions_per_s, new_per_s = sample_rate(cfg, prompts, prompt_len, new, args.repeats)
-  peak = args.peak_tflops or peak_bf16_tflops() or 0.0
+  # The known peaks are bf16's: a float32 run reports MFU only against a peak it is given.
+  peak = args.peak_tflops or (peak_bf16_tflops() if args.dtype == "bfloat16" else None) or 0.0
   result = {
     "backend": backend,
     "device": device,

@@ -8,8 +8,8 @@ Programs are compiled and warmed up first; the best of `--repeats` timings is re
 Achieved FLOP/s = XLA's FLOP count of the compiled program (`cost_analysis`, one device's
 program under SPMD, times the devices) x calls per second; with `--peak-tflops` (one
 device's peak for the dtype in use) also the model FLOP utilisation (MFU) over all devices,
-so an accelerator run has a number to report; on a known accelerator the peak is its dense
-bf16 peak (`model.programs.peak_bf16_tflops`) unless given.
+so an accelerator run has a number to report; in bf16 on a known accelerator the peak is its
+dense bf16 peak (`model.programs.peak_bf16_tflops`) unless given.
 
   make bench
   python eval/bench_model.py --config configs/reasoning.py --workdir runs/demo
@@ -89,7 +89,9 @@ def main() -> None:
   args = p.parse_args()
 
   config = load_config(args.config, args.set)
-  peak = args.peak_tflops or peak_bf16_tflops() or 0.0
+  # The known peaks are bf16's: a float32 run reports MFU only against a peak it is given.
+  bf16 = str(config.model.get("compute_dtype", "")) == "bfloat16"
+  peak = args.peak_tflops or (peak_bf16_tflops() if bf16 else None) or 0.0
   if args.workdir:
     spec = Predictor.load(args.workdir).spec
   else:

@@ -236,6 +236,10 @@ def test_the_device_check_runs_every_part_and_bench_lm_reports_its_model():
   assert lm["params"] == backbone.parameter_count(backbone.abstract(small))
   assert lm["size"] == "small (the CPU's smallest)" and lm["train"]["mfu"] is None
   assert lm["train"]["tokens_per_s"] > 0 and lm["train"]["achieved_tflops"] > 0
+  # A training step's FLOPs per token: about 6 per parameter (forward and backward matmuls),
+  # a little more for attention, the loss and Adam (rounding of the 4-decimal TFLOP/s).
+  per_token = lm["train"]["achieved_tflops"] * 1e12 / lm["train"]["tokens_per_s"]
+  assert 5 * lm["params"] <= per_token <= 12 * lm["params"], per_token / lm["params"]
   # Each completion draws at most its 4 new tokens, at least one.
   per_completion = lm["sample"]["new_tokens_per_s"] / lm["sample"]["completions_per_s"]
   assert 1 <= per_completion <= 4 + 1e-6, lm["sample"]

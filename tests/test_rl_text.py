@@ -429,14 +429,29 @@ def test_a_tuned_policy_exports_as_a_hugging_face_folder_of_the_same_model(exper
   assert_one_line_error(again, "exists and is not an empty directory")
 
 
-def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path):
+def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path, monkeypatch):
   """A run stopped after its first update's checkpoint (the same config with one update),
   then rerun with two, ends where one uninterrupted two-update run ends: the same points and
-  bitwise the same parameters (every key is of the seed and the update)."""
+  bitwise the same parameters (every key is of the seed and the update). Each point measures
+  the policy of its update: the first the starting LM, the last the checkpoint's."""
+  from hindsight.lm.rl import trainer
   from hindsight.lm.rl.trainer import load_policy, train_and_evaluate
+  from hindsight.lm.train import load_lm
+  from hindsight.model.programs import state_digest
 
+  measured, point = [], trainer.evaluate_point
+
+  def spy(ctx, source, state, *args):
+    measured.append(state_digest(state))
+    return point(ctx, source, state, *args)
+
+  monkeypatch.setattr(trainer, "evaluate_point", spy)
   shared = [f"lm={policy}", "num_seeds=1", "source=mc_credit"]
   whole = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "whole"))
+  final, _ = load_policy(str(tmp_path / "whole"))
+  assert len(measured) == 3 and len(set(measured)) == 3
+  assert measured[0] == state_digest(load_lm(policy).state)
+  assert measured[-1] == state_digest(final.state)
   train_and_evaluate(load_config("rl_text:smoke", [*shared, "grpo.updates=1"]),
                      str(tmp_path / "cut"))  # fmt: skip
   cut = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "cut"))
@@ -591,12 +606,25 @@ def test_pp_credits_alarm_checks_are_exactly_the_steps_it_labels():
     keep = rewards[i] if t == T[i] - 1 else pools[(i, t + 1)].mean()
     assert ref == pytest.approx(keep - pools[(i, t)].mean(), abs=1e-6)
     assert pred == pytest.approx(0.3 + 0.1 * i)
-  few = PredictionPoweredCredit(_Ctx(pools, head=head, rho=0.2, p_min=0.2))
-  signal = few.signal(None, rollouts, jax.random.key(1))
-  assert 0 < len(signal.checks["step"]) < sum(T)
-  for i, t in zip(signal.checks["trace"], signal.checks["step"], strict=True):
-    # a labelled step's signal carries its own rectifier: (D - lam f) / p on top of lam f
-    assert signal.steps[i][t] != pytest.approx(0.5 * head[i][0][t])
+  # Labelling favours the steps the head is least sure of (p_t from 0.1 up); the checks are
+  # the labelled steps thinned to a uniform sample: over 300 keys every step is checked about
+  # p_min = 0.1 of the time, however often it was labelled (without the thinning, p_t).
+  unsure = [(f, np.linspace(0.05, 2.0, len(f)).astype(np.float32) * (1 + i))
+            for i, (f, _) in enumerate(head)]  # fmt: skip
+  source = PredictionPoweredCredit(_Ctx(pools, head=unsure, rho=0.4, p_min=0.1))
+  labelled, checked = collections.Counter(), collections.Counter()
+  for k in range(300):
+    signal = source.signal(None, rollouts, jax.random.key(100 + k))
+    for i, t in zip(signal.checks["trace"], signal.checks["step"], strict=True):
+      checked[(i, t)] += 1
+      # a checked step is a labelled one: its signal carries its own rectifier
+      assert signal.steps[i][t] != pytest.approx(0.5 * unsure[i][0][t])
+    labelled.update((i, t) for i in range(8) for t in range(T[i])
+                    if signal.steps[i][t] != pytest.approx(0.5 * unsure[i][0][t]))  # fmt: skip
+  rates = np.array([checked[(i, t)] / 300 for i in range(8) for t in range(T[i])])
+  assert np.all(np.abs(rates - 0.1) < 4 * np.sqrt(0.1 * 0.9 / 300)), rates
+  spread = np.array([labelled[(i, t)] / 300 for i in range(8) for t in range(T[i])])
+  assert spread.max() - spread.min() > 0.3, spread  # the labelling itself is far from uniform
 
 
 def _simulated_records(rng, updates: int, shift_from: int | None, shift: float, n: int = 16):
@@ -655,6 +683,44 @@ def test_the_training_alarm_holds_alpha_over_a_run_and_finds_a_moved_class():
   assert check_record(checks, tags) == {"gap": [0.25, pytest.approx(-0.2)],
                                         "tag": ["restate", "answer"]}  # fmt: skip
   assert check_record(None, tags) is None
+
+
+def test_the_training_alarm_is_kept_in_the_log_and_warned_at_the_next_point():
+  """SeedRun's wiring of the alarm: each update of a learned source tested from update
+  B + W - 1 on, the first firing kept as log["alarm"] (at `alarm_test`'s update on the same
+  records) and no test after it; the next point carries `alarm_update` and the
+  `training_alarm` warning. A source with no model is never tested."""
+  from types import SimpleNamespace
+
+  from hindsight.lm.rl.alarm import alarm_message
+  from hindsight.lm.rl.trainer import SeedRun
+
+  config = SimpleNamespace(alarm=SimpleNamespace(baseline=5, window=5),
+                           eval=SimpleNamespace(tolerance=0.05, alpha=0.05))  # fmt: skip
+  records = _simulated_records(np.random.default_rng(1), 30, 10, 1.0)
+  want = _first_alarm(records)
+  assert want is not None
+  for learned in (True, False):
+    run = SimpleNamespace(ctx=SimpleNamespace(config=config),
+                          source=SimpleNamespace(learned=learned))  # fmt: skip
+    log = {"updates": [], "points": [], "policy": {}, "credit": {}}
+    for u, r in enumerate(records):
+      log["updates"].append({"update": u, "checks": r})
+      SeedRun._alarm(run, log)
+    tested = [x["update"] for x in log["updates"] if "alarm" in x]
+    if not learned:
+      assert tested == [] and "alarm" not in log
+      continue
+    assert tested == list(range(9, want["update"] + 1))
+    assert log["alarm"]["update"] == want["update"] and log["alarm"]["slice"] == "restate"
+    assert log["alarm"]["message"] == alarm_message(want, 0.05, 0.05)
+    run.point = lambda *_: {"success": 0.5, "warnings": {"other": "kept"}}
+    run.learner = SimpleNamespace(rollout=SimpleNamespace(state=None))
+    point = SeedRun._point(run, 30, log)
+    assert point["alarm_update"] == want["update"]
+    assert point["warnings"] == {"other": "kept", "training_alarm": log["alarm"]["message"]}
+    quiet = SeedRun._point(run, 30, {**log, "alarm": None})
+    assert quiet["alarm_update"] is None and "training_alarm" not in quiet["warnings"]
 
 
 def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():

@@ -104,21 +104,19 @@ def state_digest(state) -> str:
   return h.hexdigest()
 
 
-# Dense bf16 peak TFLOP/s of one accelerator, by `device_kind` (vendors' data sheets; H100
-# and H200 SXM without sparsity). MFU = achieved FLOP/s / (devices x this).
+# Dense bf16 peak TFLOP/s of one accelerator, by `device_kind` (vendors' data sheets, without
+# sparsity; TPU v5p reports "TPU v5", v5e "TPU v5 lite", v6e "TPU v6 lite"). A kind matches
+# exactly or by its longest known prefix. MFU = achieved FLOP/s / (devices x this).
 PEAK_BF16_TFLOPS = {
-  "NVIDIA H100 80GB HBM3": 989.0,
-  "NVIDIA H100": 989.0,
+  "NVIDIA H100 80GB HBM3": 989.0,  # SXM
+  "NVIDIA H100 PCIe": 756.0,
+  "NVIDIA H100 NVL": 835.0,
   "NVIDIA H200": 989.0,
-  "NVIDIA A100-SXM4-80GB": 312.0,
-  "NVIDIA A100-SXM4-40GB": 312.0,
-  "NVIDIA A100 80GB PCIe": 312.0,
+  "NVIDIA A100": 312.0,
   "TPU v4": 275.0,
+  "TPU v5": 459.0,
   "TPU v5 lite": 197.0,
-  "TPU v5e": 197.0,
-  "TPU v5p": 459.0,
   "TPU v6 lite": 918.0,
-  "TPU v6e": 918.0,
 }
 
 

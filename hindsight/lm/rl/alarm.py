@@ -4,8 +4,10 @@ An evaluation point's reference (`rl.measure`: eval.reference fresh traces every
 updates) has little power: 16 traces give per-class confidence sequences 0.3 to 2.8 wide.
 The alarm reads the steps a run labels anyway, every update, and pools them over updates:
 
-  pp_credit     the steps it labels (z_t = 1): its rectifier's gap f_t - D_t, at no extra
-                cost;
+  pp_credit     the steps it labels (z_t = 1), thinned to a uniform sample (each kept with
+                probability p_min / p_t: every step checked with probability pp.p_min, so a
+                class's mean gap is not tilted by the allocation): the head's f_t - D_t, at
+                no extra cost;
   prm, shaped   `alarm.steps` steps drawn uniformly from each update's training steps, their
                 Monte Carlo credit D_t (K = label.num_rollouts, `rl.credit`) bought for the
                 alarm and charged to the run's credit; the gap is the PRM's increment

@@ -8,9 +8,9 @@ prefill. Besides Tunix's text API (`generate`) it has the token-level call the c
 draw their pools with (`complete`, `rollout.PolicySampler`'s): a branch continues the very
 tokens the policy drew, never a re-encoding of their text.
 
-The worker's model is the rollout role's module: the actor's own when both roles share a mesh
-(Tunix then skips the weight sync, and `generate` samples the actor's current parameters),
-else a copy that `update_params` (`RLCluster.sync_weights`) brings up to date. `complete`
+The worker's model is the rollout role's module, which `RLCluster` makes the actor's own for a
+`BaseRollout` class: `generate` samples the actor's current parameters and no weight sync is
+needed (`update_params` still copies parameters in, for a caller that syncs). `complete`
 takes the state to sample from, as every sampler of `lm.rl` does.
 """
 
@@ -59,6 +59,7 @@ class EngineRollout(PolicySampler, base_rollout.BaseRollout):
     super().__init__(nnx.graphdef(rollout_actor), cfg, temperature,
                      **({"slots": slots} if slots else {}))  # fmt: skip
     self._model, self._tokenizer = rollout_actor, tokenizer
+    self._calls = 0  # `generate` calls so far: a call with no seed draws fold_in(key(0), it)
     self.mesh = None  # the cluster's rollout mesh stays as configured
 
   @property
@@ -68,11 +69,15 @@ class EngineRollout(PolicySampler, base_rollout.BaseRollout):
 
   def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
     """Tunix's text API: one completion of each prompt string (encoded with its BOS) within
-    rollout_config.max_tokens_to_generate tokens, row i drawn with fold_in(seed, i)."""
+    rollout_config.max_tokens_to_generate tokens, row i drawn with split(seed)[i]; with no
+    seed, the n-th call's is fold_in(key(0), n), so calls draw afresh."""
     ids = [np.asarray(self._tokenizer.encode(p), np.int32) for p in prompts]
-    seed = rollout_config.seed if rollout_config.seed is not None else jax.random.key(0)
-    if not jax.dtypes.issubdtype(getattr(seed, "dtype", None), jax.dtypes.prng_key):
+    seed = rollout_config.seed
+    if seed is None:
+      seed = jax.random.fold_in(jax.random.key(0), self._calls)
+    elif not jax.dtypes.issubdtype(getattr(seed, "dtype", None), jax.dtypes.prng_key):
       seed = jax.random.key(int(seed))
+    self._calls += 1
     keys = jax.random.split(seed, len(ids))
     budget = int(rollout_config.max_tokens_to_generate)
     tokens = self.complete(self.state, ids, [budget] * len(ids), keys)
@@ -90,6 +95,7 @@ class EngineRollout(PolicySampler, base_rollout.BaseRollout):
     return common.compute_per_token_logps(
       self.graphdef, self.state, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
       pad_id=self.pad_id(), eos_id=self.eos_id(), stop_gradient=True, return_logits=False,
+      temperature=self.temperature,
     )  # fmt: skip
 
   def update_params(self, params, filter_types: tuple[Any, ...] | None = None) -> None:

@@ -250,7 +250,12 @@ class PredictionPoweredCredit(_Modelled):
       resid, dz = (d - f)[z], d[z]
       if labels_vary(dz.var(), 0.0, float(np.mean(dz**2))):  # else undefined (n/a)
         record["explained_variance"] = float(1 - resid.var() / dz.var())
-    zi, zt = np.nonzero(z)  # the labelled steps: the training alarm's checks
+    # The training alarm's checks: the labelled steps thinned to a uniform sample (each kept
+    # with probability p_min / p_t, so every step is checked with probability p_min whatever
+    # the allocation favoured): a class's mean gap over them is the policy's, not the mix's.
+    thin = float(pp.p_min) / np.maximum(p, float(pp.p_min))  # p_t >= p_min on every step
+    keep = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), p.shape)) < thin
+    zi, zt = np.nonzero(z & keep)
     checks = {"trace": zi.tolist(), "step": zt.tolist(), "pred": f[zi, zt].tolist(),
               "ref": d[zi, zt].tolist()}  # fmt: skip
     return Signal([adv[i, : T[i]] for i in range(E)], spend, record, checks)

@@ -144,7 +144,7 @@ class SeedRun:
       self.save(0, log)
       start = 0
     else:
-      learner.load(parts)
+      learner.load(parts, start)
       with open(os.path.join(self.ckpt.step_dir(start), LOG_FILE)) as f:
         log = json.load(f)
     if bar is not None:

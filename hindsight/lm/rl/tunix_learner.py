@@ -11,9 +11,9 @@ a signal per step, and each step's signal lands on exactly that step's tokens
 
     loss_ij = max(-A_ij r, -A_ij clip(r, 1 - eps, 1 + eps)) + beta KL_j(pi_theta || pi_0)
 
-The reference log-probabilities come from the cluster's reference role, the update from its
-actor trainer (Tunix's `rl.trainer.Trainer` with the loss `GRPOLearner` installs), and the
-rollout worker's weights from `RLCluster.sync_weights`.
+The reference log-probabilities come from the cluster's reference role and the update from
+its actor trainer (Tunix's `rl.trainer.Trainer` with the loss `GRPOLearner` installs); the
+rollout worker samples the actor's own module, so the next update samples the new weights.
 
 `train_step` is one update, in the order `RLLearner.train` runs one global step (advantages,
 `update_actor`, weight sync); `hindsight rl` drives it itself rather than through
@@ -176,10 +176,11 @@ class CreditGRPOLearner(GRPOLearner):
     t = self.rl_cluster.actor_trainer
     return nnx.state({"model": t.model, "optimizer": t.optimizer})
 
-  def load(self, parts: nnx.State) -> None:
-    """Restores `parts` (as `parts()` wrote them) into the actor and syncs the rollout."""
+  def load(self, parts: nnx.State, updates: int) -> None:
+    """Restores `parts` (as `parts()` wrote them after `updates` updates) into the actor, the
+    rollout worker's weights and Tunix's global step with it."""
     t = self.rl_cluster.actor_trainer
     nnx.update({"model": t.model, "optimizer": t.optimizer}, parts)
     if self.should_sync_weights:
       self.rl_cluster.sync_weights()
-      self.rl_cluster.global_steps -= 1  # a restore is not an update
+    self.rl_cluster.global_steps = int(updates)
