@@ -215,6 +215,35 @@ def test_a_stub_source_raises_its_steps_log_probability_and_a_zero_source_moves_
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_the_clusters_rollout_worker_answers_tunixs_text_api(policy):
+  """`RLCluster.generate` (Tunix's text API) through the slot-engine worker: each prompt
+  string encoded with its BOS, completed as the token-level `complete` completes it with
+  the same keys (split(seed)), decoded without the EOS; unseeded calls draw afresh."""
+  import dataclasses
+
+  from hindsight.lm.rl.tunix_learner import make_cluster
+  from hindsight.lm.train import load_lm
+
+  config = load_config("rl_text:smoke", [f"lm={policy}"])
+  lm = load_lm(policy)
+  cluster = make_cluster(lm, config.grpo)
+  worker = cluster.rollout
+  texts = [p.prompt() for p in world.problems(3, 3, tuple(lm.record["counts"]))]
+  seeded = dataclasses.replace(cluster.cluster_config.rollout_config, seed=jax.random.key(5))
+  out = worker.generate(texts, seeded)
+  ids = [lm.tokenizer.encode(t, start=True) for t in texts]
+  want = worker.complete(worker.state, ids, [int(config.grpo.max_tokens)] * 3,
+                         jax.random.split(jax.random.key(5), 3))  # fmt: skip
+  for got, w, text in zip(out.tokens, want, out.text, strict=True):
+    np.testing.assert_array_equal(got, w)
+    assert text == lm.tokenizer.decode([t for t in w if t not in lm.cfg.eos_ids])
+  width = out.left_padded_prompt_tokens.shape[1]
+  for row, p in zip(out.left_padded_prompt_tokens, ids, strict=True):
+    np.testing.assert_array_equal(row[width - len(p) :], p)
+  first, second = (cluster.generate(texts).tokens for _ in range(2))
+  assert any(not np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+
+
 def test_the_kl_term_holds_the_policy_near_the_starting_one(policy, tmp_path):
   """Tunix's k3 KL to the starting policy (the cluster's reference role), weighted by
   grpo.beta: its gradient is 0 at the start, so the test runs several updates of one batch.
