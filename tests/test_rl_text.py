@@ -339,6 +339,14 @@ def test_the_experiment_writes_its_table_plots_and_every_sources_cost(experiment
   pp_setup = runs["pp_credit"]["setup"]["completions"]
   assert pp_setup > setup and spent["pp_credit"] - pp_setup < spent["mc_credit"]
   assert "mc_credit minus outcome, paired by seed" in table
+  # pp_credit's statistics (the symbolic source's: labelled share, explained variance, lam,
+  # the rectifier's and the label noise's shares) per update, averaged per seed then over
+  # seeds into the table's own block.
+  own = next(b for b in table.split("\n\n") if b.startswith("| source | labelled share"))
+  (row,) = [line for line in own.splitlines() if line.startswith("| pp_credit |")]
+  per_seed = [np.mean([u["label_share"] for u in log]) for log in runs["pp_credit"]["updates_log"]]
+  assert row.split("|")[2].strip().startswith(f"{np.mean(per_seed):.3f} [")
+  assert all("rectifier_share" in u for u in runs["pp_credit"]["updates_log"][0])
   # The table's figures are results.json's last point: each source's mean over seeds with
   # its 95% t-interval, recomputed here (the start, update 0, would read other tokens).
   main = next(block for block in table.split("\n\n") if block.startswith("| source | success"))
@@ -790,6 +798,17 @@ def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():
   assert 0 < weight(before, 0) < 1 and 0 < weight(before, 1) < 1
   assert weight(after, 0) == weight(before, 0)  # even: set by the odd labels alone
   assert weight(after, 1) != weight(before, 1)  # odd: set by the even labels, which moved
+
+
+def test_a_steps_mc_stderr_is_its_two_pools_sample_stderr():
+  """`credit.step_stderr`: sqrt(s_keep^2 / K + s_replace^2 / K) (ddof 1), the keep pool of
+  x_{t+1}, none at the last step (R is known); pools here of K = 3 spread 0, 0.05, 0.1."""
+  from hindsight.lm.rl.credit import step_stderr
+
+  T, _, _, pools = _hand_built()
+  s2 = np.var([0.0, 0.05, 0.1], ddof=1) / 3
+  assert step_stderr(pools, 1, 0, T[1]) == pytest.approx(np.sqrt(2 * s2))
+  assert step_stderr(pools, 1, T[1] - 1, T[1]) == pytest.approx(np.sqrt(s2))
 
 
 def test_pp_credit_is_the_head_rectified_by_the_labels_it_buys():

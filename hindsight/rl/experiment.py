@@ -265,23 +265,31 @@ def markdown(
       "so its class shares measure nothing. A return range (--config.return_range=LO:HI) "
       "bounds tied steps; more eval.rollouts narrow the rest.",
     ]
-  own = {n: r for n, r in rows.items() if r.get("label_share")}
-  if own:
-    lines += ["", "Sources that label a share of their own steps (pp_credit), per chunk of "
-              "updates, mean over chunks and seeds: the share of valid steps labelled, the "
-              "model's explained variance on those fresh labels (against noisy labels: a "
-              "lower bound), the weight lam on the model, the rectifier's share of the "
-              "signal's variance, and the labels' Monte Carlo noise's share of the "
-              "rectifier's (what no model can remove):", "",
-              "| source | labelled share | explained variance | lam | rectifier share "
-              "| label-noise share |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for n, r in own.items():
-      lines.append(f"| {n} | {ci_text(r['label_share'])} | {ci_text(r.get('explained_variance'))} "
-                   f"| {ci_text(r.get('lam'))} | {ci_text(r.get('rectifier_share'))} "
-                   f"| {ci_text(r.get('noise_share'))} |")  # fmt: skip
+  lines += own_label_lines(rows, "chunk of updates")
   if notes:
     lines += ["", "Warnings:", *notes]
   return "\n".join(lines) + "\n"
+
+
+def own_label_lines(rows: dict, per: str) -> list[str]:
+  """The table block of the sources that label a share of their own steps (rows carrying
+  `chunk_means`' fields), one record per `per`; [] when no source does."""
+  own = {n: r for n, r in rows.items() if r.get("label_share")}
+  if not own:
+    return []
+  lines = ["", f"Sources that label a share of their own steps (pp_credit), per {per}, mean "
+           f"over those and seeds: the share of valid steps labelled, the model's explained "
+           "variance on those fresh labels (against noisy labels: a lower bound), the weight "
+           "lam on the model, the rectifier's share of the signal's variance (the rest is "
+           "the model's), and the labels' Monte Carlo noise's share of the rectifier's (what "
+           "no model can remove; the rest is the allocation's and the model's error):", "",
+           "| source | labelled share | explained variance | lam | rectifier share "
+           "| label-noise share |", "|---|---|---|---|---|---|"]  # fmt: skip
+  for n, r in own.items():
+    lines.append(f"| {n} | {ci_text(r['label_share'])} | {ci_text(r.get('explained_variance'))} "
+                 f"| {ci_text(r.get('lam'))} | {ci_text(r.get('rectifier_share'))} "
+                 f"| {ci_text(r.get('noise_share'))} |")  # fmt: skip
+  return lines
 
 
 def _styles(names) -> dict:

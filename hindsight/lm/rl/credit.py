@@ -84,6 +84,17 @@ def step_credit(pools: dict, i: int, t: int, T: int, outcome: float) -> float:
   return keep - float(np.mean(pools[(i, t)]))
 
 
+def step_stderr(pools: dict, i: int, t: int, T: int) -> float:
+  """The sample stderr of `step_credit`'s estimate: sqrt(s_keep^2 / K + s_replace^2 / K),
+  each pool's sample variance (ddof 1); the last step's keep arm is R itself (no noise)."""
+  replace = np.asarray(pools[(i, t)], np.float64)
+  var = replace.var(ddof=1) / replace.size
+  if t < T - 1:
+    keep = np.asarray(pools[(i, t + 1)], np.float64)
+    var += keep.var(ddof=1) / keep.size
+  return float(np.sqrt(var))
+
+
 def all_prefixes(rollouts) -> list[tuple[int, int]]:
   """(i, t) for every trace i and t < its steps: what labelling every step needs."""
   return [(i, t) for i, c in enumerate(rollouts.completions) for t in range(c.num_steps)]

@@ -24,10 +24,12 @@ from hindsight.rl.experiment import (
   COLLAPSE_DROP,
   RANGES,
   check_sources,
+  chunk_means,
   ci_text,
   collapsed,
   curves,
   mean_ci,
+  own_label_lines,
   warning_lead,
 )
 from hindsight.text.world import SENTENCE_TAGS
@@ -58,9 +60,23 @@ def summarize(results: dict) -> dict:
       lead=warning_lead(r) if drift else None,
       warnings=r.get("warnings", {}),
       class_gap=class_gaps(r) if drift else None,
+      alarm=alarm_lead(r) if r.get("learned") else None,
+      **chunk_means(r),
     )
     rows[name] = row
   return rows
+
+
+def alarm_lead(result: dict) -> list[dict]:
+  """Per seed: the training alarm's first firing (`rl.alarm`: an update, from the last
+  point's alarm_update; None: never), the first evaluation point whose success is more than
+  COLLAPSE_DROP below the start's, and the lead (fell - warned, in updates)."""
+  out = []
+  for d, seed in zip(warning_lead(result, "training_alarm"), result["seeds"], strict=True):
+    warned = seed.get("alarm_update")
+    lead = d["fell"] - warned if warned is not None and d["fell"] is not None else None
+    out.append({"warned": warned, "fell": d["fell"], "lead": lead})
+  return out
 
 
 def class_gaps(result: dict) -> dict:
@@ -165,6 +181,14 @@ def markdown(rows: dict, results: dict, start: dict, seeds: int, command: str) -
               f"more than {COLLAPSE_DROP:g} below its start, per seed:", ""]  # fmt: skip
     lines += [f"- {n}: " + ", ".join(f"{d['warned']}/{d['fell']}" for d in per)
               for n, per in leads.items()]  # fmt: skip
+  alarms = {n: r["alarm"] for n, r in rows.items() if r["alarm"]}
+  if alarms:
+    lines += ["", "First update of the training alarm / first update whose success is more "
+              f"than {COLLAPSE_DROP:g} below its start, per seed (- : never):", ""]  # fmt: skip
+    dash = lambda v: "-" if v is None else str(v)  # noqa: E731
+    lines += [f"- {n}: " + ", ".join(f"{dash(d['warned'])}/{dash(d['fell'])}" for d in per)
+              for n, per in alarms.items()]  # fmt: skip
+  lines += own_label_lines(rows, "update")
   if notes:
     lines += ["", "Warnings (the last of each kind):", *notes]
   return "\n".join(lines) + "\n"

@@ -31,11 +31,11 @@ import numpy as np
 from tunix.rl.algo_core import compute_advantages
 
 from hindsight.errors import HindsightError
-from hindsight.lm.rl.credit import Spend, all_prefixes, step_credit, trace_fields
+from hindsight.lm.rl.credit import Spend, all_prefixes, step_credit, step_stderr, trace_fields
 from hindsight.rl.sources.base import HACKABLE, UNBIASED
 from hindsight.rl.sources.prediction_powered import (
   allocate,
-  labels_vary,
+  chunk_statistics,
   pp_signal,
   tuned_weight,
 )
@@ -230,9 +230,10 @@ class PredictionPoweredCredit(_Modelled):
         wanted.add((int(i), int(t) + 1))
     pools, spend = ctx.pools(state, rollouts, sorted(wanted), int(ctx.config.label.num_rollouts),
                              k_label)  # fmt: skip
-    d = np.zeros_like(f)
+    d, d_noise = np.zeros_like(f), np.full_like(f, np.nan)
     for i, t in zip(*np.nonzero(z), strict=True):
       d[i, t] = step_credit(pools, int(i), int(t), T[i], rollouts.rewards[i])
+      d_noise[i, t] = step_stderr(pools, int(i), int(t), T[i])
     E = len(T)
     if float(pp.lam) >= 0:
       lam = np.full((E, 1), float(pp.lam), np.float32)
@@ -243,13 +244,13 @@ class PredictionPoweredCredit(_Modelled):
       lam_odd = np.asarray(tuned_weight(*args, jnp.asarray(even)))
       lam = np.where(even, lam_even, lam_odd).astype(np.float32)
     adv = np.asarray(pp_signal(f, d, z, p, lam, mask))
-    labelled = z.sum()
-    record = {"label_share": float(labelled / max(mask.sum(), 1)),
-              "lam": float(np.broadcast_to(lam, mask.shape)[mask].mean())}  # fmt: skip
-    if labelled >= 2:
-      resid, dz = (d - f)[z], d[z]
-      if labels_vary(dz.var(), 0.0, float(np.mean(dz**2))):  # else undefined (n/a)
-        record["explained_variance"] = float(1 - resid.var() / dz.var())
+    # The symbolic source's statistics of the batch: the head's explained variance on the
+    # labels (weighted 1 / p), lam, and the variance split: the rectifier's share of the
+    # signal's variance (1 - it: the model's) and the labels' own Monte Carlo noise's share
+    # of the rectifier's (the rest: allocation and the head's error).
+    lam_steps = np.broadcast_to(lam, mask.shape)
+    record = chunk_statistics({"mask": mask, "z": z, "p": np.where(mask, p, 1.0), "d": d,
+                               "f": f, "lam": lam_steps, "d_noise": d_noise})  # fmt: skip
     # The training alarm's checks: the labelled steps thinned to a uniform sample (each kept
     # with probability p_min / p_t, so every step is checked with probability p_min whatever
     # the allocation favoured): a class's mean gap over them is the policy's, not the mix's.

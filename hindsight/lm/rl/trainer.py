@@ -222,6 +222,16 @@ def assemble(config, source, logs: list[dict], setup: Spend, wall: float, setup_
                   "credit_steps": [s["credit_env_steps"] for s in seeds],
                   "policy_tokens": [s["policy_tokens"] for s in seeds],
                   "credit_tokens": [s["credit_tokens"] for s in seeds]})  # fmt: skip
+  # A source that labels a share of its own steps (pp_credit): its per-update statistics in
+  # the symbolic experiment's "refreshes" shape (one entry per update, a record per seed),
+  # which `rl.experiment`'s table averages per seed, then over seeds.
+  from hindsight.rl.experiment import CHUNK_FIELDS
+
+  refreshes = []
+  if any("label_share" in u for u in logs[0]["updates"]):
+    for j in range(len(logs[0]["updates"])):
+      refreshes.append({"update": j, "seeds": [
+        {k: log["updates"][j].get(k) for k in CHUNK_FIELDS} for log in logs]})  # fmt: skip
   warnings = {}
   for p in curve:
     for s in p["seeds"]:
@@ -236,6 +246,7 @@ def assemble(config, source, logs: list[dict], setup: Spend, wall: float, setup_
     "seeds": curve[-1]["seeds"],
     "curve": curve,
     "updates_log": [log["updates"] for log in logs],
+    "refreshes": refreshes,
     "setup": setup.as_dict(),
     "wall_seconds": wall,  # every seed's training and evaluation, over every resume
     "setup_seconds": setup_seconds,
