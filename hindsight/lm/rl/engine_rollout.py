@@ -41,7 +41,9 @@ class TunixTokenizer:
     return self.tokenizer.decode([int(i) for i in ids])
 
   def bos_id(self) -> int:
-    return int(self.tokenizer.encode("", start=True)[0])
+    """The id prompts start with; the pad id for a tokenizer that writes none (Qwen's)."""
+    start = self.tokenizer.encode("", start=True)
+    return int(start[0]) if len(start) else self.pad_id()
 
   def eos_id(self) -> int:
     return int(self.cfg.eos_ids[0])
@@ -52,7 +54,7 @@ class TunixTokenizer:
 
 class EngineRollout(PolicySampler, base_rollout.BaseRollout):
   """Tunix's rollout worker on the slot engine (module docstring). Built by `RLCluster` as
-  `functools.partial(EngineRollout, cfg=..., temperature=...)` (`engine_rollout_factory`)."""
+  `functools.partial(EngineRollout, cfg=..., temperature=...)` (`tunix_learner.make_cluster`)."""
 
   def __init__(self, rollout_actor=None, tokenizer=None, mesh=None, rollout_config=None, *,
                cfg, temperature: float = 1.0, slots: int | None = None):  # fmt: skip
