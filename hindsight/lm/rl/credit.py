@@ -95,6 +95,17 @@ def step_stderr(pools: dict, i: int, t: int, T: int) -> float:
   return float(np.sqrt(var))
 
 
+def credit_prefixes(steps, T) -> list[tuple[int, int]]:
+  """The pools `step_credit` reads for each (i, t) of `steps` (T[i]: trace i's steps): x_t and
+  x_{t+1} (none after the last step, whose keep arm is R), sorted, each once."""
+  wanted = set()
+  for i, t in steps:
+    wanted.add((int(i), int(t)))
+    if t + 1 < T[i]:
+      wanted.add((int(i), int(t) + 1))
+  return sorted(wanted)
+
+
 def all_prefixes(rollouts) -> list[tuple[int, int]]:
   """(i, t) for every trace i and t < its steps: what labelling every step needs."""
   return [(i, t) for i, c in enumerate(rollouts.completions) for t in range(c.num_steps)]

@@ -41,7 +41,8 @@ class TunixTokenizer:
     return self.tokenizer.decode([int(i) for i in ids])
 
   def bos_id(self) -> int:
-    """The id prompts start with; the pad id for a tokenizer that writes none (Qwen's)."""
+    """The id prompts start with; the pad id for a tokenizer that writes none (the text
+    world's and Qwen's tokenizers write none)."""
     start = self.tokenizer.encode("", start=True)
     return int(start[0]) if len(start) else self.pad_id()
 

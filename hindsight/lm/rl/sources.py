@@ -31,7 +31,14 @@ import numpy as np
 from tunix.rl.algo_core import compute_advantages
 
 from hindsight.errors import HindsightError
-from hindsight.lm.rl.credit import Spend, all_prefixes, step_credit, step_stderr, trace_fields
+from hindsight.lm.rl.credit import (
+  Spend,
+  all_prefixes,
+  credit_prefixes,
+  step_credit,
+  step_stderr,
+  trace_fields,
+)
 from hindsight.rl.sources.base import HACKABLE, UNBIASED
 from hindsight.rl.sources.prediction_powered import (
   allocate,
@@ -162,9 +169,8 @@ class _PRMSource(_Modelled):
     picks = np.sort(np.asarray(jax.random.choice(k_pick, len(steps), (min(n, len(steps)),),
                                                  replace=False)))  # fmt: skip
     chosen = [steps[j] for j in picks]
-    wanted = {s for s in chosen} | {(i, t + 1) for i, t in chosen if t + 1 < T[i]}
-    pools, spend = ctx.pools(state, rollouts, sorted(wanted), int(ctx.config.label.num_rollouts),
-                             k_label)  # fmt: skip
+    K = int(ctx.config.label.num_rollouts)
+    pools, spend = ctx.pools(state, rollouts, credit_prefixes(chosen, T), K, k_label)
     pred, R = self.predict(rollouts), rollouts.rewards
     checks = {"trace": [i for i, _ in chosen], "step": [t for _, t in chosen],
               "pred": [float(pred[i][t]) for i, t in chosen],
@@ -223,12 +229,8 @@ class PredictionPoweredCredit(_Modelled):
     k_z, k_label = jax.random.split(key)
     z = np.asarray(jax.random.bernoulli(k_z, p)) & mask
     T = [c.num_steps for c in rollouts.completions]
-    wanted = set()
-    for i, t in zip(*np.nonzero(z), strict=True):
-      wanted.add((int(i), int(t)))
-      if t + 1 < T[i]:
-        wanted.add((int(i), int(t) + 1))
-    pools, spend = ctx.pools(state, rollouts, sorted(wanted), int(ctx.config.label.num_rollouts),
+    wanted = credit_prefixes(zip(*np.nonzero(z), strict=True), T)
+    pools, spend = ctx.pools(state, rollouts, wanted, int(ctx.config.label.num_rollouts),
                              k_label)  # fmt: skip
     d, d_noise = np.zeros_like(f), np.full_like(f, np.nan)
     for i, t in zip(*np.nonzero(z), strict=True):

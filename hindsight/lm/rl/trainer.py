@@ -95,7 +95,7 @@ def seed_learner(ctx, source, seed_index: int):
   the seed's completions, pools and evaluations all draw through it."""
   from hindsight.lm.rl.tunix_learner import Batch, CreditGRPOLearner, algo_config, make_cluster
 
-  def make_batch(training_input, sampler, state):
+  def make_batch(training_input, state):
     u = int(training_input["update"])
     key = stream_key(ctx.root, seed_index, TRAIN, 2 * u + 1)
     ro, signal, arrays = update_batch(ctx, source, state, key, u, seed_index)

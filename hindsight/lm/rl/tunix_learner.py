@@ -116,9 +116,9 @@ def _no_reward(prompts, completions, **_):
 
 
 class CreditGRPOLearner(GRPOLearner):
-  """Tunix's GRPO learner with advantages from `make_batch(training_input, sampler, state)
-  -> Batch` (module docstring): `sampler` is the cluster's rollout worker and `state` the
-  parameters it samples from."""
+  """Tunix's GRPO learner with advantages from `make_batch(training_input, state) -> Batch`
+  (module docstring): `state` is the parameters the cluster's rollout worker (`rollout`)
+  samples from now."""
 
   def __init__(self, cluster, algo: GRPOConfig, make_batch):
     super().__init__(rl_cluster=cluster, algo_config=algo, reward_fns=[_no_reward])
@@ -132,7 +132,7 @@ class CreditGRPOLearner(GRPOLearner):
 
   def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
     worker = self.rollout
-    batch = self.make_batch(training_input, worker, worker.state)
+    batch = self.make_batch(training_input, worker.state)
     a = {k: jnp.asarray(v) for k, v in batch.arrays.items()}
     pad, eos = worker.pad_id(), worker.eos_id()
     ref = None
