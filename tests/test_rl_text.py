@@ -558,10 +558,10 @@ class _Ctx:
 
 
 def test_outcome_is_the_group_z_score_over_consecutive_groups():
-  from hindsight.lm.rl.sources import Outcome
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
-  steps = Outcome(_Ctx(pools)).signal(None, rollouts, None).steps
+  steps = source_class("outcome")(_Ctx(pools)).signal(None, rollouts, None).steps
   for g in range(2):  # groups are consecutive: traces 0-3 and 4-7
     r = rewards[4 * g : 4 * g + 4]
     z = (r - r.mean()) / (r.std(ddof=1) + 1e-6)
@@ -571,11 +571,11 @@ def test_outcome_is_the_group_z_score_over_consecutive_groups():
 
 def test_mc_credit_is_the_next_prefixs_pool_minus_this_ones():
   from hindsight.lm.rl.credit import all_prefixes
-  from hindsight.lm.rl.sources import MonteCarloCredit
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   ctx = _Ctx(pools)
-  steps = MonteCarloCredit(ctx).signal(None, rollouts, jax.random.key(0)).steps
+  steps = source_class("mc_credit")(ctx).signal(None, rollouts, jax.random.key(0)).steps
   assert ctx.asked == [all_prefixes(rollouts)]
   for i in range(8):
     keep = [*(pools[(i, t + 1)].mean() for t in range(T[i] - 1)), rewards[i]]
@@ -584,13 +584,13 @@ def test_mc_credit_is_the_next_prefixs_pool_minus_this_ones():
 
 
 def test_prm_and_shaped_read_the_prms_values_as_defined():
-  from hindsight.lm.rl.sources import ProcessReward, Shaped
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   prm = [np.linspace(0.1, 0.9, t + 1).astype(np.float32) ** (i + 1) for i, t in enumerate(T)]
   ctx = _Ctx(pools, prm=prm)
-  increments = ProcessReward(ctx).signal(None, rollouts, None).steps
-  shaped = Shaped(ctx).signal(None, rollouts, None).steps
+  increments = source_class("prm")(ctx).signal(None, rollouts, None).steps
+  shaped = source_class("shaped")(ctx).signal(None, rollouts, None).steps
   for i in range(8):
     np.testing.assert_allclose(increments[i], prm[i][1:] - prm[i][:-1], atol=1e-7)
     np.testing.assert_allclose(shaped[i], rewards[i] - prm[i][:-1], atol=1e-7)  # p(x_t), t < T
@@ -601,11 +601,11 @@ def test_the_prms_alarm_checks_are_its_increments_against_mc_credit_on_drawn_ste
   each checked as (the PRM's increment, the MC credit from the pools of x_t and x_{t+1}, or
   R at a trace's last step), the pools asked for exactly those prefixes; the signal itself
   is unchanged. Labelling the next step (the pools of x_{t+1} and x_{t+2}) fails it."""
-  from hindsight.lm.rl.sources import ProcessReward, Shaped
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   prm = [np.linspace(0.1, 0.9, t + 1).astype(np.float32) ** (i + 1) for i, t in enumerate(T)]
-  for cls in (ProcessReward, Shaped):
+  for cls in (source_class("prm"), source_class("shaped")):
     ctx = _Ctx(pools, prm=prm, alarm_steps=5)
     signal = cls(ctx).signal(None, rollouts, jax.random.key(7))
     plain = cls(_Ctx(pools, prm=prm)).signal(None, rollouts, jax.random.key(7))
@@ -621,7 +621,7 @@ def test_the_prms_alarm_checks_are_its_increments_against_mc_credit_on_drawn_ste
       keep = rewards[i] if t == T[i] - 1 else pools[(i, t + 1)].mean()
       assert ref == pytest.approx(keep - pools[(i, t)].mean(), abs=1e-6)
       assert pred == pytest.approx(prm[i][t + 1] - prm[i][t], abs=1e-7)
-  other = ProcessReward(_Ctx(pools, prm=prm, alarm_steps=5)).signal(None, rollouts,
+  other = source_class("prm")(_Ctx(pools, prm=prm, alarm_steps=5)).signal(None, rollouts,
                                                                     jax.random.key(8))  # fmt: skip
   assert other.checks["step"] != c["step"] or other.checks["trace"] != c["trace"]
 
@@ -629,13 +629,13 @@ def test_the_prms_alarm_checks_are_its_increments_against_mc_credit_on_drawn_ste
 def test_pp_credits_alarm_checks_are_exactly_the_steps_it_labels():
   """pp_credit's checks are its labelled steps (z_t = 1) with the head's f_t and the MC
   credit D_t it bought: no extra label. Every step labelled (p = 1): every step checked."""
-  from hindsight.lm.rl.sources import PredictionPoweredCredit
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   head = [(np.full(t, 0.3 + 0.1 * i, np.float32), np.full(t, 0.2, np.float32))
           for i, t in enumerate(T)]  # fmt: skip
   ctx = _Ctx(pools, head=head)
-  c = PredictionPoweredCredit(ctx).signal(None, rollouts, jax.random.key(1)).checks
+  c = source_class("pp_credit")(ctx).signal(None, rollouts, jax.random.key(1)).checks
   assert list(zip(c["trace"], c["step"], strict=True)) == [
     (i, t) for i in range(8) for t in range(T[i])
   ]
@@ -648,7 +648,7 @@ def test_pp_credits_alarm_checks_are_exactly_the_steps_it_labels():
   # p_min = 0.1 of the time, however often it was labelled (without the thinning, p_t).
   unsure = [(f, np.linspace(0.05, 2.0, len(f)).astype(np.float32) * (1 + i))
             for i, (f, _) in enumerate(head)]  # fmt: skip
-  source = PredictionPoweredCredit(_Ctx(pools, head=unsure, rho=0.4, p_min=0.1))
+  source = source_class("pp_credit")(_Ctx(pools, head=unsure, rho=0.4, p_min=0.1))
   labelled, checked = collections.Counter(), collections.Counter()
   for k in range(300):
     signal = source.signal(None, rollouts, jax.random.key(100 + k))
@@ -767,7 +767,7 @@ def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():
   one over the dozen labels an LM batch has per half). Read off the unlabelled steps (A_t =
   lam f_t there): new MC labels on the even traces move the odd traces' weight and leave
   the even ones'. Fitting each half on itself fails it."""
-  from hindsight.lm.rl.sources import PredictionPoweredCredit
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   rng = np.random.default_rng(0)
@@ -781,7 +781,7 @@ def test_pp_credits_cross_fitted_weight_never_reads_the_labels_it_weights():
 
   def signal(pools):
     ctx = _Ctx(pools, head=head, rho=0.5, p_min=0.3, lam=-1.0)
-    return PredictionPoweredCredit(ctx).signal(None, rollouts, jax.random.key(5))
+    return source_class("pp_credit")(ctx).signal(None, rollouts, jax.random.key(5))
 
   before, after = signal(pools), signal(steeper)
   assert 0 < before.record["lam"] < 1 and before.record["label_share"] < 1
@@ -814,19 +814,48 @@ def test_a_steps_mc_stderr_is_its_two_pools_sample_stderr():
 def test_pp_credit_is_the_head_rectified_by_the_labels_it_buys():
   """Every step labelled (p = 1): A_t = D_t, the MC credit, whatever f says. Few labelled
   (rho = p_min = 0.01): the unlabelled steps carry lam f_t exactly."""
-  from hindsight.lm.rl.sources import PredictionPoweredCredit
+  from hindsight.lm.rl.sources import source_class
 
   T, rewards, rollouts, pools = _hand_built()
   head = [(np.full(t, 0.3 + 0.1 * i, np.float32), np.full(t, 0.2, np.float32))
           for i, t in enumerate(T)]  # fmt: skip
-  everything = PredictionPoweredCredit(_Ctx(pools, head=head))
+  everything = source_class("pp_credit")(_Ctx(pools, head=head))
   steps = everything.signal(None, rollouts, jax.random.key(1)).steps
   for i in range(8):
     keep = [*(pools[(i, t + 1)].mean() for t in range(T[i] - 1)), rewards[i]]
     want = np.array(keep) - np.array([pools[(i, t)].mean() for t in range(T[i])])
     np.testing.assert_allclose(steps[i], want, atol=1e-6)
-  few = PredictionPoweredCredit(_Ctx(pools, head=head, rho=0.01, p_min=0.01))
+  few = source_class("pp_credit")(_Ctx(pools, head=head, rho=0.01, p_min=0.01))
   signal = few.signal(None, rollouts, jax.random.key(2))
   unlabelled = [np.isclose(s, 0.5 * f) for s, (f, _) in zip(signal.steps, head, strict=True)]
   assert signal.record["label_share"] < 0.5
   assert np.concatenate(unlabelled).mean() >= 1 - signal.record["label_share"] - 1e-9
+
+
+def test_the_docs_source_written_once_trains_a_language_model_too(tmp_path, monkeypatch):
+  """docs/rl.md's own source (`last_step`, which tests/test_rl.py trains PPO on) through the
+  language model's binding, on the hand-built batch: R_i - mean R on each trace's last step,
+  0 before it. A source written for PPO alone is refused by the LM trainer in one line."""
+  import sys
+
+  from hindsight.errors import HindsightError
+  from hindsight.lm.rl.sources import source_class, text_sources
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "docs", "rl.md")) as f:
+    text = f.read()
+  example = text[text.index("## Your own credit source") :].split("```python\n")[1]
+  (tmp_path / "my_sources.py").write_text(example.split("```")[0])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "my_sources", raising=False)
+  T, rewards, rollouts, pools = _hand_built()
+  steps = source_class("my_sources:last_step")(_Ctx(pools)).signal(None, rollouts, None).steps
+  for i in range(8):
+    want = np.zeros(T[i], np.float32)
+    want[-1] = rewards[i] - rewards.mean()
+    np.testing.assert_allclose(steps[i], want, atol=1e-7)
+  sys.modules.pop("my_sources", None)
+  assert {"outcome", "mc_credit", "pp_credit", "prm", "shaped"} <= set(text_sources())
+  assert "gae" not in text_sources()
+  with pytest.raises(HindsightError, match="'gae' does not train a language model.*mc_credit"):
+    source_class("gae")

@@ -1,15 +1,16 @@
 """Credit sources: the per-step signal A_t [E, H] a policy update is driven by, and its cost
 (`base.CreditSource`, the registry in `base`). One module per family of sources; importing
-this package registers the ones that ship with hindsight, in the order docs/rl.md lists them:
+this package registers the ones that ship with hindsight, in the order docs/rl.md lists them
+(those marked * train a language model too, the same class: `steps`):
 
-  outcome, gae                 outcome.py        no labels
-  mc_progress, mc_credit       monte_carlo.py    the labeler under the current policy
-  prm, shaped                  prm.py            a learned P(success | history)
+  outcome*, gae                outcome.py        no labels
+  mc_progress, mc_credit*      monte_carlo.py    the labeler under the current policy
+  prm*, shaped*                prm.py            a learned P(success | history)
   learned, learned_current,    learned.py        the credit model
   learned_trust
   credit_cv, credit_cv_current,  action_values.py  per-action credit heads around the
   anchored, credit_gated                         outcome
-  pp_credit                    prediction_powered.py  the credit model, rectified by MC
+  pp_credit*                   prediction_powered.py  the credit model, rectified by MC
                                                  credit on a few steps it chooses
 """
 
@@ -28,6 +29,7 @@ from hindsight.rl.sources.base import (
   registered_sources,
   source_class,
 )
+from hindsight.rl.sources.steps import Branched, Steps, StepSignal
 
 # The modules of the shipped sources, imported (so registered) in this order.
 BUILTIN_MODULES = (
@@ -42,6 +44,9 @@ for _module in BUILTIN_MODULES:
   importlib.import_module(f"{__name__}.{_module}")
 
 __all__ = [
+  "Branched",
+  "Steps",
+  "StepSignal",
   "ConfigNode",
   "CreditSource",
   "Probe",

@@ -22,6 +22,13 @@ the default `terms` calls. `aux` is the source's own model state (a PRM's or a c
 parameters), an *argument* of the compiled update: a fine-tuned credit model swaps in without
 a recompile.
 
+A source whose math is the same for every trainer overrides `step_signal(steps, key)`
+instead (and `prediction(steps)` for its probe): `steps` (`sources.steps.Steps`) holds the
+batch's mask and outcomes, its models' readings and a branch function, which the symbolic
+trainer builds from its episodes (`symbolic_steps`) and the language-model trainer from its
+completions (`lm.rl.sources`). Such a source lists "text" in `trainers`; `mc_credit`,
+`pp_credit`, `prm`, `shaped` and `outcome` are written so, one class each for both.
+
 Adding a source is one class with `@register_source` (docs/rl.md, "Your own credit source"),
 and its settings one `ConfigNode` registered beside it. `config.source` names it;
 `MODULE:NAME` imports MODULE first, so a source can live in a user's own module.
@@ -41,6 +48,7 @@ from ml_collections import ConfigDict
 
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
+from hindsight.rl.sources.steps import Branched, Steps, StepSignal
 from hindsight.rl.task import Task
 
 PyTree = Any
@@ -109,12 +117,23 @@ class CreditSource:
   name: ClassVar[str] = ""
   summary: ClassVar[str] = ""
   unbiased: ClassVar[bool] = False
+  # The trainers it runs on: "symbolic" (PPO on a functional environment), "text" (GRPO of
+  # a language model: the source implements `step_signal`).
+  trainers: ClassVar[tuple[str, ...]] = ("symbolic",)
+  # The learned model it reads (the language-model trainer fits it in its setup): "prm",
+  # "credit" (the credit model) or None.
+  model: ClassVar[str | None] = None
+  # Its signal is standardised already where episodes come in groups (no normalisation on
+  # top by a trainer that normalises per batch).
+  standardised: ClassVar[bool] = False
 
-  def __init__(self, task: Task, config: ConfigDict):
+  def __init__(self, task: Task | None, config: ConfigDict):
     self.task, self.config = task, config
     self.aux: PyTree = None
     self.setup_steps = 0
     self.predictor = None
+    self.labeler = None  # set by `prepare` where the source branches episodes
+    self.lanes = None  # the labeler's work-queue lanes for sparse step masks (None: default)
 
   def prepare(self, progress: bool = False) -> None:
     """Trains or loads what the signal needs (nothing, by default)."""
@@ -131,8 +150,61 @@ class CreditSource:
 
   def signal(self, aux, policy_params, traj, key) -> tuple[jax.Array, jax.Array]:
     """(A [E, H], env steps spent int32 []) for the sampled episodes `traj` of the policy
-    with `policy_params`, inside the update's jit; A is 0 on padding."""
+    with `policy_params`, inside the update's jit; A is 0 on padding. By default
+    `step_signal` on the episodes' `symbolic_steps`."""
+    out = self.step_signal(self.symbolic_steps(aux, policy_params, traj), key)
+    return out.advantages, out.cost
+
+  # -- the math every trainer shares (`sources.steps`) -------------------------------------
+
+  def step_signal(self, steps: Steps, key) -> StepSignal:
+    """The signal of one batch from what its trainer supplies (module docstring)."""
+    del steps, key
     raise NotImplementedError(f"source '{self.name}' has no signal")
+
+  def prediction(self, steps: Steps):
+    """None, or the source's own estimate of each taken step's credit [E, H] (its probe)."""
+    del steps
+    return None
+
+  def symbolic_steps(self, aux, policy_params, traj, batch=None) -> Steps:
+    """`Steps` of the symbolic trainer's episodes `traj` (leaves [E, H, ...]) under the
+    policy with `policy_params`, traceable: the branch function is the labeler's
+    `label_under`, the models' readings the source's own (`history`, `credit_outputs`) on
+    `batch` (their `trajectory_batch`, made when not given)."""
+    return Steps(
+      mask=traj.mask,
+      outcome=traj.rewards.sum(-1),
+      branch=lambda z, key: self.branch(policy_params, traj, z, key),
+      zero=self.no_steps(),
+      history=lambda: self.history(aux, traj, batch),
+      credit_model=lambda: self.credit_outputs(aux, traj, batch),
+    )
+
+  def branch(self, policy_params, traj, z, key) -> Branched:
+    """Credit-only labels of the steps z [E, H] (None: all) of `traj` under the current
+    policy (`Labeler.label_under`, K = label.num_rollouts), charged the keep and replace
+    arms' env steps. The run's labeler (`label` node) is made on first use where the
+    source's `prepare` made none."""
+    if self.labeler is None:
+      from hindsight.labeling.engine import Labeler
+
+      self.labeler = Labeler(self.task.env, self.task.policy, label_config(self.config))
+    keys = jax.random.split(key, traj.mask.shape[0])
+    labels = self.labeler.label_under(policy_params, traj, keys, credit_only=True,
+                                      step_mask=z, num_lanes=self.lanes)  # fmt: skip
+    return Branched(labels["credit"], labels["credit_stderr"], labels["credit_sample_stderr"],
+                    credit_arm_steps(labels["arm_steps"]))  # fmt: skip
+
+  def history(self, aux, traj, batch):
+    """p [E, H + 1]: the source's PRM on the episodes (`Steps.history`)."""
+    del aux, traj, batch
+    raise HindsightError(f"source '{self.name}' has no process reward model")
+
+  def credit_outputs(self, aux, traj, batch):
+    """(f, s, lam): the source's credit model on the episodes (`Steps.credit_model`)."""
+    del aux, traj, batch
+    raise HindsightError(f"source '{self.name}' has no credit model")
 
   def terms(self, aux, state, policy_params, traj, key) -> Terms:
     """The update's `Terms` (`state`: (trainable, fixed) of `init`). By default `signal`."""
@@ -168,8 +240,11 @@ class CreditSource:
 
   def credit_prediction(self):
     """None, or predict(aux, traj, batch) -> [E, H]: the source's own estimate of each
-    taken step's credit (`probe`). Traceable."""
-    return None
+    taken step's credit (`probe`), by default its `prediction` on the episodes'
+    `symbolic_steps`. Traceable."""
+    if type(self).prediction is CreditSource.prediction:
+      return None
+    return lambda aux, traj, batch: self.prediction(self.symbolic_steps(aux, None, traj, batch))
 
   @staticmethod
   def no_steps() -> jax.Array:

@@ -5,7 +5,8 @@ step, `label.num_rollouts`), charged the arms they run:
                 each state (VinePPO); charged the phi arm's env steps
   mc_credit     A_t = credit_t, the labeler's interventional credit with K branch pairs
                 under pi_theta itself (the oracle); rolls and is charged the keep and
-                replace arms only
+                replace arms only. On a language model the branches are K continuations
+                of each prefix (`lm.rl.credit`): one class for both trainers (`step_signal`)
 """
 
 from __future__ import annotations
@@ -14,13 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from hindsight.labeling.engine import Labeler
-from hindsight.rl.sources.base import (
-  PHI,
-  CreditSource,
-  credit_arm_steps,
-  label_config,
-  register_source,
-)
+from hindsight.rl.sources.base import PHI, CreditSource, label_config, register_source
+from hindsight.rl.sources.steps import Steps, StepSignal
 
 
 class _Branched(CreditSource):
@@ -51,9 +47,9 @@ class McProgress(_Branched):
 class McCredit(_Branched):
   name = "mc_credit"
   summary = "the oracle: interventional credit by K branch pairs per step"
+  trainers = ("symbolic", "text")
 
-  def signal(self, aux, policy_params, traj, key):
-    del aux
-    labels = self.labels(policy_params, traj, key, credit_only=True)  # no phi arm to roll
-    credit = jnp.where(jnp.isfinite(labels["credit"]), labels["credit"], 0.0)
-    return jnp.where(traj.mask, credit, 0.0), credit_arm_steps(labels["arm_steps"])
+  def step_signal(self, steps: Steps, key) -> StepSignal:
+    branched = steps.branch(None, key)  # every step; credit only (no phi arm to roll)
+    credit = jnp.where(jnp.isfinite(branched.credit), branched.credit, 0.0)
+    return StepSignal(jnp.where(steps.mask, credit, 0.0), branched.cost)

@@ -1,6 +1,9 @@
 """Sources that need no labels: the outcome itself, and GAE over a learned critic.
 
-outcome   A_t = R - mean_batch(R)          (REINFORCE with a baseline), R = sum_t r_t
+outcome   A_t = R - mean_batch(R)          (REINFORCE with a baseline), R = sum_t r_t; where
+          episodes come in groups sharing a prompt (GRPO's, on a language model), the group's
+          z-score (R - mean_g R) / (std_g R + 1e-6), std with ddof 1 (Tunix's
+          `compute_advantages`, the same operations: NumPy in, NumPy float64 out)
 gae       rlax GAE(lambda) over a critic V(x) trained beside the policy: the critic is the
           source's own trainable state (`init`), regressed on the GAE targets by its own
           loss term, value_coef x mean_t (V(x_t) - (A_t + V(x_t)))^2
@@ -24,17 +27,32 @@ from hindsight.rl.sources.base import (
   register_config_node,
   register_source,
 )
+from hindsight.rl.sources.steps import Steps, StepSignal
+
+
+def outcome_advantages(R, groups: int):
+  """[E]: R - mean(R) (groups 0), or each consecutive group of `groups`' z-score. Written
+  with the array's own methods, so a NumPy R is computed in NumPy (as Tunix does) and a jax
+  one traces."""
+  if not groups:
+    return R - R.mean()
+  grouped = R.reshape(-1, groups)
+  mean = grouped.mean(axis=-1).repeat(groups)
+  std = grouped.std(axis=-1, ddof=1).repeat(groups)
+  return (R - mean) / (std + 1e-6)
 
 
 @register_source
 class Outcome(CreditSource):
   name = "outcome"
-  summary = "R - mean batch R at every step (REINFORCE with a baseline)"
+  summary = "R - mean R at every step (REINFORCE with a baseline; GRPO's z-score in groups)"
+  trainers = ("symbolic", "text")
+  standardised = True  # in groups: a z-score already
 
-  def signal(self, aux, policy_params, traj, key):
-    del aux, policy_params, key
-    R = traj.rewards.sum(-1)
-    return jnp.where(traj.mask, (R - R.mean())[:, None], 0.0), self.no_steps()
+  def step_signal(self, steps: Steps, key) -> StepSignal:
+    del key
+    advantages = outcome_advantages(steps.outcome, steps.groups)
+    return StepSignal(jnp.where(steps.mask, advantages[:, None], 0.0), steps.zero)
 
 
 def _gae_config() -> ConfigDict:

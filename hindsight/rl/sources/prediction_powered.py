@@ -24,6 +24,10 @@ for any f and any lam that does not read the step's own label (docs/rl.md derive
 wrong model costs variance, Var(A_t | trace) = Var(D_t) / p_t + (1 / p_t - 1)(mu_t - lam
 f_t)^2 with mu_t = E[D_t | trace], never direction.
 
+The signal is one function of what a trainer supplies (`step_signal` on `sources.steps.
+Steps`): here the episodes' credit model and the labeler's branches; on a language model
+(`lm.rl.sources`) the credit head on the LM's hidden states and K continuations per prefix.
+
 Between update chunks each seed's model is fitted again, from its current parameters, on
 the labels the chunk bought (pp.refit_steps; no env step charged beyond them), and the same
 labels test it: (z_t / p_t)(f_t - D_t) is an unbiased estimate of the model's bias under
@@ -54,12 +58,12 @@ from hindsight.rl.sources.base import (
   CreditSource,
   Probe,
   Terms,
-  credit_arm_steps,
   label_config,
   register_config_node,
   register_source,
 )
 from hindsight.rl.sources.learned import credit_model
+from hindsight.rl.sources.steps import Steps, StepSignal
 
 # The model batch's fields a refit reads, recorded per update for the host.
 _BATCH_FIELDS = ("observations", "actions", "rewards", "mask", "success")
@@ -151,6 +155,8 @@ class PredictionPowered(CreditSource):
   name = "pp_credit"
   summary = "the credit model on every step, MC credit on the pp.rho it is least sure of"
   unbiased = True
+  trainers = ("symbolic", "text")
+  model = "credit"
 
   def prepare(self, progress: bool = False) -> None:
     del progress
@@ -181,54 +187,70 @@ class PredictionPowered(CreditSource):
     on = aux["on"]
     return on * out["mean"], on * out["std"] + (1.0 - on)
 
+  def credit_outputs(self, aux, traj, batch):
+    batch = trajectory_batch(self.task.env, traj) if batch is None else batch
+    return (*self.model_outputs(aux, traj, batch), aux["lam"])
+
   def terms(self, aux, state, policy_params, traj, key) -> Terms:
     del state
-    pp, task = self.config.pp, self.task
-    mask = traj.mask
-    E = mask.shape[0]
+    task = self.task
     batch = trajectory_batch(task.env, traj)
-    f, s = self.model_outputs(aux, traj, batch)
-    score = jnp.sqrt(jnp.square(s) + jnp.square((1.0 - aux["lam"]) * f))
+    out = self.step_signal(self.symbolic_steps(aux, policy_params, traj, batch), key)
+    # what `between_chunks` reads: the labels bought, the episodes a refit learns from, the
+    # tags the rectifier's alarm slices by and the return bounds of its ranges
+    record = {**{name: batch[name] for name in _BATCH_FIELDS}, **out.labels,
+              "tags": task.step_tags(traj)}  # fmt: skip
+    if str(self.config.eval.boundary) == "bounded":
+      bound = functools.partial(return_bounds, task.env, task.env_params)
+      bounds = jax.vmap(jax.vmap(bound))(traj.states)
+      record["width"] = bounds[:, : task.env.horizon, 1] - bounds[:, : task.env.horizon, 0]
+    return Terms(out.advantages, out.cost, record=record)
+
+  # -- the math, for every trainer -------------------------------------------------------
+
+  def prediction(self, steps: Steps):
+    return steps.credit_model()[0]
+
+  def step_signal(self, steps: Steps, key) -> StepSignal:
+    """A_t (module docstring) from the credit model's (f, s, lam) and the branches of the
+    steps drawn; `labels` holds f, p, z, D, its stderr (NaN where unknown: no label to fit)
+    and noise, and lam, [E, H] each; `checks` (where the trainer keeps a training alarm)
+    the labelled steps thinned to a uniform sample."""
+    pp, mask = self.config.pp, steps.mask
+    E = mask.shape[0]
+    f, s, lam_before = steps.credit_model()
+    score = jnp.sqrt(jnp.square(s) + jnp.square((1.0 - lam_before) * f))
     p = allocate(score, mask, float(pp.rho), float(pp.p_min))
     k_z, k_label = jax.random.split(key)
     z = jax.random.bernoulli(k_z, p) & mask
-    labels = self.labeler.label_under(
-      policy_params, traj, jax.random.split(k_label, E), credit_only=True,
-      step_mask=z, num_lanes=self.lanes,
-    )  # fmt: skip
-    finite = jnp.isfinite(labels["credit"])
-    d = jnp.where(z & finite, labels["credit"], 0.0)  # undefined (no alternative): 0
+    branched = steps.branch(z, k_label)
+    finite = jnp.isfinite(branched.credit)
+    d = jnp.where(z & finite, branched.credit, 0.0)  # undefined (no alternative): 0
     # An infinite stderr (a tie without return bounds: gymnax) makes no label to fit: NaN.
-    known = jnp.isfinite(labels["credit_stderr"])
-    stderr = jnp.where(z & finite, jnp.where(known, labels["credit_stderr"], jnp.nan), 0.0)
+    known = jnp.isfinite(branched.stderr)
+    stderr = jnp.where(z & finite, jnp.where(known, branched.stderr, jnp.nan), 0.0)
     if float(pp.lam) >= 0:
       lam = jnp.full((E, 1), float(pp.lam))
-    else:  # cross-fitted: even episodes take odd ones' weight and the reverse
+    else:  # cross-fitted: even episodes take odd ones' weight and the reverse (f = 0 while
+      # the model is off gives lam = 0)
       even = (jnp.arange(E) % 2 == 0)[:, None]
       lam_even = tuned_weight(f, d, z, p, ~even)
       lam_odd = tuned_weight(f, d, z, p, even)
-      lam = jnp.where(even, lam_even, lam_odd) * aux["on"]
-    advantages = pp_signal(f, d, z, p, lam, mask)
-    record = {
-      **{name: batch[name] for name in _BATCH_FIELDS},
+      lam = jnp.where(even, lam_even, lam_odd)
+    labels = {
       "f": f,
       "p": p,
       "z": z,
       "d": d,
       "d_stderr": stderr,
       # the branch pairs' own noise (the stderr above may be raised to a tie bound)
-      "d_noise": jnp.where(z & finite, labels["credit_sample_stderr"], 0.0),
+      "d_noise": jnp.where(z & finite, branched.noise, 0.0),
       "lam": jnp.broadcast_to(lam, mask.shape),
-      "tags": task.step_tags(traj),
     }
-    if str(self.config.eval.boundary) == "bounded":
-      bound = functools.partial(return_bounds, task.env, task.env_params)
-      bounds = jax.vmap(jax.vmap(bound))(traj.states)
-      record["width"] = bounds[:, : task.env.horizon, 1] - bounds[:, : task.env.horizon, 0]
-    return Terms(advantages, credit_arm_steps(labels["arm_steps"]), record=record)
-
-  def credit_prediction(self):
-    return lambda aux, traj, batch: self.model_outputs(aux, traj, batch)[0]
+    out = StepSignal(pp_signal(f, d, z, p, lam, mask), branched.cost, labels)
+    if steps.alarm is not None:
+      out.checks = uniform_checks(labels, float(pp.p_min), jax.random.fold_in(key, 7))
+    return out
 
   def probe(self) -> Probe:
     # its own alarm is the rectifier's (between_chunks): the reference only measures it
@@ -305,6 +327,20 @@ class PredictionPowered(CreditSource):
     )  # fmt: skip
     finite = jax.tree.leaves(jax.tree.map(lambda x: bool(np.isfinite(x).all()), fitted.state))
     return fitted.state if all(finite) else None
+
+
+def uniform_checks(labels: dict, p_min: float, key) -> dict:
+  """The training alarm's checks from a batch's labels (host): the labelled steps thinned to
+  a uniform sample, each kept with probability p_min / p_t, so every step is checked with
+  probability p_min whatever the allocation favoured (p_t >= p_min on every valid step): a
+  class's mean gap over them is the policy's, not the allocation's mix."""
+  z, p = np.asarray(labels["z"]), np.asarray(labels["p"])
+  thin = p_min / np.maximum(p, p_min)
+  keep = np.asarray(jax.random.uniform(key, p.shape)) < thin
+  i, t = np.nonzero(z & keep)
+  f, d = np.asarray(labels["f"]), np.asarray(labels["d"])
+  return {"trace": i.tolist(), "step": t.tolist(), "pred": f[i, t].astype(float).tolist(),
+          "ref": d[i, t].astype(float).tolist()}  # fmt: skip
 
 
 def labels_vary(spread: float, noise: float, square: float) -> bool:

@@ -7,26 +7,38 @@ shaped A_t = R - p_{t-1}: the same PRM as a potential (Ng et al. 1999). With
       F_t = p_t - p_{t-1} added to every reward, the return from t becomes R - p_{t-1} (the
       potential of the terminal history is 0), and p_{t-1} reads nothing of a_t: a
       baseline, so the policy gradient stays unbiased however wrong the PRM is
+
+Both read the PRM through `Steps.history` (p before step 0, then after each step), so one
+class serves both trainers: here the PRM is a causal history model of the episode; on a
+language model (`lm.rl.models`) an MLP on the starting LM's hidden states. Where the trainer
+keeps a training alarm (the language model's, `Steps.alarm` steps per batch), the signal
+comes with that many uniformly drawn steps Monte Carlo labelled (`Steps.branch`, charged)
+and the PRM's increment on each (`StepSignal.checks`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.drift.baselines import BaselineConfig, prm_increments, train_history_model
+from hindsight.drift.baselines import BaselineConfig, train_history_model
 from hindsight.labeling.engine import Labeler, episode_key
 from hindsight.labeling.trajectories import batch_spec, trajectory_batch
 from hindsight.model.credit_model import ModelConfig
 from hindsight.rl.sources.base import CreditSource, label_config, register_source
+from hindsight.rl.sources.steps import Steps, StepSignal
 
 
 @register_source
 class Prm(CreditSource):
   name = "prm"
   summary = "a learned process reward model's increments P(success | h<=t) - P(.. | h<t)"
+  trainers = ("symbolic", "text")
+  model = "prm"
 
   def prepare(self, progress: bool = False) -> None:
     task, config = self.task, self.config
@@ -58,14 +70,24 @@ class Prm(CreditSource):
     batch = trajectory_batch(self.task.env, traj) if batch is None else batch
     return nnx.merge(self.graphdef, aux)(batch)
 
-  def signal(self, aux, policy_params, traj, key):
-    del policy_params, key
-    return prm_increments(self.logits(aux, traj), traj.mask, self.base), self.no_steps()
+  def history(self, aux, traj, batch):
+    """p [E, H + 1]: the training success rate before any step (p_{-1} of
+    `drift.baselines.prm_increments`), then P(success | h_<=t)."""
+    p = jax.nn.sigmoid(self.logits(aux, traj, batch))
+    return jnp.concatenate([jnp.full((p.shape[0], 1), self.base, p.dtype), p], 1)
 
-  def credit_prediction(self):
-    return lambda aux, traj, batch: prm_increments(
-      self.logits(aux, traj, batch), traj.mask, self.base
-    )
+  # -- the math, for every trainer ---------------------------------------------------------
+
+  def prediction(self, steps: Steps):
+    """The PRM's increments p_{t+1} - p_t [E, H] (0 on padding)."""
+    p = steps.history()
+    return jnp.where(steps.mask, p[:, 1:] - p[:, :-1], 0.0)
+
+  def prm_signal(self, steps: Steps):
+    return self.prediction(steps)
+
+  def step_signal(self, steps: Steps, key) -> StepSignal:
+    return alarm_checks(self, steps, StepSignal(self.prm_signal(steps), steps.zero), key)
 
 
 @register_source
@@ -74,9 +96,35 @@ class Shaped(Prm):
   summary = "R - PRM(h<t): the PRM as a shaping potential, i.e. a baseline (unbiased)"
   unbiased = True
 
-  def signal(self, aux, policy_params, traj, key):
-    del policy_params, key
-    p = jax.nn.sigmoid(self.logits(aux, traj))  # p_t = P(success | h_<=t)
-    before = jnp.concatenate([jnp.full((p.shape[0], 1), self.base, p.dtype), p[:, :-1]], 1)
-    R = traj.rewards.sum(-1)[:, None]
-    return jnp.where(traj.mask, R - before, 0.0), self.no_steps()
+  def prm_signal(self, steps: Steps):
+    """R - p_t [E, H]: p_t reads the history before step t only."""
+    p = steps.history()
+    return jnp.where(steps.mask, steps.outcome[:, None] - p[:, :-1], 0.0)
+
+
+def alarm_checks(source, steps: Steps, signal: StepSignal, key) -> StepSignal:
+  """`signal` with the training alarm's checks (`Steps.alarm` steps drawn uniformly from the
+  batch's valid steps, without replacement, each Monte Carlo labelled and held against the
+  source's prediction), their cost added and recorded (`alarm_cost`). Host only; `signal`
+  as it is where the trainer keeps no alarm."""
+  n = steps.alarm
+  if not n or n <= 0:  # None inside the symbolic update's jit: nothing here traces
+    return signal
+  mask = np.asarray(steps.mask)
+  valid = np.argwhere(mask)  # (i, t) in trace order
+  if not len(valid):
+    return signal
+  k_pick, k_label = jax.random.split(key)
+  picks = np.sort(np.asarray(jax.random.choice(k_pick, len(valid), (min(n, len(valid)),),
+                                               replace=False)))  # fmt: skip
+  chosen = valid[picks]
+  z = np.zeros(mask.shape, bool)
+  z[chosen[:, 0], chosen[:, 1]] = True
+  branched = steps.branch(z, k_label)
+  pred, ref = np.asarray(source.prediction(steps)), np.asarray(branched.credit)
+  i, t = chosen[:, 0], chosen[:, 1]
+  checks = {"trace": i.tolist(), "step": t.tolist(), "pred": pred[i, t].astype(float).tolist(),
+            "ref": ref[i, t].astype(float).tolist()}  # fmt: skip
+  record = {**signal.record, "alarm_cost": branched.cost}
+  cost = signal.cost + branched.cost
+  return dataclasses.replace(signal, cost=cost, record=record, checks=checks)
