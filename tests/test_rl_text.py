@@ -469,8 +469,9 @@ def test_a_tuned_policy_exports_as_a_hugging_face_folder_of_the_same_model(exper
 def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path, monkeypatch):
   """A run stopped after its first update's checkpoint (the same config with one update),
   then rerun with two, ends where one uninterrupted two-update run ends: the same points and
-  bitwise the same parameters (every key is of the seed and the update). Each point measures
-  the policy of its update: the first the starting LM, the last the checkpoint's."""
+  bitwise the same parameters (every key is of the seed and the update), pp_credit's online
+  head included. Each point measures the policy of its update: the first the starting LM,
+  the last the checkpoint's."""
   from hindsight.lm.rl import trainer
   from hindsight.lm.rl.trainer import load_policy, train_and_evaluate
   from hindsight.lm.train import load_lm
@@ -483,7 +484,9 @@ def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path, monkeypatch):
     return point(ctx, source, state, *args)
 
   monkeypatch.setattr(trainer, "evaluate_point", spy)
-  shared = [f"lm={policy}", "num_seeds=1", "source=mc_credit"]
+  # pp_credit: it draws Monte Carlo pools and keeps a head of its own, refit after every
+  # update (a resume that dropped the head or its label buffer would train on another f)
+  shared = [f"lm={policy}", "num_seeds=1", "source=pp_credit", "pp.rho=0.5"]
   whole = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "whole"))
   final, _ = load_policy(str(tmp_path / "whole"))
   assert len(measured) == 3 and len(set(measured)) == 3
@@ -857,5 +860,53 @@ def test_the_docs_source_written_once_trains_a_language_model_too(tmp_path, monk
   sys.modules.pop("my_sources", None)
   assert {"outcome", "mc_credit", "pp_credit", "prm", "shaped"} <= set(text_sources())
   assert "gae" not in text_sources()
-  with pytest.raises(HindsightError, match="'gae' does not train a language model.*mc_credit"):
+  with pytest.raises(HindsightError, match=r"'gae' does not train a language model.*mc_credit"):
     source_class("gae")
+
+
+def test_pp_credits_head_learns_online_from_exactly_the_labels_it_bought():
+  """After an update, the labelled steps (z) and their MC credit join the seed's buffer, each
+  as the head's input for its step (`credit_inputs`), and the refit head fits them better
+  than the head that scored the batch; a seed restarted from `seed_state` has that head. The
+  buffer is a ring: past its capacity the oldest labels go."""
+  from types import SimpleNamespace
+
+  from hindsight.lm.rl.models import CreditHead, OnlineHead, credit_inputs
+  from hindsight.lm.rl.sources import source_class
+
+  T, rewards, rollouts, pools = _hand_built()
+  rng = np.random.default_rng(3)
+  features = [rng.normal(size=(t + 1, 4)).astype(np.float32) for t in T]
+  head = CreditHead.fit(jax.random.key(0), features, rewards, [np.zeros(t) for t in T], 20, 8)
+  ctx = _Ctx(pools, rho=0.6, p_min=0.2, lam=-1.0, refit_steps=300, buffer=64)
+  ctx._models = SimpleNamespace(head=head, features=lambda ro: features)
+  source = source_class("pp_credit")(ctx)
+  source.start_seed()
+  signal = source.signal(None, rollouts, jax.random.key(4))
+  z, d = signal.labels["z"], signal.labels["d"]
+  labelled = np.argwhere(z)
+  assert 3 <= len(labelled) < sum(T)
+
+  def mse(h):
+    f = [v[0] for v in h(features, rewards)]
+    return np.mean([(f[i][t] - d[i, t]) ** 2 for i, t in labelled])
+
+  before = mse(source.online.head)
+  log = source.between_updates(rollouts, signal)
+  state = source.seed_state()
+  assert log["buffer"] == len(labelled) == int(state["count"])
+  want = np.stack([credit_inputs(features[i], rewards[i])[t] for i, t in labelled])
+  np.testing.assert_allclose(np.asarray(state["x"][: len(labelled)]), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(state["y"][: len(labelled)]), d[z], rtol=1e-6)
+  assert not np.asarray(state["y"][len(labelled) :]).any()
+  assert mse(source.online.head) < 0.5 * before
+  assert float(state["lam"]) == pytest.approx(signal.record["lam"])
+  again = source_class("pp_credit")(ctx)
+  again.start_seed(state)
+  np.testing.assert_array_equal(again.steps(None, rollouts).credit_model()[0],
+                                source.steps(None, rollouts).credit_model()[0])  # fmt: skip
+  ring = OnlineHead(head, 4)
+  ring.add(np.ones((3, want.shape[1])), np.array([1.0, 2.0, 3.0]))
+  ring.add(np.ones((3, want.shape[1])), np.array([4.0, 5.0, 6.0]))
+  assert int(ring.state["count"]) == 6
+  np.testing.assert_array_equal(np.asarray(ring.state["y"]), [5.0, 6.0, 3.0, 4.0])

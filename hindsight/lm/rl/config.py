@@ -50,6 +50,10 @@ def base_config() -> ConfigDict:
   c.pp.rho = 0.1  # pp_credit: expected share of steps labelled by Monte Carlo
   c.pp.p_min = 0.02  # the least labelling probability of any step
   c.pp.lam = -1.0  # weight on the model; < 0: PPI++'s tuned weight, cross-fitted
+  # Each seed's credit head is refit after every update on the last pp.buffer labels it
+  # bought (pp.refit_steps Adam steps from its current parameters; 0: frozen).
+  c.pp.refit_steps = 50
+  c.pp.buffer = 256
 
   # The learned models (prm, shaped, pp_credit), fitted once on the initial policy's traces
   # and shared by every seed and source of an experiment: a PRM and a credit head on the
@@ -98,6 +102,8 @@ def smoke(c: ConfigDict) -> ConfigDict:
   c.eval.every = 1
   c.eval.prompts = 16
   c.eval.reference = 2
+  c.pp.refit_steps = 5
+  c.pp.buffer = 16
   c.eval.rollouts = 2
   c.alarm.steps = 4
   c.alarm.baseline = 1
@@ -136,6 +142,9 @@ def check_config(c: ConfigDict) -> None:
     raise HindsightError("label.num_rollouts, models.rollouts and eval.rollouts must be >= 2")
   if not 0.0 < float(c.pp.rho) <= 1.0 or not 0.0 < float(c.pp.p_min) <= float(c.pp.rho):
     raise HindsightError("pp.rho must be in (0, 1] and pp.p_min in (0, pp.rho]")
+  if int(c.pp.refit_steps) < 0 or int(c.pp.buffer) < 1:
+    raise HindsightError(f"pp.refit_steps must be >= 0 and pp.buffer >= 1, got "
+                         f"{c.pp.refit_steps} and {c.pp.buffer}")  # fmt: skip
   a = c.alarm
   if int(a.steps) < 0 or int(a.baseline) < 1 or int(a.window) < 1:
     raise HindsightError("alarm.steps must be >= 0, alarm.baseline and alarm.window >= 1")

@@ -79,18 +79,19 @@ class Models:
     outcomes = Spend(**self.spend["traces"])
     return outcomes + Spend(**self.spend["labels"]) if source == "pp_credit" else outcomes
 
-  def _features(self, rollouts):
+  def features(self, rollouts) -> list[np.ndarray]:
+    """h(x_0) .. h(x_T) [T + 1, D] of each trace (cached on the rollouts)."""
     if "features" not in rollouts.cache:
       rollouts.cache["features"] = self.features(rollouts)
     return rollouts.cache["features"]
 
   def prm_values(self, rollouts) -> list[np.ndarray]:
     """p(x_0) .. p(x_T) of each trace."""
-    return self.prm(self._features(rollouts))
+    return self.prm(self.features(rollouts))
 
   def credit_values(self, rollouts) -> list[tuple[np.ndarray, np.ndarray]]:
     """(f_t, s_t) [T] of each trace."""
-    return self.head(self._features(rollouts), rollouts.rewards)
+    return self.head(self.features(rollouts), rollouts.rewards)
 
 
 class Context:

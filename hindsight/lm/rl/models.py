@@ -17,6 +17,11 @@ fine-tunes, here read as it is.
 
 Both standardise their inputs with the training set's mean and std, start from
 `jax.random` keys of the run's seed and train full-batch with Adam (optax).
+
+pp_credit keeps each seed's credit head current (`OnlineHead`): after every update the
+head is fitted again, from its current parameters, on the last `pp.buffer` Monte Carlo
+labels the source bought (pp.refit_steps Adam steps), as the symbolic `pp_credit` refits
+its credit model between chunks.
 """
 
 from __future__ import annotations
@@ -92,23 +97,21 @@ def _standardised(x):
   return {"mean": jnp.asarray(mean), "std": jnp.asarray(std)}
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "steps", "hidden"))
-def _fit(key, x, y, weight, norm, kind: str, steps: int, hidden: int):
-  """Full-batch Adam on an MLP [D -> hidden -> out]: kind "bce" (one logit, targets in
-  [0, 1]) or "gauss" (mean and log std, targets real), rows weighted by `weight`."""
-  out = 1 if kind == "bce" else 2
-  params = _mlp_init(key, (x.shape[1], hidden, out))
-  tx = optax.adam(3e-3)
-  xs = (x - norm["mean"]) / norm["std"]
+def _loss(kind: str, params, xs, y, weight):
+  """The heads' loss: kind "bce" (one logit, targets in [0, 1]) or "gauss" (mean and log
+  std, targets real), rows weighted by `weight`."""
+  z = _mlp(params, xs)
+  if kind == "bce":
+    per = optax.sigmoid_binary_cross_entropy(z[:, 0], y)
+  else:
+    log_s = jnp.clip(z[:, 1], -6.0, 3.0)
+    per = 0.5 * jnp.square((y - z[:, 0]) / jnp.exp(log_s)) + log_s
+  return jnp.sum(per * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
-  def loss(params):
-    z = _mlp(params, xs)
-    if kind == "bce":
-      per = optax.sigmoid_binary_cross_entropy(z[:, 0], y)
-    else:
-      log_s = jnp.clip(z[:, 1], -6.0, 3.0)
-      per = 0.5 * jnp.square((y - z[:, 0]) / jnp.exp(log_s)) + log_s
-    return jnp.sum(per * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+
+def _adam(params, loss, steps: int):
+  """(params, losses [steps]) after `steps` full-batch Adam steps (3e-3) on loss(params)."""
+  tx = optax.adam(3e-3)
 
   def step(carry, _):
     params, opt = carry
@@ -118,6 +121,23 @@ def _fit(key, x, y, weight, norm, kind: str, steps: int, hidden: int):
 
   (params, _), losses = jax.lax.scan(step, (params, tx.init(params)), None, length=steps)
   return params, losses
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "steps", "hidden"))
+def _fit(key, x, y, weight, norm, kind: str, steps: int, hidden: int):
+  """Full-batch Adam on an MLP [D -> hidden -> out] from a fresh init (`_loss`)."""
+  out = 1 if kind == "bce" else 2
+  params = _mlp_init(key, (x.shape[1], hidden, out))
+  xs = (x - norm["mean"]) / norm["std"]
+  return _adam(params, lambda p: _loss(kind, p, xs, y, weight), steps)
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _refit(params, x, y, weight, norm, steps: int):
+  """The credit head's Gaussian likelihood, `steps` Adam steps from `params` (a fresh Adam
+  state: nothing but the parameters carries over between refits)."""
+  xs = (x - norm["mean"]) / norm["std"]
+  return _adam(params, lambda p: _loss("gauss", p, xs, y, weight), steps)
 
 
 class PRM:
@@ -176,3 +196,52 @@ class CreditHead:
                / self.norm["std"])  # fmt: skip
       out.append((np.asarray(z[:, 0]), np.asarray(jnp.exp(jnp.clip(z[:, 1], -6.0, 3.0)))))
     return out
+
+
+class OnlineHead:
+  """One seed's credit head, refit online on the labels its source buys (module docstring).
+
+  state: {"params": the MLP's, "x": float32 [C, 3D + 1] the buffer's inputs, "y": float32
+  [C] their Monte Carlo credit, "count": int32 [] labels ever added (row j holds label j mod
+  C), "lam": float32 [] the weight pp_credit gave the head on the last batch} with C =
+  `capacity`: fixed shapes, so a checkpoint restores it into the same structure."""
+
+  def __init__(self, head: CreditHead, capacity: int, state: dict | None = None):
+    self.norm, self.capacity = head.norm, int(capacity)
+    if state is None:
+      width = int(head.norm["mean"].shape[0])
+      state = {"params": jax.tree.map(jnp.asarray, head.params),
+               "x": jnp.zeros((self.capacity, width), jnp.float32),
+               "y": jnp.zeros(self.capacity, jnp.float32), "count": jnp.zeros((), jnp.int32),
+               "lam": jnp.zeros((), jnp.float32)}  # fmt: skip
+    self.state = state
+
+  @property
+  def head(self) -> CreditHead:
+    return CreditHead(self.state["params"], self.norm)
+
+  def add(self, x: np.ndarray, y: np.ndarray) -> None:
+    """Appends labels (x [n, 3D + 1], y [n]) to the ring buffer (the oldest go first)."""
+    n = len(y)
+    if n == 0:
+      return
+    count = int(self.state["count"])
+    rows = (count + np.arange(n)) % self.capacity
+    self.state = {**self.state,
+                  "x": self.state["x"].at[rows].set(jnp.asarray(x, jnp.float32)),
+                  "y": self.state["y"].at[rows].set(jnp.asarray(y, jnp.float32)),
+                  "count": jnp.asarray(count + n, jnp.int32)}  # fmt: skip
+
+  def refit(self, steps: int) -> float | None:
+    """Fits the head again on the buffer (`steps` Adam steps from its parameters); the last
+    step's loss, or None (no label yet, no step, or a fit that diverged: kept as it was)."""
+    filled = min(int(self.state["count"]), self.capacity)
+    if filled == 0 or steps <= 0:
+      return None
+    weight = (jnp.arange(self.capacity) < filled).astype(jnp.float32)
+    params, losses = _refit(self.state["params"], self.state["x"], self.state["y"], weight,
+                            self.norm, int(steps))  # fmt: skip
+    if not all(bool(jnp.isfinite(p).all()) for p in jax.tree.leaves(params)):
+      return None
+    self.state = {**self.state, "params": params}
+    return float(losses[-1])

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax.numpy as jnp
 import numpy as np
 
 from hindsight.errors import HindsightError
@@ -85,6 +86,7 @@ class Signal:
   spend: Spend
   record: dict = dataclasses.field(default_factory=dict)
   checks: dict | None = None
+  labels: dict = dataclasses.field(default_factory=dict)  # `StepSignal.labels`, NumPy [E, T_max]
 
 
 def padded(values: list[np.ndarray], dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +103,11 @@ class TextSource:
   """A registered source bound to a run's context (`lm.rl.context.Context`, or anything with
   its `config`, `pools` and `models`): signal(state, rollouts, key) -> Signal (state: the
   policy's current parameters); predict(rollouts) -> per-trace predicted credit [T_i] (None:
-  no model); `setup` the Spend of its models (charged to every run that uses them)."""
+  no model); `setup` the Spend of its models (charged to every run that uses them).
+
+  A source of the credit model keeps each seed's head current (`models.OnlineHead`):
+  `start_seed` makes (or restores) the seed's head, `between_updates` adds the labels an
+  update bought and refits it, `seed_state` is what a checkpoint keeps of it."""
 
   def __init__(self, cls: type[base.CreditSource], ctx):
     self.ctx = ctx
@@ -109,6 +115,42 @@ class TextSource:
     self.name, self.summary, self.unbiased = cls.name, cls.summary, cls.unbiased
     self.learned = cls.model is not None
     self.standardised = cls.standardised
+    self.online = None  # the current seed's OnlineHead (a source of the credit model)
+
+  # -- a seed's own head ---------------------------------------------------------------------
+
+  def start_seed(self, state: dict | None = None) -> None:
+    """A new seed's credit head: the fitted one, or `state` (a checkpoint's `seed_state`)."""
+    from hindsight.lm.rl.models import OnlineHead
+
+    if self.impl.model == "credit":
+      self.online = OnlineHead(self.ctx.models().head, int(self.ctx.config.pp.buffer), state)
+
+  def seed_state(self) -> dict | None:
+    return None if self.online is None else self.online.state
+
+  def between_updates(self, rollouts, signal: Signal) -> dict:
+    """After an update: its labelled steps (z) join the seed's buffer and the head is fitted
+    again (pp.refit_steps); the log's fields ({} for a source without a head)."""
+    from hindsight.lm.rl.models import credit_inputs
+
+    if self.online is None or not signal.labels:
+      return {}
+    labels = signal.labels
+    z = labels["z"] & self.steps_mask(rollouts)
+    features = self.ctx.models().features(rollouts)
+    rows = [credit_inputs(features[i], rollouts.rewards[i])[t] for i, t in np.argwhere(z)]
+    if rows:
+      self.online.add(np.stack(rows), labels["d"][z])
+    if signal.record.get("lam") is not None:  # the weight the next allocation assumes
+      self.online.state = {**self.online.state, "lam": jnp.float32(signal.record["lam"])}
+    loss = self.online.refit(int(self.ctx.config.pp.refit_steps))
+    return {"refit_loss": loss, "buffer": min(int(self.online.state["count"]),
+                                              self.online.capacity)}  # fmt: skip
+
+  @staticmethod
+  def steps_mask(rollouts) -> np.ndarray:
+    return padded([np.zeros(c.num_steps) for c in rollouts.completions])[1]
 
   @property
   def setup(self) -> Spend:
@@ -122,7 +164,7 @@ class TextSource:
     """The batch as the source's math reads it (module docstring)."""
     ctx, cfg = self.ctx, self.ctx.config
     T = [c.num_steps for c in rollouts.completions]
-    _, mask = padded([np.zeros(t) for t in T])
+    mask = self.steps_mask(rollouts)
     K = int(cfg.label.num_rollouts)
 
     def branch(z, key) -> Branched:
@@ -146,9 +188,14 @@ class TextSource:
       return padded(p)[0]
 
     def credit_model():
-      values = ctx.models().credit_values(rollouts)
+      if self.online is None:  # the head as fitted, and no weight assumed (lam 0)
+        values, lam = ctx.models().credit_values(rollouts), 0.0
+      else:
+        head = self.online.head
+        values = head(ctx.models().features(rollouts), rollouts.rewards)
+        lam = self.online.state["lam"]
       f, s = padded([v[0] for v in values])[0], padded([v[1] for v in values])[0]
-      return f, s, np.float32(getattr(ctx.models(), "lam", 0.0))
+      return f, s, np.float32(lam)
 
     alarm = int(cfg.alarm.steps) if hasattr(cfg, "alarm") else None
     return Steps(mask=mask, outcome=np.asarray(rollouts.rewards), branch=branch, zero=Spend(),
@@ -162,12 +209,13 @@ class TextSource:
     record = dict(out.record)
     if "alarm_cost" in record:
       record["alarm_completions"] = record.pop("alarm_cost").completions
-    if out.labels:  # the symbolic source's statistics of the batch (`chunk_statistics`)
-      labels = {k: np.asarray(v) for k, v in out.labels.items()}
+    labels = {k: np.asarray(v) for k, v in out.labels.items()}
+    if labels:  # the symbolic source's statistics of the batch (`chunk_statistics`)
       record.update(chunk_statistics({"mask": steps.mask, **labels,
                                       "p": np.where(steps.mask, labels["p"], 1.0)}))  # fmt: skip
     T = [c.num_steps for c in rollouts.completions]
-    return Signal([advantages[i, :t] for i, t in enumerate(T)], out.cost, record, out.checks)
+    return Signal([advantages[i, :t] for i, t in enumerate(T)], out.cost, record, out.checks,
+                  labels)  # fmt: skip
 
   def predict(self, rollouts) -> list[np.ndarray] | None:
     if not self.learned:

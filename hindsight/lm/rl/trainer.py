@@ -131,13 +131,27 @@ class SeedRun:
     now = time.time()
     log["seconds"] = log.get("seconds", 0.0) + now - self._since
     self._since = now
-    self.ckpt.save(step, self.learner.parts(), 0.0, {LOG_FILE: json.dumps(log)})
+    self.ckpt.save(step, self.parts(), 0.0, {LOG_FILE: json.dumps(log)})
+
+  def parts(self):
+    """What a checkpoint holds: the actor's model and optimizer, and with them the source's
+    own per-seed state where it keeps one (pp_credit's head and label buffer)."""
+    own = self.source.seed_state()
+    parts = self.learner.parts()
+    if own is None:
+      return parts
+    # beside "model" (what `load_policy` reads) and "optimizer"
+    return {"model": parts["model"], "optimizer": parts["optimizer"], "source": own}
 
   def run(self, bar=None) -> dict:
     c, g = self.ctx, self.ctx.config.grpo
     self._since = time.time()
     learner = self.learner
-    start, parts = self.ckpt.restore(_abstract(learner.parts()))
+    self.source.start_seed()
+    start, parts = self.ckpt.restore(_abstract(self.parts()))
+    if parts is not None and self.source.seed_state() is not None:
+      self.source.start_seed(parts["source"])
+      parts = {"model": parts["model"], "optimizer": parts["optimizer"]}
     if parts is None:
       log = {"points": [], "updates": [], "policy": Spend().as_dict(), "credit": Spend().as_dict()}
       log["points"].append(self._point(0, log))
@@ -158,6 +172,7 @@ class SeedRun:
                              "steps": sum(x.num_steps for x in ro.completions),
                              "tokens": ro.tokens,
                              **{k: float(v) for k, v in aux.items()}, **signal.record,
+                             **self.source.between_updates(ro, signal),
                              "checks": check_record(signal.checks, step_tags(ro))})  # fmt: skip
       self._alarm(log)
       if bar is not None:

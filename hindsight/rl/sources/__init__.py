@@ -45,11 +45,11 @@ for _module in BUILTIN_MODULES:
 
 __all__ = [
   "Branched",
-  "Steps",
-  "StepSignal",
   "ConfigNode",
   "CreditSource",
   "Probe",
+  "StepSignal",
+  "Steps",
   "Terms",
   "config_nodes",
   "credit_arm_steps",

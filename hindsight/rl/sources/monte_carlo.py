@@ -47,6 +47,7 @@ class McProgress(_Branched):
 class McCredit(_Branched):
   name = "mc_credit"
   summary = "the oracle: interventional credit by K branch pairs per step"
+  unbiased = True
   trainers = ("symbolic", "text")
 
   def step_signal(self, steps: Steps, key) -> StepSignal:

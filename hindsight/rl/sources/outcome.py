@@ -47,6 +47,7 @@ class Outcome(CreditSource):
   name = "outcome"
   summary = "R - mean R at every step (REINFORCE with a baseline; GRPO's z-score in groups)"
   trainers = ("symbolic", "text")
+  unbiased = True
   standardised = True  # in groups: a z-score already
 
   def step_signal(self, steps: Steps, key) -> StepSignal:
