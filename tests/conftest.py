@@ -52,6 +52,14 @@ def page_file(page: str, name: str) -> str:
   raise AssertionError(f"{page}: no ```python block starting '# {name}'")
 
 
+def page_module(tmp_path, monkeypatch, page: str, name: str) -> None:
+  """`page_file(page, name)` written as tmp_path/NAME and importable under its module name
+  for the test (a module of that name imported before is forgotten first)."""
+  (tmp_path / name).write_text(page_file(page, name))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, name.removesuffix(".py"), raising=False)
+
+
 @pytest.fixture
 def mdp_file(tmp_path):
   """A random tabular MDP saved to disk; returns its path."""

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import page_module, run_cli
 
 from hindsight.envs import make
 from hindsight.envs.reasoning import competence_features
@@ -167,12 +167,7 @@ def test_the_update_follows_the_sources_signal(tmp_path, monkeypatch):
 
   monkeypatch.setattr(base, "_SOURCES", dict(base._SOURCES))
   base.register_source(_Zero)
-  with open(os.path.join(ROOT, "docs", "rl.md")) as f:
-    text = f.read()
-  example = text[text.index("## Your own credit source") :].split("```python\n")[1]
-  (tmp_path / "my_sources.py").write_text(example.split("```")[0])
-  monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.delitem(sys.modules, "my_sources", raising=False)
+  page_module(tmp_path, monkeypatch, "docs/rl.md", "my_sources.py")
   moved = {}
   for name in ("test_zero", "outcome", "my_sources:last_step"):
     before, after = _one_update(tiny(name, ppo__entropy=0.0))

@@ -20,7 +20,7 @@ from hindsight.config_io import load_config
 from hindsight.model.encoders.tokenizer import bytes_tokenizer, train_bpe
 from hindsight.text import world
 from hindsight.text.trace import chunk_text
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, page_module, run_cli
 
 # One worker holds the small policy LM and the experiment trained from it.
 pytestmark = pytest.mark.xdist_group("rl_text")
@@ -844,13 +844,7 @@ def test_the_docs_source_written_once_trains_a_language_model_too(tmp_path, monk
   from hindsight.errors import HindsightError
   from hindsight.lm.rl.sources import source_class, text_sources
 
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, "docs", "rl.md")) as f:
-    text = f.read()
-  example = text[text.index("## Your own credit source") :].split("```python\n")[1]
-  (tmp_path / "my_sources.py").write_text(example.split("```")[0])
-  monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.delitem(sys.modules, "my_sources", raising=False)
+  page_module(tmp_path, monkeypatch, "docs/rl.md", "my_sources.py")
   T, rewards, rollouts, pools = _hand_built()
   steps = source_class("my_sources:last_step")(_Ctx(pools)).signal(None, rollouts, None).steps
   for i in range(8):
