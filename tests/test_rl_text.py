@@ -496,6 +496,9 @@ def test_a_killed_run_resumes_to_the_same_result(policy, tmp_path, monkeypatch):
                      str(tmp_path / "cut"))  # fmt: skip
   cut = train_and_evaluate(load_config("rl_text:smoke", shared), str(tmp_path / "cut"))
   assert cut["curve"] == whole["curve"] and cut["updates_log"] == whole["updates_log"]
+  # the head did learn between the updates: a resume is tested on a head that moved
+  (log,) = whole["updates_log"]
+  assert all(u["buffer"] > 0 and u["refit_loss"] is not None for u in log), log
   a, _ = load_policy(str(tmp_path / "whole"))
   b, _ = load_policy(str(tmp_path / "cut"))
   for x, y in zip(jax.tree.leaves(nnx.to_pure_dict(a.state)),
@@ -843,7 +846,9 @@ def test_the_docs_source_written_once_trains_a_language_model_too(tmp_path, monk
 
   from hindsight.errors import HindsightError
   from hindsight.lm.rl.sources import source_class, text_sources
+  from hindsight.rl.sources import base
 
+  monkeypatch.setattr(base, "_SOURCES", dict(base._SOURCES))  # last_step registers here only
   page_module(tmp_path, monkeypatch, "docs/rl.md", "my_sources.py")
   T, rewards, rollouts, pools = _hand_built()
   steps = source_class("my_sources:last_step")(_Ctx(pools)).signal(None, rollouts, None).steps
@@ -857,6 +862,13 @@ def test_the_docs_source_written_once_trains_a_language_model_too(tmp_path, monk
   with pytest.raises(HindsightError, match=r"'gae' does not train a language model.*mc_credit"):
     source_class("gae")
 
+  class Unwritten(base.CreditSource):  # says it trains an LM, has no step_signal
+    name, trainers = "test_unwritten", ("symbolic", "text")
+
+  base.register_source(Unwritten)
+  with pytest.raises(HindsightError, match=r"'test_unwritten' lists 'text'.*no step_signal"):
+    source_class("test_unwritten")
+
 
 def test_pp_credits_head_learns_online_from_exactly_the_labels_it_bought():
   """After an update, the labelled steps (z) and their MC credit join the seed's buffer, each
@@ -867,6 +879,7 @@ def test_pp_credits_head_learns_online_from_exactly_the_labels_it_bought():
 
   from hindsight.lm.rl.models import CreditHead, OnlineHead, credit_inputs
   from hindsight.lm.rl.sources import source_class
+  from hindsight.rl.sources.prediction_powered import allocate
 
   T, rewards, rollouts, pools = _hand_built()
   rng = np.random.default_rng(3)
@@ -880,6 +893,10 @@ def test_pp_credits_head_learns_online_from_exactly_the_labels_it_bought():
   z, d = signal.labels["z"], signal.labels["d"]
   labelled = np.argwhere(z)
   assert 3 <= len(labelled) < sum(T)
+  # the batch was scored by the head as fitted (the refit comes after the batch)
+  fitted = [v[0] for v in head(features, rewards)]
+  for i, t in np.argwhere(signal.labels["p"] > 0):
+    assert signal.labels["f"][i, t] == pytest.approx(fitted[i][t], abs=1e-6)
 
   def mse(h):
     f = [v[0] for v in h(features, rewards)]
@@ -895,10 +912,38 @@ def test_pp_credits_head_learns_online_from_exactly_the_labels_it_bought():
   assert not np.asarray(state["y"][len(labelled) :]).any()
   assert mse(source.online.head) < 0.5 * before
   assert float(state["lam"]) == pytest.approx(signal.record["lam"])
+  # the next batch is scored by the refit head and allocated with the weight stored:
+  # p_t = allocate(sqrt(s_t^2 + (1 - lam)^2 f_t^2))
+  steps = source.steps(None, rollouts)
+  f, s, lam = steps.credit_model()
+  assert float(lam) == pytest.approx(signal.record["lam"]) and 0 < float(lam) < 1
+  nxt = source.signal(None, rollouts, jax.random.key(5))
+  np.testing.assert_array_equal(nxt.labels["f"], f)
+  score = np.sqrt(np.square(s) + np.square((1 - float(lam)) * f))
+  np.testing.assert_allclose(nxt.labels["p"], np.asarray(allocate(score, steps.mask, 0.6, 0.2)),
+                             rtol=1e-5)  # fmt: skip
+  # a seed restarted from its state has its head, buffer and weight
   again = source_class("pp_credit")(ctx)
   again.start_seed(state)
-  np.testing.assert_array_equal(again.steps(None, rollouts).credit_model()[0],
-                                source.steps(None, rollouts).credit_model()[0])  # fmt: skip
+  for x, y in zip(jax.tree.leaves(again.seed_state()), jax.tree.leaves(state), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  np.testing.assert_array_equal(again.steps(None, rollouts).credit_model()[0], f)
+  # A refit reads the buffer's filled rows only, and starts from the head's parameters (one
+  # Adam step moves no parameter by more than its step size, 3e-3).
+  n = len(labelled)
+  small = OnlineHead(head, n)
+  small.add(want, d[z])
+  small.refit(300)
+  for x, y in zip(jax.tree.leaves(small.state["params"]),
+                  jax.tree.leaves(source.online.state["params"]), strict=True):  # fmt: skip
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-6)
+  one = OnlineHead(head, n)
+  one.add(want, d[z])
+  one.refit(1)
+  moved = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+              for x, y in zip(jax.tree.leaves(one.state["params"]), jax.tree.leaves(head.params),
+                              strict=True))  # fmt: skip
+  assert 0 < moved <= 3e-3 + 1e-6
   ring = OnlineHead(head, 4)
   ring.add(np.ones((3, want.shape[1])), np.array([1.0, 2.0, 3.0]))
   ring.add(np.ones((3, want.shape[1])), np.array([4.0, 5.0, 6.0]))

@@ -72,7 +72,7 @@ class Models:
   credit head also their labels."""
 
   def __init__(self, features: Features, prm: PRM, head: CreditHead, spend: dict, stats: dict):
-    self.features, self.prm, self.head = features, prm, head
+    self.extract, self.prm, self.head = features, prm, head
     self.spend, self.stats = spend, stats
 
   def spend_for(self, source: str) -> Spend:
@@ -82,7 +82,7 @@ class Models:
   def features(self, rollouts) -> list[np.ndarray]:
     """h(x_0) .. h(x_T) [T + 1, D] of each trace (cached on the rollouts)."""
     if "features" not in rollouts.cache:
-      rollouts.cache["features"] = self.features(rollouts)
+      rollouts.cache["features"] = self.extract(rollouts)
     return rollouts.cache["features"]
 
   def prm_values(self, rollouts) -> list[np.ndarray]:

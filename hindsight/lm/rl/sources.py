@@ -72,6 +72,9 @@ def source_class(name: str):
     raise HindsightError(f"source {name!r} is unknown ({known})") from None
   if TEXT not in cls.trainers:
     raise HindsightError(f"source {name!r} does not train a language model ({known})")
+  if cls.step_signal is base.CreditSource.step_signal:
+    raise HindsightError(f"source {name!r} lists 'text' among its trainers but has no "
+                         "step_signal (the math the language-model trainer calls)")  # fmt: skip
   return functools.partial(TextSource, cls)
 
 
@@ -137,14 +140,17 @@ class TextSource:
     if self.online is None or not signal.labels:
       return {}
     labels = signal.labels
-    z = labels["z"] & self.steps_mask(rollouts)
+    # the labels a fit can read: bought (z), with a finite stderr (an undefined credit has
+    # none), as the symbolic source's refit takes them
+    z = labels["z"] & self.steps_mask(rollouts) & np.isfinite(labels["d_stderr"])
     features = self.ctx.models().features(rollouts)
     rows = [credit_inputs(features[i], rollouts.rewards[i])[t] for i, t in np.argwhere(z)]
-    if rows:
-      self.online.add(np.stack(rows), labels["d"][z])
     if signal.record.get("lam") is not None:  # the weight the next allocation assumes
       self.online.state = {**self.online.state, "lam": jnp.float32(signal.record["lam"])}
-    loss = self.online.refit(int(self.ctx.config.pp.refit_steps))
+    loss = None
+    if rows:  # no label bought, nothing new to fit
+      self.online.add(np.stack(rows), labels["d"][z])
+      loss = self.online.refit(int(self.ctx.config.pp.refit_steps))
     return {"refit_loss": loss, "buffer": min(int(self.online.state["count"]),
                                               self.online.capacity)}  # fmt: skip
 
@@ -173,14 +179,16 @@ class TextSource:
         fields = [trace_fields(pools, i, t, rollouts.rewards[i]) for i, t in enumerate(T)]
         credit = padded([f["credit"] for f in fields], np.float64)[0]
         stderr = padded([f["credit_stderr"] for f in fields], np.float64)[0]
-        return Branched(credit, stderr, stderr, spend)
+        noise = padded([[step_stderr(pools, i, t, n) for t in range(n)] for i, n in enumerate(T)],
+                       np.float64)[0]  # fmt: skip
+        return Branched(credit, stderr, noise, spend)
       chosen = list(zip(*np.nonzero(np.asarray(z) & mask), strict=True))
       pools, spend = ctx.pools(state, rollouts, credit_prefixes(chosen, T), K, key)
       credit = np.full(mask.shape, np.nan)
       stderr = np.full(mask.shape, np.nan)
       for i, t in chosen:
         credit[i, t] = step_credit(pools, int(i), int(t), T[i], rollouts.rewards[i])
-        stderr[i, t] = step_stderr(pools, int(i), int(t), T[i])
+        stderr[i, t] = step_stderr(pools, int(i), int(t), T[i])  # the sample stderr: no bound
       return Branched(credit, stderr, stderr, spend)
 
     def history():
@@ -198,7 +206,8 @@ class TextSource:
       return f, s, np.float32(lam)
 
     alarm = int(cfg.alarm.steps) if hasattr(cfg, "alarm") else None
-    return Steps(mask=mask, outcome=np.asarray(rollouts.rewards), branch=branch, zero=Spend(),
+    return Steps(mask=mask, outcome=np.asarray(rollouts.rewards, np.float64), branch=branch,
+                 zero=Spend(),
                  groups=int(cfg.grpo.group), history=history, credit_model=credit_model,
                  alarm=alarm)  # fmt: skip
 
