@@ -24,7 +24,7 @@ def base_config() -> ConfigDict:
   # traces (`prompt` and `reference` each) draws from its prompts.
   c.prompts = ""
   c.verifier = "boxed"  # the outcome: "boxed" or MODULE:FN(completion, trace) -> [0, 1]
-  c.source = "outcome"  # a text credit source (hindsight.lm.rl.sources)
+  c.source = "outcome"  # a registered source with "text" in its trainers (hindsight.rl.sources)
   c.seed = 0  # root of every key
   c.num_seeds = 5  # independent runs (trained one after another)
 
