@@ -209,3 +209,28 @@ def synthetic_labels(tmp_path_factory):
 
   out = str(tmp_path_factory.getbasetemp() / "synthetic_labels")
   return out if is_complete(out) else write_synthetic_labels(out)
+
+
+@pytest.fixture(scope="session")
+def text_run(tmp_path_factory):
+  """Labels of 96 text-world traces at K = 8 and a small credit model trained on them (the
+  "text_model" xdist group's: test_text_model.py, test_serving_text.py)."""
+  from hindsight.labeling.config import LabelConfig
+  from hindsight.labeling.job import LabelJob, run_label_job
+  from hindsight.text import world
+  from hindsight.text.options import TextOptions
+  from hindsight.text.server import running_world
+  from hindsight.text.trace import write_traces
+
+  root = tmp_path_factory.mktemp("text_model")
+  prompts = root / "prompts.jsonl"
+  write_traces(str(prompts), world.prompt_traces(0, 96))
+  with running_world() as url:
+    job = LabelJob(f"text:{prompts}", 96, LabelConfig(num_rollouts=8), chunk_size=32,
+                   options=TextOptions(endpoint=url, model=world.MODEL_NAME))  # fmt: skip
+    labels = run_label_job(job, str(root / "labels"), progress=False)
+  workdir = str(root / "model")
+  got = run_cli("train", "--config", "text:smoke", "--labels", labels, "--workdir", workdir,
+                "--config.train.steps=150", "--config.train.eval_every=50")  # fmt: skip
+  assert got.returncode == 0, got.stderr
+  return {"root": root, "labels": labels, "workdir": workdir}

@@ -18,12 +18,9 @@ from scipy import stats
 from hindsight.data import open_labels
 from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError
-from hindsight.labeling.config import LabelConfig
-from hindsight.labeling.job import LabelJob, run_label_job
 from hindsight.model.encoders import TextEncoder
 from hindsight.model.encoders.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
 from hindsight.text import world
-from hindsight.text.options import TextOptions
 from hindsight.text.server import running_world
 from hindsight.text.trace import write_traces
 from tests.conftest import run_cli
@@ -53,23 +50,6 @@ def test_tokenizers_round_trip_any_text_and_are_deterministic():
 
 
 # -- the credit model on text ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def text_run(tmp_path_factory):
-  """Labels of 96 text-world traces at K = 8 and a small credit model trained on them."""
-  root = tmp_path_factory.mktemp("text_model")
-  prompts = root / "prompts.jsonl"
-  write_traces(str(prompts), world.prompt_traces(0, 96))
-  with running_world() as url:
-    job = LabelJob(f"text:{prompts}", 96, LabelConfig(num_rollouts=8), chunk_size=32,
-                   options=TextOptions(endpoint=url, model=world.MODEL_NAME))  # fmt: skip
-    labels = run_label_job(job, str(root / "labels"), progress=False)
-  workdir = str(root / "model")
-  got = run_cli("train", "--config", "text:smoke", "--labels", labels, "--workdir", workdir,
-                "--config.train.steps=150", "--config.train.eval_every=50")  # fmt: skip
-  assert got.returncode == 0, got.stderr
-  return {"root": root, "labels": labels, "workdir": workdir}
 
 
 @TEXT_MODEL

@@ -1,4 +1,5 @@
-"""`hindsight serve`: a trained credit model over HTTP (POST /v1/credit, docs/serving.md)."""
+"""`hindsight serve`: a trained credit model over HTTP (POST /v1/credit, /pooling,
+/get_reward; docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from hindsight.cli.options import build, option
 from hindsight.cli.parser import RUN_FLAG, RUN_HELP, STEP_HELP
 
 NAME = "serve"
-HELP = "serve credit over HTTP (POST /v1/credit)"
+HELP = "serve credit over HTTP (POST /v1/credit, vLLM's /pooling, OpenRLHF's /get_reward)"
 
 
 def add_parser(sub):
@@ -28,6 +29,17 @@ def add_parser(sub):
          "HINDSIGHT_ADMIN_TOKEN); without one, reload over HTTP is off (SIGHUP works)")  # fmt: skip
   option(sv, ServeConfig, "allow_reload_from",
          "a directory HTTP reloads may load checkpoints from, besides the served run")  # fmt: skip
+  option(sv, ServeConfig, "served_model_name",
+         "the name GET /v1/models lists and /pooling requests name (default: the run's "
+         "directory name)")  # fmt: skip
+  option(sv, ServeConfig, "step_tag", "POST /pooling: the text that closes each step")
+  option(sv, ServeConfig, "step_tag_id", "POST /pooling: the step tag's token id in token-id "
+         "inputs (Qwen2.5-Math-PRM's <extra_0>)")  # fmt: skip
+  option(sv, ServeConfig, "response_start", "POST /pooling: the marker after which a string "
+         "input's response starts (before it: the prompt)")  # fmt: skip
+  option(sv, ServeConfig, "outcome", "the outcome in [0, 1] of a /pooling or /get_reward "
+         "trace whose request gives no outcome or reference (default: such a request is a "
+         "400)")  # fmt: skip
   return sv
 
 

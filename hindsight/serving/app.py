@@ -5,6 +5,11 @@
                  -> {"credit": [[...]], "credit_std": [[...]], "p_zero": [[...]],
                      "klass": [[name, ...]], "model": {"step", "digest"},
                      "steps": [[text, ...]] (a text model: each trace's steps as cut)}
+  POST /pooling     vLLM's Pooling API, "task": "token_classify": per-step credit of text
+                    traces cut at a step tag, one [1 - c, c] row per step (`formats`)
+  POST /get_reward  OpenRLHF's remote reward model: {"query", "prompts", "labels"} ->
+                    {"rewards"}, the steps' credit beside it (`formats`)
+  GET  /v1/models   the served model, as vLLM lists it
   POST /v1/reload   {"checkpoint"?: DIR, "step"?: "run" | "best" | "last" | N}: load, verify, warm
                     up, then swap; requests in flight finish on the model they started on.
                     An admin action: it needs `Authorization: Bearer TOKEN` (the server's
@@ -51,6 +56,14 @@ from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError, error_body, note, one_line
 from hindsight.model.predictor import Predictor
 from hindsight.serving.config import ServeConfig
+from hindsight.serving.formats import (
+  FormatError,
+  models_answer,
+  openrlhf_answer,
+  pooling_answer,
+  read_openrlhf,
+  read_pooling,
+)
 
 MSGPACK = "application/msgpack"
 _log = logging.getLogger("hindsight.serve")
@@ -281,40 +294,115 @@ def create_app(
     status, body, media_type = encoded(route, status, content)
     return Response(body, status, media_type=media_type)
 
-  async def credit(scope, receive, send) -> None:
-    """POST /v1/credit as a bare ASGI handler: the one route on the scoring path skips
-    Starlette's request and response objects (a third of the server's time per request)."""
-    tic = time.perf_counter()
+  async def read_body(scope, receive) -> bytes | None:
+    """The request's body within the size limit (413 past it); None if the client left."""
     headers = dict(scope["headers"])
-    content_type = headers.get(b"content-type", b"").decode("latin-1")
-    try:
-      if not server.ready:
-        raise _Failure(503, "the model is still loading")
-      length = headers.get(b"content-length", b"")
-      if length.isdigit() and int(length) > cfg.max_body_bytes:
-        raise _Failure(413, f"the body has {int(length)} bytes; the limit is {cfg.max_body_bytes}")
-      body = bytearray()
-      while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
+    length = headers.get(b"content-length", b"")
+    if length.isdigit() and int(length) > cfg.max_body_bytes:
+      raise _Failure(413, f"the body has {int(length)} bytes; the limit is {cfg.max_body_bytes}")
+    body = bytearray()
+    while True:
+      message = await receive()
+      if message["type"] == "http.disconnect":
+        return None
+      body += message.get("body", b"")
+      if len(body) > cfg.max_body_bytes:
+        raise _Failure(413, f"the body exceeds the limit of {cfg.max_body_bytes} bytes")
+      if not message.get("more_body", False):
+        return bytes(body)
+
+  def scoring_route(route: str, parse, answer):
+    """A bare ASGI handler for a route that scores traces: parse(decoded body) -> (episodes,
+    what the answer needs), then answer(that, scores, predictor) -> the JSON body. The
+    scoring routes skip Starlette's request and response objects (a third of the server's
+    time per request)."""
+
+    async def handler(scope, receive, send) -> None:
+      tic = time.perf_counter()
+      headers = dict(scope["headers"])
+      content_type = headers.get(b"content-type", b"").decode("latin-1")
+      try:
+        if not server.ready:
+          raise _Failure(503, "the model is still loading")
+        raw = await read_body(scope, receive)
+        if raw is None:
           return
-        body += message.get("body", b"")
-        if len(body) > cfg.max_body_bytes:
-          raise _Failure(413, f"the body exceeds the limit of {cfg.max_body_bytes} bytes")
-        if not message.get("more_body", False):
-          break
-      episodes = _trajectories(_decode(bytes(body), content_type), server)
-      scores, predictor = await server.score(episodes)
-      answer = _answer(scores, predictor)
-    except _Failure as e:
-      return await _send(send, *encoded("credit", e.status, {"error": str(e)}))
-    except HindsightError as e:
-      return await _send(send, *encoded("credit", 400, {"error": one_line(e)}))
-    server.latency.observe(time.perf_counter() - tic)
-    if MSGPACK in headers.get(b"accept", b"").decode("latin-1"):
-      server.requests.labels("credit", "200").inc()
-      return await _send(send, 200, msgspec.msgpack.encode(answer), MSGPACK)
-    await _send(send, *encoded("credit", 200, answer))
+        episodes, context = parse(_decode(raw, content_type))
+        scores, predictor = await server.score(episodes)
+        out = answer(context, scores, predictor)
+      except _Failure as e:
+        return await _send(send, *encoded(route, e.status, {"error": str(e)}))
+      except (HindsightError, FormatError) as e:
+        return await _send(send, *encoded(route, 400, {"error": one_line(e)}))
+      except LookupError as e:  # vLLM's answer to another model's name
+        return await _send(send, *encoded(route, 404, {"error": one_line(e)}))
+      if route == "credit":
+        server.latency.observe(time.perf_counter() - tic)
+        if MSGPACK in headers.get(b"accept", b"").decode("latin-1"):
+          server.requests.labels(route, "200").inc()
+          return await _send(send, 200, msgspec.msgpack.encode(out), MSGPACK)
+      await _send(send, *encoded(route, 200, out))
+
+    return handler
+
+  credit = scoring_route(
+    "credit",
+    lambda body: (_trajectories(body, server), None),
+    lambda _, scores, predictor: _answer(scores, predictor),
+  )
+
+  def text_spec():
+    """The served model's spec, if it reads text (the formats other stacks speak are text)."""
+    spec = server.predictor.spec
+    if not hasattr(spec.encoder, "tokens"):
+      raise _Failure(400, "this route serves text credit models; the served model reads "
+                     "other observations (POST /v1/credit serves it)")  # fmt: skip
+    return spec
+
+  def text_episodes(traces: list[dict], spec, over: int) -> list[Episode]:
+    """Each trace checked against the model; more steps than it serves is a 400 (over its
+    context, as vLLM answers a too-long input)."""
+    out = []
+    for t in traces:
+      if len(t.get("steps", ())) > server.max_steps:
+        raise _Failure(over, f"{t['id']}: {len(t['steps'])} steps; the model reads at "
+                       f"most {server.max_steps} (`hindsight serve --max-steps N`)")  # fmt: skip
+      out.append(Episode.parse(t, spec, t["id"]))
+    return out
+
+  def parse_pooling(body):
+    spec = text_spec()
+    request = read_pooling(body, model=cfg.model_name(), tokenizer=spec.encoder.tokens,
+                           tag=cfg.step_tag, tag_id=cfg.step_tag_id,
+                           response_start=cfg.response_start,
+                           outcome=cfg.default_outcome())  # fmt: skip
+    return text_episodes(request.traces, spec, 400), request
+
+  pooling = scoring_route(
+    "pooling", parse_pooling,
+    lambda request, scores, _: pooling_answer(request, scores, cfg.model_name()),
+  )  # fmt: skip
+
+  def parse_reward(body):
+    spec = text_spec()
+    episodes = text_episodes(read_openrlhf(body, cfg.default_outcome()), spec, 400)
+    return episodes, episodes
+
+  reward = scoring_route("get_reward", parse_reward,
+                         lambda episodes, scores, _: openrlhf_answer(episodes, scores))  # fmt: skip
+  scoring = {"/v1/credit": credit, "/pooling": pooling, "/get_reward": reward}
+  started = int(time.time())
+
+  async def models(request: Request) -> Response:
+    if not server.ready:
+      return respond("models", 503, {"error": "the model is still loading"})
+    encoder = server.predictor.spec.encoder
+    # the longest trace it reads, in tokens: a decoder's context, or a step encoder's longest
+    # step times the steps served
+    context = getattr(encoder, "max_tokens", None)
+    if context is None:
+      context = getattr(encoder, "max_step_tokens", 0) * server.max_steps
+    return respond("models", 200, models_answer(cfg.model_name(), int(context), started))
 
   def deny(reason: str, status: int, message: str) -> Response:
     server.admin_denied.labels(reason).inc()
@@ -406,7 +494,8 @@ def create_app(
 
   routes = [
     # Reached only by what `dispatch` passes on (a GET: 405); a partial is served as ASGI.
-    Route("/v1/credit", functools.partial(credit), methods=["POST"]),
+    *(Route(path, functools.partial(h), methods=["POST"]) for path, h in scoring.items()),
+    Route("/v1/models", models),
     Route("/v1/reload", reload, methods=["POST"]),
     Route("/healthz", healthz),
     Route("/readyz", readyz),
@@ -415,10 +504,12 @@ def create_app(
   app = Starlette(routes=routes, lifespan=lifespan)
 
   async def dispatch(scope, receive, send) -> None:
-    """POST /v1/credit straight to its handler; everything else (lifespan, the other routes,
-    a GET of /v1/credit: 405) through Starlette."""
-    if scope["type"] == "http" and scope["path"] == "/v1/credit" and scope["method"] == "POST":
-      return await credit(scope, receive, send)
+    """A POST to a scoring route straight to its handler; everything else (lifespan, the
+    other routes, a GET of a scoring route: 405) through Starlette."""
+    if scope["type"] == "http" and scope["method"] == "POST":
+      handler = scoring.get(scope["path"])
+      if handler is not None:
+        return await handler(scope, receive, send)
     await app(scope, receive, send)
 
   return dispatch

@@ -30,6 +30,18 @@ class ServeConfig:
   admin_token_file: str = ""
   # A checkpoint named in an HTTP reload must resolve inside the served run or this root.
   allow_reload_from: str = ""
+  # The name /v1/models lists and a /pooling request's "model" must match ("": the run's
+  # directory name).
+  served_model_name: str = ""
+  # /pooling (vLLM's process-reward form): the step tag that closes each step, as text and
+  # as a token id of token-id inputs (Qwen2.5-Math-PRM's <extra_0>), and the marker after
+  # which a string input's response starts (a chat template's assistant turn).
+  step_tag: str = "<extra_0>"
+  step_tag_id: int = 151651
+  response_start: str = "<|im_start|>assistant\n"
+  # The outcome in [0, 1] of a /pooling or /get_reward trace whose request gives none
+  # ("": such a request is a 400 naming the field).
+  outcome: str = ""
 
   def __post_init__(self):
     """One-line errors for limits the server cannot run with, naming the field (the CLI
@@ -38,6 +50,25 @@ class ServeConfig:
       value = getattr(self, name)
       if value < 0 or (name != "max_steps" and value == 0):
         raise HindsightError(f"{name} must be > 0, got {value}")
+    if not self.step_tag:
+      raise HindsightError("step_tag must not be empty")
+    self.default_outcome()  # a bad --outcome fails the start
+
+  def default_outcome(self) -> float | None:
+    """`outcome` as a number in [0, 1], or None when it is not set."""
+    if not self.outcome:
+      return None
+    try:
+      value = float(self.outcome)
+    except ValueError:
+      value = float("nan")
+    if not 0.0 <= value <= 1.0:
+      raise HindsightError(f"outcome must be a number in [0, 1], got {self.outcome!r}")
+    return value
+
+  def model_name(self) -> str:
+    """What /v1/models lists: served_model_name, or the run directory's name."""
+    return self.served_model_name or os.path.basename(os.path.normpath(self.checkpoint))
 
   def steps_limit(self, spec) -> int:
     """Steps per trajectory served (and warmed up): max_steps, or the model's max_length."""

@@ -1,0 +1,224 @@
+"""`hindsight serve` in the formats other RL stacks speak: vLLM's Pooling API as a process
+reward model answers it, OpenRLHF's remote reward model, GET /v1/models; held against the
+server's own /v1/credit on the same traces."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.xdist_group("text_model")
+
+TAG = "<extra_0>"
+NAME = "Qwen/Qwen2.5-Math-PRM-7B"
+
+# vLLM's documented request for a process reward model (docs/models/pooling_models/reward.md:
+# `llm.encode("Hello, my name is<extra_0><extra_0><extra_0>", pooling_task="token_classify")`,
+# in the Pooling API's online form of docs/models/pooling_models/README.md: {"model", "input",
+# "task"}), and the token ids of the same text with Qwen's step tag id (151651, vLLM's
+# Qwen2ForProcessRewardModel default) in place of the tag.
+VLLM_PRM_REQUEST = {"model": NAME, "input": "Hello, my name is<extra_0><extra_0><extra_0>",
+                    "task": "token_classify"}  # fmt: skip
+QWEN_STEP_TAG_ID = 151651
+
+
+# What a vLLM client parses: vLLM's response types (vllm/entrypoints/pooling/pooling/
+# protocol.py, vllm/entrypoints/openai/engine/protocol.py), as msgspec structs.
+class UsageInfo(msgspec.Struct):
+  prompt_tokens: int = 0
+  total_tokens: int = 0
+  completion_tokens: int | None = 0
+  prompt_tokens_details: dict | None = None
+
+
+class PoolingResponseData(msgspec.Struct):
+  index: int
+  data: list[list[float]]
+  object: str = "pooling"
+
+
+class PoolingResponse(msgspec.Struct):
+  model: str
+  data: list[PoolingResponseData]
+  usage: UsageInfo
+  id: str = ""
+  object: str = "list"
+  created: int = 0
+
+
+@pytest.fixture(scope="module")
+def served(text_run):
+  """The text credit model served under vLLM's PRM's name, outcome 1 for requests without
+  one; and its tokenizer."""
+  from starlette.testclient import TestClient
+
+  from hindsight.model.predictor import Predictor
+  from hindsight.serving.app import create_app
+  from hindsight.serving.config import ServeConfig
+
+  predictor = Predictor.load(text_run["workdir"])
+  cfg = ServeConfig(checkpoint=text_run["workdir"], served_model_name=NAME, outcome="1",
+                    warmup=False, max_steps=12)  # fmt: skip
+  with TestClient(create_app(cfg, predictor=predictor)) as client:
+    _ready(client)
+    yield client, predictor.spec.encoder.tokens, predictor
+
+
+def _ready(client) -> None:
+  import time
+
+  for _ in range(600):
+    if client.get("/readyz").status_code == 200:
+      return
+    time.sleep(0.1)
+  raise AssertionError("the server never became ready")
+
+
+def _credit(client, steps: list[str], prompt: str = "", **outcome) -> np.ndarray:
+  """/v1/credit's credit of one trace (outcome 1 unless given)."""
+  trace = {"prompt": prompt, "steps": steps, **(outcome or {"outcome": 1})}
+  r = client.post("/v1/credit", json={"trajectories": [trace]})
+  assert r.status_code == 200, r.text
+  return np.asarray(r.json()["credit"][0])
+
+
+def _rows(r) -> list[np.ndarray]:
+  assert r.status_code == 200, r.text
+  parsed = msgspec.json.decode(r.content, type=PoolingResponse)  # what a vLLM client reads
+  return [np.asarray(item.data) for item in parsed.data]
+
+
+def _probability(credit) -> np.ndarray:
+  p = np.clip((1 + np.asarray(credit, float)) / 2, 0, 1)
+  return np.stack([1 - p, p], 1)
+
+
+def test_vllms_documented_prm_request_is_answered_in_vllms_shape(served):
+  """The string form and the token-id form of vLLM's PRM example: one item, one [1 - c, c]
+  row per step tag. The first step's c is /v1/credit's credit of the trace mapped to [0,
+  1]; the two empty steps (tags in a row) did nothing: credit 0, [0.5, 0.5]. Usage counts
+  the input's tokens."""
+  client, tok, _ = served
+  r = client.post("/pooling", json=VLLM_PRM_REQUEST)
+  (rows,) = _rows(r)
+  body = r.json()
+  assert body["model"] == NAME and body["object"] == "list" and body["id"].startswith("pool-")
+  assert rows.shape == (3, 2)
+  want = _probability([_credit(client, ["Hello, my name is"])[0], 0.0, 0.0])
+  np.testing.assert_allclose(rows, want, atol=1e-6)
+  assert body["usage"]["prompt_tokens"] == len(tok.encode(VLLM_PRM_REQUEST["input"]))
+  assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"]
+  ids = [*tok.encode("Hello, my name is").tolist(), *[QWEN_STEP_TAG_ID] * 3]
+  (by_ids,) = _rows(client.post("/pooling", json={**VLLM_PRM_REQUEST, "input": ids}))
+  np.testing.assert_allclose(by_ids, rows, atol=1e-6)
+  models = client.get("/v1/models").json()
+  assert [m["id"] for m in models["data"]] == [NAME] and models["object"] == "list"
+
+
+def test_step_tags_at_the_start_the_end_repeated_and_absent(served):
+  client, _, _ = served
+  a, b = "Alice has 3 boxes. ", "Each holds 2 balls. "
+  both = _credit(client, [a, b])
+
+  def rows(text, **extra):
+    (out,) = _rows(client.post("/pooling", json={"input": text, **extra}))
+    return out
+
+  np.testing.assert_allclose(rows(f"{a}{TAG}{b}{TAG}"), _probability(both), atol=1e-6)
+  # text after the last tag is no step (vLLM gives it no row)
+  np.testing.assert_allclose(rows(f"{a}{TAG}{b}{TAG}unfinished"), _probability(both), atol=1e-6)
+  # a tag that opens the response: an empty first step
+  only_b = _credit(client, [b])
+  np.testing.assert_allclose(rows(f"{TAG}{b}{TAG}"), _probability([0.0, only_b[0]]), atol=1e-6)
+  # repeated: an empty step between
+  np.testing.assert_allclose(rows(f"{a}{TAG}{TAG}{b}{TAG}"),
+                             _probability([both[0], 0.0, both[1]]), atol=1e-6)  # fmt: skip
+  # absent: a 400 naming the tag as configured
+  r = client.post("/pooling", json={"input": f"{a}{b}"})
+  assert r.status_code == 400 and f"no step tag '{TAG}'" in r.json()["error"]["message"], r.text
+  # the prompt: up to a chat template's assistant turn, or every message but the last
+  prompt = "<|im_start|>user\nHow many balls?<|im_end|>\n<|im_start|>assistant\n"
+  with_prompt = _credit(client, [a, b], prompt=prompt)
+  np.testing.assert_allclose(rows(f"{prompt}{a}{TAG}{b}{TAG}"), _probability(with_prompt),
+                             atol=1e-6)  # fmt: skip
+  chat = {"messages": [{"role": "user", "content": "How many balls?"},
+                       {"role": "assistant", "content": f"{a}{TAG}{b}{TAG}"}]}  # fmt: skip
+  (by_chat,) = _rows(client.post("/pooling", json=chat))
+  np.testing.assert_allclose(by_chat, _probability(_credit(client, [a, b], "How many balls?")),
+                             atol=1e-6)  # fmt: skip
+  # several inputs, each its own item; the raw credit with its std and classes on request
+  r = client.post("/pooling", json={"input": [f"{a}{TAG}", f"{a}{TAG}{b}{TAG}"],
+                                    "output": "credit", "outcome": [0, 1]})  # fmt: skip
+  first, second = _rows(r)
+  np.testing.assert_allclose(first[:, 0], _credit(client, [a], outcome=0), atol=1e-6)
+  np.testing.assert_allclose(second[:, 0], both, atol=1e-6)
+  assert (first[:, 1] > 0).all() and len(r.json()["data"][1]["klass"]) == 2
+
+
+def test_bad_pooling_requests_are_4xx_naming_the_problem(served, text_run):
+  from starlette.testclient import TestClient
+
+  from hindsight.serving.app import create_app
+  from hindsight.serving.config import ServeConfig
+
+  client, tok, predictor = served
+  step = "Alice has 3 boxes. "
+  cases = [
+    ({"input": (step + TAG) * 13}, 400, "13 steps; the model reads at most 12"),
+    ({"input": "word " * 400 + TAG}, 400, "tokens"),  # one step longer than the model reads
+    ({**VLLM_PRM_REQUEST, "model": "other"}, 404, "The model `other` does not exist"),
+    ({**VLLM_PRM_REQUEST, "task": "embed"}, 400, "task 'embed' is not served"),
+    ({"input": [1.5]}, 400, "input[0] must be a string"),
+    ({"input": [tok.vocab_size + 5, QWEN_STEP_TAG_ID]}, 400, "outside the model's vocabulary"),
+    ({"input": f"{TAG}{TAG}"}, 400, "every step is empty"),
+    ({"input": [f"a{TAG}", f"b{TAG}"], "outcome": [1]}, 400, "'outcome' has 1 entries"),
+    ({"input": f"a{TAG}", "outcome": 2}, 400, "'outcome' must be a number in [0, 1]"),
+  ]
+  for body, status, fragment in cases:
+    r = client.post("/pooling", json=body)
+    assert r.status_code == status and fragment in r.json()["error"]["message"], (body, r.text)
+  raw = b'{"input": "caf\xe9<extra_0>"}'  # not UTF-8
+  r = client.post("/pooling", content=raw, headers={"content-type": "application/json"})
+  assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+  # without a server-wide outcome, a request with no outcome is a 400 naming the field; a
+  # custom step tag is the one named when absent
+  cfg = ServeConfig(checkpoint=text_run["workdir"], warmup=False, step_tag="<step>")
+  with TestClient(create_app(cfg, predictor=predictor)) as other:
+    _ready(other)
+    r = other.post("/pooling", json={"input": f"{step}<step>"})
+    assert r.status_code == 400 and "no outcome" in r.json()["error"]["message"], r.text
+    r = other.post("/pooling", json={"input": f"{step}{TAG}", "outcome": 1})
+    assert r.status_code == 400 and "no step tag '<step>'" in r.json()["error"]["message"]
+
+
+def test_openrlhfs_remote_reward_request_gets_the_outcome_and_the_steps_credit(served):
+  """{"query": prompt + response, "prompts", "labels"} -> rewards: the verifier's outcome of
+  the response against its label; the steps (cut by the model's rule) and their credit are
+  /v1/credit's for the same trace."""
+  from hindsight.text import world
+
+  client, _, _ = served
+  traces = [t for t in world.sample_traces(5, 12) if len(t.steps) <= 12][:3]
+  prompts = [t.prompt for t in traces]
+  body = {"query": [t.prompt + t.completion() for t in traces], "prompts": prompts,
+          "labels": [t.reference for t in traces]}  # fmt: skip
+  r = client.post("/get_reward", json=body)
+  assert r.status_code == 200, r.text
+  got = r.json()
+  same = client.post("/v1/credit", json={"trajectories": [
+    {"prompt": t.prompt, "text": t.completion(), "reference": t.reference} for t in traces
+  ]}).json()  # fmt: skip
+  assert got["steps"] == same["steps"]
+  for mine, theirs in zip(got["step_credit"], same["credit"], strict=True):
+    np.testing.assert_allclose(mine, theirs, atol=1e-6)
+  # each trace's outcome read off its text: its boxed answer against the reference
+  boxed = [re.search(r"\\boxed\{([^}]*)\}", t.completion()) for t in traces]
+  assert got["rewards"] == [float(b is not None and b.group(1) == t.reference)
+                            for b, t in zip(boxed, traces, strict=True)]  # fmt: skip
+  wrong = dict(body, labels=["-1"] * 3)  # an answer the world never gives
+  assert client.post("/get_reward", json=wrong).json()["rewards"] == [0.0, 0.0, 0.0]
+  r = client.post("/get_reward", json=dict(body, prompts=["nope"] * 3))
+  assert r.status_code == 400 and "does not start with prompts[0]" in r.text
