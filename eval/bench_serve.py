@@ -57,7 +57,16 @@ def _trajectory(spec, steps: int, rng) -> dict:
   }
 
 
-def _load(port: int, body: bytes, clients: int, seconds: float) -> list[float]:
+def _pooling_body(trajectory: dict, tag: str = "<extra_0>") -> dict:
+  """The same text trace as vLLM's process-reward request (POST /pooling, chat form: the
+  prompt as the user's message, the steps each closed by the step tag)."""
+  return {"messages": [{"role": "user", "content": trajectory["prompt"]},
+                       {"role": "assistant", "content": "".join(s + tag for s in
+                                                                trajectory["steps"])}],
+          "task": "token_classify", "outcome": trajectory["outcome"]}  # fmt: skip
+
+
+def _load(port: int, body: bytes, clients: int, seconds: float, path: str = "/v1/credit"):
   """Latencies (s) of every request sent by `clients` threads during `seconds`."""
   latencies: list[float] = []
   lock = threading.Lock()
@@ -68,7 +77,7 @@ def _load(port: int, body: bytes, clients: int, seconds: float) -> list[float]:
     mine = []
     while time.perf_counter() < stop:
       tic = time.perf_counter()
-      conn.request("POST", "/v1/credit", body, {"Content-Type": "application/json"})
+      conn.request("POST", path, body, {"Content-Type": "application/json"})
       response = conn.getresponse()
       response.read()
       if response.status != 200:
@@ -86,9 +95,9 @@ def _load(port: int, body: bytes, clients: int, seconds: float) -> list[float]:
   return latencies
 
 
-def _threads(port: int, body: bytes, clients: int, seconds: float) -> tuple[int, float, float]:
+def _threads(port: int, body: bytes, clients: int, seconds: float, path: str = "/v1/credit"):
   """(requests, p50 s, p99 s) of `clients` Python threads for `seconds`."""
-  lat = np.asarray(_load(port, body, clients, seconds))
+  lat = np.asarray(_load(port, body, clients, seconds, path))
   p50, p99 = np.percentile(lat, [50, 99])
   return lat.size, float(p50), float(p99)
 
@@ -108,11 +117,11 @@ def parse_hey(output: str) -> tuple[int, float, float]:
   return codes[200], quantile["50"], quantile["99"]
 
 
-def _hey(hey: str, port: int, body: bytes, clients: int, seconds: float):
+def _hey(hey: str, port: int, body: bytes, clients: int, seconds: float, path: str = "/v1/credit"):
   with tempfile.NamedTemporaryFile(suffix=".json") as f:
     f.write(body)
     f.flush()
-    url = f"http://127.0.0.1:{port}/v1/credit"
+    url = f"http://127.0.0.1:{port}{path}"
     run = subprocess.run(hey_command(hey, url, f.name, clients, seconds), capture_output=True,
                          text=True, check=True)  # fmt: skip
   return parse_hey(run.stdout)
@@ -134,7 +143,10 @@ def main() -> None:
 
   spec = Predictor.load(args.checkpoint).spec
   rng = np.random.default_rng(0)
-  body = json.dumps({"trajectories": [_trajectory(spec, args.steps, rng)]}).encode()
+  trajectory = _trajectory(spec, args.steps, rng)
+  routes = {"/v1/credit": json.dumps({"trajectories": [trajectory]}).encode()}
+  if spec.encoder.episode_format == "text":  # the same trace as a vLLM PRM request
+    routes["/pooling"] = json.dumps(_pooling_body(trajectory)).encode()
   server = subprocess.Popen(
     [sys.executable, "-m", "hindsight.cli", "serve", "--checkpoint", args.checkpoint,
      "--port", str(args.port), "--max-steps", str(args.steps)],
@@ -147,28 +159,46 @@ def main() -> None:
       if server.poll() is not None or time.time() > deadline:
         raise SystemExit("bench_serve: the server did not become ready")
       time.sleep(0.2)
-    _load(args.port, body, 1, 1.0)  # warm connections and caches
-    single, http_rates = None, {}
     generator = f"hey ({hey})" if hey else "Python client threads on the server's cores"
-    print(f"{args.steps}-step trajectories, one per request, {args.seconds:g} s per row, "
-          f"load from {generator}:")  # fmt: skip
-    for clients in (int(c) for c in args.clients.split(",")):
-      if hey:
-        requests, p50, p99 = _hey(hey, args.port, body, clients, args.seconds)
-      else:
-        requests, p50, p99 = _threads(args.port, body, clients, args.seconds)
-      rate = requests * args.steps / args.seconds
-      single = rate if single is None else single
-      http_rates[clients] = rate
-      print(
-        f"  {clients:>3} clients: {requests:>6} requests  p50 {p50 * 1e3:6.2f} ms  p99 "
-        f"{p99 * 1e3:6.2f} ms  {rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
-      )
+    by_route = {}
+    for path, body in routes.items():
+      _load(args.port, body, 1, 1.0, path)  # warm connections and caches
+      single, http_rates, p99s = None, {}, {}
+      print(f"POST {path}: {args.steps}-step trajectories, one per request, {args.seconds:g} s "
+            f"per row, load from {generator}:")  # fmt: skip
+      for clients in (int(c) for c in args.clients.split(",")):
+        if hey:
+          requests, p50, p99 = _hey(hey, args.port, body, clients, args.seconds, path)
+        else:
+          requests, p50, p99 = _threads(args.port, body, clients, args.seconds, path)
+        rate = requests * args.steps / args.seconds
+        single = rate if single is None else single
+        http_rates[clients], p99s[clients] = rate, p99
+        print(
+          f"  {clients:>3} clients: {requests:>6} requests  p50 {p50 * 1e3:6.2f} ms  p99 "
+          f"{p99 * 1e3:6.2f} ms  {rate:>10,.0f} steps/s  ({rate / single:.1f}x one client)"
+        )
+      by_route[path] = (http_rates, p99s)
   finally:
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
   in_process = _in_process(args, [int(c) for c in args.clients.split(",")])
-  _goals(http_rates, in_process, bool(hey))
+  _goals(by_route["/v1/credit"][0], in_process, bool(hey))
+  if "/pooling" in by_route:
+    _pooling_goals(by_route, args.steps)
+
+
+def _pooling_goals(by_route: dict, steps: int) -> None:
+  """/pooling against its goals: p99 <= 20 ms for one client's trace, and within 20% of
+  /v1/credit's steps/s at 16 clients."""
+  rates, p99s = by_route["/pooling"]
+  credit_rates, _ = by_route["/v1/credit"]
+  if 1 in p99s:
+    print(f"  /pooling p99, one client, {steps}-step trace: {p99s[1] * 1e3:.1f} ms  "
+          "(goal <= 20 ms)")  # fmt: skip
+  if 16 in rates:
+    print(f"  /pooling / /v1/credit steps/s at 16 clients: {rates[16] / credit_rates[16]:4.0%}  "
+          "(goal >= 80%)")  # fmt: skip
 
 
 def _goals(http_rates: dict[int, float], in_process: dict[int, float], hey: bool) -> None:

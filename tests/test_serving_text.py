@@ -100,7 +100,7 @@ def test_vllms_documented_prm_request_is_answered_in_vllms_shape(served):
   """The string form and the token-id form of vLLM's PRM example: one item, one [1 - c, c]
   row per step tag. The first step's c is /v1/credit's credit of the trace mapped to [0,
   1]; the two empty steps (tags in a row) did nothing: credit 0, [0.5, 0.5]. Usage counts
-  the input's tokens."""
+  the tokens the model read."""
   client, tok, _ = served
   r = client.post("/pooling", json=VLLM_PRM_REQUEST)
   (rows,) = _rows(r)
@@ -109,7 +109,8 @@ def test_vllms_documented_prm_request_is_answered_in_vllms_shape(served):
   assert rows.shape == (3, 2)
   want = _probability([_credit(client, ["Hello, my name is"])[0], 0.0, 0.0])
   np.testing.assert_allclose(rows, want, atol=1e-6)
-  assert body["usage"]["prompt_tokens"] == len(tok.encode(VLLM_PRM_REQUEST["input"]))
+  # usage: the tokens the model read (this step encoder reads the steps, not the tags)
+  assert body["usage"]["prompt_tokens"] == len(tok.encode("Hello, my name is"))
   assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"]
   ids = [*tok.encode("Hello, my name is").tolist(), *[QWEN_STEP_TAG_ID] * 3]
   (by_ids,) = _rows(client.post("/pooling", json={**VLLM_PRM_REQUEST, "input": ids}))
@@ -222,3 +223,29 @@ def test_openrlhfs_remote_reward_request_gets_the_outcome_and_the_steps_credit(s
   assert client.post("/get_reward", json=wrong).json()["rewards"] == [0.0, 0.0, 0.0]
   r = client.post("/get_reward", json=dict(body, prompts=["nope"] * 3))
   assert r.status_code == 400 and "does not start with prompts[0]" in r.text
+
+
+@pytest.mark.slow
+def test_bench_serve_times_the_pooling_route_beside_v1_credit(text_run):
+  """eval/bench_serve.py on a text model: the same trace through /v1/credit and as a vLLM
+  PRM request through /pooling, each route's rows and the /pooling goals printed."""
+  import os
+  import subprocess
+  import sys
+
+  from tests.conftest import ROOT
+
+  port = 18000 + os.getpid() % 1000
+  proc = subprocess.run(
+    [sys.executable, "eval/bench_serve.py", "--checkpoint", text_run["workdir"], "--steps", "8",
+     "--clients", "1,16", "--seconds", "0.3", "--port", str(port), "--load-generator",
+     "threads"],
+    cwd=ROOT, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr
+  for path in ("/v1/credit", "/pooling"):
+    block = proc.stdout.split(f"POST {path}:")[1].split("POST ")[0]
+    rows = re.findall(r"(\d+) clients: +(\d+) requests", block)
+    assert [int(c) for c, _ in rows] == [1, 16] and all(int(n) > 0 for _, n in rows), block
+  assert re.search(r"/pooling p99, one client, 8-step trace: [\d.]+ ms", proc.stdout)
+  assert re.search(r"/pooling / /v1/credit steps/s at 16 clients: +\d+%", proc.stdout)

@@ -13,6 +13,8 @@ An `Episode` holds T valid steps (no padding) of what an observer of the trace s
   step_text     T strings, the text of each step (text traces; empty otherwise)
   prompt        what the model was given before step 0 (text traces; "" otherwise)
   trace_id      the trace's name (text traces; "" otherwise), for messages about it
+  read_tokens   the tokens the model reads of a text trace, counted when it was checked (a
+                server's usage; None otherwise, and never exported)
 
 and, when it comes from a label dataset, its labels (None otherwise):
 
@@ -88,6 +90,8 @@ class Episode:
   step_text: tuple[str, ...] = ()
   prompt: str = ""
   trace_id: str = ""
+  # the tokens the model reads of a text trace (counted when it was checked; not exported)
+  read_tokens: int | None = None
 
   def __len__(self) -> int:
     return int(self.actions.shape[0])
@@ -179,6 +183,8 @@ class Episode:
     out = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
+      if f.name == "read_tokens":
+        continue
       if f.name in ("tags", "step_text", "prompt", "trace_id"):
         if value:
           out[f.name] = value if isinstance(value, str) else list(value)

@@ -180,9 +180,9 @@ class BackboneEncoder(TextObservations):
   def trace_lengths(self, prompts, steps) -> list[int]:
     return [p.size + sum(x.size for x in s) for p, s in self._encode(prompts, steps)]
 
-  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> None:
+  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> int:
     """One-line errors: a step with no tokens, or a trace (prompt and steps) longer than the
-    model reads (`max_tokens`)."""
+    model reads (`max_tokens`). Returns the tokens it reads: the prompt's and the steps'."""
     ((p, ids),) = self._encode([prompt], [list(texts)])
     for i, x in enumerate(ids):
       if x.size > self.max_tokens:
@@ -195,6 +195,7 @@ class BackboneEncoder(TextObservations):
         f"{where}: the trace is {total} tokens (prompt and steps), longer than the "
         f"{self.max_tokens} the model reads"
       )
+    return int(total)
 
   def _rows(self, episodes: Sequence[Any]):
     live = [ep for ep in episodes if ep is not None]

@@ -376,11 +376,13 @@ def create_app(
                            tag=cfg.step_tag, tag_id=cfg.step_tag_id,
                            response_start=cfg.response_start,
                            outcome=cfg.default_outcome())  # fmt: skip
-    return text_episodes(request.traces, spec, 400), request
+    episodes = text_episodes(request.traces, spec, 400)
+    return episodes, (request, episodes)
 
   pooling = scoring_route(
     "pooling", parse_pooling,
-    lambda request, scores, _: pooling_answer(request, scores, cfg.model_name()),
+    lambda context, scores, _: pooling_answer(context[0], scores, cfg.model_name(),
+                                              sum(e.read_tokens or 0 for e in context[1])),
   )  # fmt: skip
 
   def parse_reward(body):

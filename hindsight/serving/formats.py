@@ -13,6 +13,8 @@ in their own shape (the routes are `serving.app`'s):
                      it no row). Rows: [1 - c, c] with c = (1 + credit) / 2, credit in
                      [-1, 1] mapped to [0, 1] (a PRM's [p_negative, p_positive]); with
                      "output": "credit", [credit, credit_std] and the classes beside them.
+                     `usage` counts the tokens the model reads (its tokenizer's: a step
+                     encoder's the steps', an LM backbone's the prompt's too; no tag).
   POST /get_reward   OpenRLHF's remote reward model: {"query": [prompt + response], "prompts":
                      [prompt], "labels": [reference]} -> {"rewards": [R]}, R the outcome the
                      model's verifier gives the response against its label, with the steps
@@ -53,9 +55,8 @@ class PoolingRequest:
   left out) and how to answer it (`layout[i]`: for each step tag of input i, the index of
   its step in traces[i], or None for an empty step)."""
 
-  def __init__(self, traces: list[dict], layout: list[list[int | None]], output: str,
-               tokens: int):  # fmt: skip
-    self.traces, self.layout, self.output, self.tokens = traces, layout, output, tokens
+  def __init__(self, traces: list[dict], layout: list[list[int | None]], output: str):
+    self.traces, self.layout, self.output = traces, layout, output
 
 
 def split_response(text: str, tag: str, response_start: str) -> tuple[str, list[str]]:
@@ -81,7 +82,7 @@ def _per_input(body: dict, name: str, n: int) -> list[Any]:
 
 
 def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
-  """[(prompt, steps, token count)] of a request's `input` or `messages`."""
+  """[(prompt, steps)] of a request's `input` or `messages`."""
   if body.get("messages") is not None:
     messages = body["messages"]
     if (
@@ -95,7 +96,7 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
       raise FormatError("the last message must be the assistant's response (its steps)")
     prompt = "\n".join(m["content"] for m in before)
     steps = last["content"].split(tag)[:-1]
-    return [(prompt, steps, _count(tokenizer, prompt, last["content"]))]
+    return [(prompt, steps)]
   given = body.get("input")
   if given is None:
     raise FormatError("expected 'input' (a string, strings or token ids) or 'messages'")
@@ -108,10 +109,9 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
   out = []
   for i, item in enumerate(given):
     if isinstance(item, str):
-      prompt, steps = split_response(item, tag, response_start)
-      out.append((prompt, steps, _count(tokenizer, item)))
+      out.append(split_response(item, tag, response_start))
     elif isinstance(item, list) and item and all(_is_id(x) for x in item):
-      out.append((*_split_ids(item, tokenizer, tag_id, response_start, i), len(item)))
+      out.append(_split_ids(item, tokenizer, tag_id, response_start, i))
     else:
       raise FormatError(f"input[{i}] must be a string or a non-empty list of token ids")
   return out
@@ -142,10 +142,6 @@ def _split_ids(ids: list[int], tokenizer, tag_id: int, response_start: str, i: i
   return prompt, [first[0], *texts[1:]]
 
 
-def _count(tokenizer, *texts: str) -> int:
-  return sum(len(tokenizer.encode(t)) for t in texts)
-
-
 def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response_start: str,
                  outcome: float | None) -> PoolingRequest:  # fmt: skip
   """A /pooling body (module docstring) -> `PoolingRequest`; FormatError on a bad one,
@@ -166,7 +162,7 @@ def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response
   outcomes = _per_input(body, "outcome", len(inputs))
   references = _per_input(body, "reference", len(inputs))
   traces, layout = [], []
-  for i, ((prompt, steps, _), value, reference) in enumerate(
+  for i, ((prompt, steps), value, reference) in enumerate(
     zip(inputs, outcomes, references, strict=True)
   ):
     if not steps:
@@ -192,11 +188,13 @@ def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response
                         "server with --outcome")  # fmt: skip
     traces.append(trace)
     layout.append(rows)
-  return PoolingRequest(traces, layout, output, sum(n for *_, n in inputs))
+  return PoolingRequest(traces, layout, output)
 
 
-def pooling_answer(request: PoolingRequest, scores: list[dict], model: str) -> dict:
-  """vLLM's PoolingResponse: one item per input, one row per step tag (module docstring)."""
+def pooling_answer(request: PoolingRequest, scores: list[dict], model: str,
+                   tokens: int) -> dict:  # fmt: skip
+  """vLLM's PoolingResponse: one item per input, one row per step tag (module docstring);
+  `usage` counts `tokens`, what the model read of the inputs."""
   data = []
   for i, (rows, s) in enumerate(zip(request.layout, scores, strict=True)):
     credit = np.asarray(s["credit"], np.float64)
@@ -212,7 +210,7 @@ def pooling_answer(request: PoolingRequest, scores: list[dict], model: str) -> d
       p = np.clip((1.0 + c) / 2.0, 0.0, 1.0)
       item["data"] = np.stack([1.0 - p, p], 1).tolist()
     data.append(item)
-  usage = {"prompt_tokens": request.tokens, "total_tokens": request.tokens,
+  usage = {"prompt_tokens": tokens, "total_tokens": tokens,
            "completion_tokens": 0, "prompt_tokens_details": None}  # fmt: skip
   return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
           "model": model, "data": data, "usage": usage}  # fmt: skip

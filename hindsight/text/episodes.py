@@ -153,7 +153,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   prompt = episode.get("prompt") or ""
   if not isinstance(prompt, str):
     raise HindsightError(f"{where}: 'prompt' must be a string")
-  spec.encoder.check_steps(texts, where, prompt)
+  read_tokens = spec.encoder.check_steps(texts, where, prompt)
   T = len(texts)
   outcome = _outcome(episode, texts, verifier, where)
   rewards = np.zeros(T, np.float32)
@@ -167,6 +167,7 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
     "step_text": tuple(texts),
     "prompt": prompt,
     "trace_id": name or "",
+    "read_tokens": read_tokens,
   }
   out.update(parse_labels(episode, T, where))
   return Episode(**out)

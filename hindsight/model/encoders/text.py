@@ -127,16 +127,19 @@ class TextEncoder(TextObservations):
   def signature(self) -> tuple:
     return (self.kind,)  # any trace; each step is checked against its token limit
 
-  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> None:
+  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> int:
     """A one-line error for a step longer than the model reads (`max_step_tokens`); the
-    prompt is not read."""
+    prompt is not read. Returns the tokens it reads: the steps'."""
     del prompt
+    total = 0
     for i, ids in enumerate(self.tokens.encode_batch(list(texts))):
       if ids.size > self.max_step_tokens:
         raise HindsightError(
           f"{where}: step {i} is {ids.size} tokens, longer than the {self.max_step_tokens} the "
           "model reads"
         )
+      total += ids.size
+    return total
 
   def step_ids(self, episodes: Sequence[Any]) -> list[list[np.ndarray]]:
     """The token ids of every step of every episode (None rows: []), one batched encode."""
