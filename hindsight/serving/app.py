@@ -58,6 +58,7 @@ from hindsight.model.predictor import Predictor
 from hindsight.serving.config import ServeConfig
 from hindsight.serving.formats import (
   FormatError,
+  UnknownModel,
   models_answer,
   openrlhf_answer,
   pooling_answer,
@@ -334,7 +335,7 @@ def create_app(
         return await _send(send, *encoded(route, e.status, {"error": str(e)}))
       except (HindsightError, FormatError) as e:
         return await _send(send, *encoded(route, 400, {"error": one_line(e)}))
-      except LookupError as e:  # vLLM's answer to another model's name
+      except UnknownModel as e:  # vLLM's answer to another model's name
         return await _send(send, *encoded(route, 404, {"error": one_line(e)}))
       if route == "credit":
         server.latency.observe(time.perf_counter() - tic)

@@ -47,6 +47,10 @@ class FormatError(ValueError):
   """A request that is not in the format: a 400 naming what is wrong."""
 
 
+class UnknownModel(Exception):
+  """A request naming another model than the one served: vLLM's 404."""
+
+
 # -- vLLM's Pooling API ----------------------------------------------------------------------
 
 
@@ -145,7 +149,7 @@ def _split_ids(ids: list[int], tokenizer, tag_id: int, response_start: str, i: i
 def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response_start: str,
                  outcome: float | None) -> PoolingRequest:  # fmt: skip
   """A /pooling body (module docstring) -> `PoolingRequest`; FormatError on a bad one,
-  LookupError for another model's name (vLLM's 404)."""
+  UnknownModel for another model's name (vLLM's 404)."""
   if not isinstance(body, dict):
     raise FormatError('expected a JSON object: {"input": ..., "task": "token_classify"}')
   task = body.get("task")
@@ -154,7 +158,7 @@ def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response
                       "(per-step credit, as a process reward model)")  # fmt: skip
   name = body.get("model")
   if name is not None and name != model:
-    raise LookupError(f"The model `{name}` does not exist.")
+    raise UnknownModel(f"The model `{name}` does not exist.")
   output = body.get("output", OUTPUTS[0])
   if output not in OUTPUTS:
     raise FormatError(f"'output' must be one of {', '.join(OUTPUTS)}, got {output!r}")
