@@ -9,7 +9,9 @@ a PRM's step scores: each step's credit on the step's last response token, 0 els
 (`step_end_rewards` writes a row from the served credit and the steps' last tokens,
 `step_token_ends`). A step whose credit is exactly 0 is written as the smallest positive
 float32 (1.4e-45, a change no update can see), so every step's end is marked and a token's
-step is the one whose end is the first marked position at or after it.
+step is the one whose end is the first marked position at or after it. The marks need the
+rows as written: a KL penalty folded into the rewards (verl's `use_kl_in_reward`), or rows
+cast to bfloat16 (which flushes 1.4e-45 to 0), loses them.
 
   source "credit"   A[b, l] = the credit of the step token l belongs to (0 past the last
                     marked end, and off the response mask)
@@ -77,34 +79,38 @@ def spread_over_steps(rewards, mask) -> np.ndarray:
 
 def group_outcome_advantages(outcome, index=None, norm_by_std: bool = False, eps: float = 1e-6):
   """[B]: R_b - mean of R over b's group (the samples with b's `index`; None: one group),
-  divided by the group's std (ddof 1) + eps with `norm_by_std`."""
+  divided by the group's std (ddof 1) + eps with `norm_by_std`; a group of one keeps R_b
+  (as verl's GRPO has it)."""
   R = np.asarray(outcome, np.float64)
   if index is None:
     groups = np.zeros(len(R), int)
   else:
-    groups = np.unique(np.asarray(index), return_inverse=True)[1]
-  out = np.zeros_like(R)
+    groups = np.unique(_numpy(index), return_inverse=True)[1]
+  out = R.copy()  # a group of one keeps its R (verl's GRPO: mean 0, std 1 there)
   for g in np.unique(groups):
     members = groups == g
+    if members.sum() < 2:
+      continue
     centred = R[members] - R[members].mean()
     if norm_by_std:
-      std = R[members].std(ddof=1) if members.sum() > 1 else 0.0
-      centred = centred / (std + eps)
+      centred = centred / (R[members].std(ddof=1) + eps)
     out[members] = centred
   return out
 
 
 def credit_advantages(token_level_rewards, response_mask, index=None, source: str = "credit",
-                      norm_by_std: bool = False) -> np.ndarray:  # fmt: skip
-  """[B, L] advantages from step-end rewards (module docstring), NumPy in and out."""
+                      norm_by_std: bool = False, outcome=None,
+                      eps: float = 1e-6) -> np.ndarray:  # fmt: skip
+  """[B, L] advantages from step-end rewards (module docstring), NumPy in and out; the
+  outcome source's R is `outcome` [B] where given, else each row's sum."""
   if source not in SOURCES:
     raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
   mask = np.asarray(response_mask).astype(bool)
   if source == "credit":
     return spread_over_steps(token_level_rewards, mask)
   rewards = np.asarray(token_level_rewards, np.float64)
-  R = np.where(mask, rewards, 0.0).sum(-1)
-  return np.where(mask, group_outcome_advantages(R, index, norm_by_std)[:, None], 0.0)
+  R = np.where(mask, rewards, 0.0).sum(-1) if outcome is None else np.asarray(outcome, float)
+  return np.where(mask, group_outcome_advantages(R, index, norm_by_std, eps)[:, None], 0.0)
 
 
 def _numpy(x) -> np.ndarray:
@@ -151,5 +157,6 @@ def tunix_estimator(rewards, num_generations: int, step_rewards=None, completion
     adv = group_outcome_advantages(_numpy(rewards), index, norm_by_std=True, eps=eps)
     return _like(adv, rewards)
   mask = np.ones(np.shape(step_rewards), bool) if completion_mask is None else completion_mask
-  adv = credit_advantages(_numpy(step_rewards), _numpy(mask), index, source, norm_by_std=True)
+  adv = credit_advantages(_numpy(step_rewards), _numpy(mask), index, source, norm_by_std=True,
+                          outcome=_numpy(rewards), eps=eps)  # fmt: skip
   return _like(adv, step_rewards)

@@ -84,6 +84,22 @@ def test_the_outcome_source_gets_its_groups_outcome_baseline():
   np.testing.assert_allclose(adv, np.where(mask, want[:, None] / (std + 1e-6), 0.0), rtol=1e-6)
   with pytest.raises(ValueError, match="source must be one of"):
     credit_advantages(rewards, mask, index, source="vibes")
+  # a group of one keeps its R (verl's GRPO: mean 0, std 1 there)
+  alone, _ = verl_estimator(rewards, mask, np.array(["a", "b", "a", "c"], object), None,
+                            source="outcome")  # fmt: skip
+  assert alone[3, 0] == pytest.approx(1.0) and alone[1, 0] == pytest.approx(0.0)
+
+
+def test_masked_tokens_inside_a_response_get_nothing_and_split_no_step():
+  """A response with tokens off the mask between its steps (a tool's output): they get 0,
+  and the step after them still gets its own credit; a mark on a masked token is not a
+  step's end."""
+  rewards = np.zeros((1, 9), np.float32)
+  rewards[0, 2], rewards[0, 4], rewards[0, 8] = 0.5, 9.0, -0.25  # 9.0 sits on a masked token
+  mask = np.ones((1, 9), bool)
+  mask[0, 3:5] = False
+  adv = credit_advantages(rewards, mask)
+  np.testing.assert_array_equal(adv[0], [0.5, 0.5, 0.5, 0, 0, -0.25, -0.25, -0.25, -0.25])
 
 
 def test_the_tunix_estimator_through_tunixs_own_registry():
@@ -106,6 +122,12 @@ def test_the_tunix_estimator_through_tunixs_own_registry():
                         step_rewards=jnp.asarray(step_rewards), completion_mask=mask)  # fmt: skip
   assert isinstance(per_token, type(jnp.zeros(1))) and per_token.shape == (4, L)
   np.testing.assert_array_equal(np.asarray(per_token), want.astype(np.float32))
+  # the outcome source with the step rewards at hand: GRPO's advantage of `rewards` on every
+  # completion token (not the step credit's sum)
+  outcome = estimator(rewards=rewards[:4], num_generations=2, source="outcome",
+                      step_rewards=jnp.asarray(step_rewards), completion_mask=mask)  # fmt: skip
+  grpo = algo_core.compute_advantages(rewards[:4], 2)
+  np.testing.assert_allclose(np.asarray(outcome), np.where(mask, grpo[:, None], 0.0), rtol=1e-6)
 
 
 def test_importing_the_integrations_imports_no_framework():

@@ -115,6 +115,14 @@ def test_vllms_documented_prm_request_is_answered_in_vllms_shape(served):
   ids = [*tok.encode("Hello, my name is").tolist(), *[QWEN_STEP_TAG_ID] * 3]
   (by_ids,) = _rows(client.post("/pooling", json={**VLLM_PRM_REQUEST, "input": ids}))
   np.testing.assert_allclose(by_ids, rows, atol=1e-6)
+  # token ids of a chat template's text read as the string is: the prompt up to the
+  # assistant's turn, then the steps
+  chat = "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\nHello, my name is"
+  (as_text,) = _rows(client.post("/pooling", json={"input": chat + TAG + "Bob. " + TAG}))
+  chat_ids = [*tok.encode(chat).tolist(), QWEN_STEP_TAG_ID, *tok.encode("Bob. ").tolist(),
+              QWEN_STEP_TAG_ID]  # fmt: skip
+  (as_ids,) = _rows(client.post("/pooling", json={"input": chat_ids}))
+  np.testing.assert_allclose(as_ids, as_text, atol=1e-6)
   models = client.get("/v1/models").json()
   assert [m["id"] for m in models["data"]] == [NAME] and models["object"] == "list"
 
@@ -157,6 +165,19 @@ def test_step_tags_at_the_start_the_end_repeated_and_absent(served):
   np.testing.assert_allclose(first[:, 0], _credit(client, [a], outcome=0), atol=1e-6)
   np.testing.assert_allclose(second[:, 0], both, atol=1e-6)
   assert (first[:, 1] > 0).all() and len(r.json()["data"][1]["klass"]) == 2
+  # an empty step in raw output: credit 0, std 0, decorative
+  r = client.post("/pooling", json={"input": f"{a}{TAG}{TAG}", "output": "credit"})
+  (raw,) = _rows(r)
+  assert raw[1].tolist() == [0.0, 0.0] and r.json()["data"][0]["klass"][1] == "decorative"
+  # a reference is checked by the model's verifier: a wrong one is outcome 0
+  answer = "So the answer is \\boxed{7}."
+  right = rows(f"{a}{TAG}{answer}{TAG}", reference="7")
+  wrong = rows(f"{a}{TAG}{answer}{TAG}", reference="8")
+  np.testing.assert_allclose(right, _probability(_credit(client, [a, answer], outcome=1)),
+                             atol=1e-6)  # fmt: skip
+  np.testing.assert_allclose(wrong, _probability(_credit(client, [a, answer], outcome=0)),
+                             atol=1e-6)  # fmt: skip
+  assert not np.allclose(right, wrong)
 
 
 def test_bad_pooling_requests_are_4xx_naming_the_problem(served, text_run):
@@ -169,13 +190,20 @@ def test_bad_pooling_requests_are_4xx_naming_the_problem(served, text_run):
   step = "Alice has 3 boxes. "
   cases = [
     ({"input": (step + TAG) * 13}, 400, "13 steps; the model reads at most 12"),
-    ({"input": "word " * 400 + TAG}, 400, "tokens"),  # one step longer than the model reads
+    ({"input": "word " * 400 + TAG}, 400, "tokens, longer than the"),  # over the model's steps
     ({**VLLM_PRM_REQUEST, "model": "other"}, 404, "The model `other` does not exist"),
     ({**VLLM_PRM_REQUEST, "task": "embed"}, 400, "task 'embed' is not served"),
     ({"input": [1.5]}, 400, "input[0] must be a string"),
     ({"input": [tok.vocab_size + 5, QWEN_STEP_TAG_ID]}, 400, "outside the model's vocabulary"),
     ({"input": f"{TAG}{TAG}"}, 400, "every step is empty"),
     ({"input": [f"a{TAG}", f"b{TAG}"], "outcome": [1]}, 400, "'outcome' has 1 entries"),
+    (
+      {"messages": [{"role": "assistant", "content": f"a{TAG}"}, {"role": "user", "content": "b"}]},
+      400,
+      "the last message must be",
+    ),
+    ({"messages": [{"role": "user", "content": 3}]}, 400, "'messages' must be"),
+    ({"input": [f"a{TAG}"] * 300}, 413, "300 inputs in one request; the limit is 256"),
     ({"input": f"a{TAG}", "outcome": 2}, 400, "'outcome' must be a number in [0, 1]"),
   ]
   for body, status, fragment in cases:
@@ -222,7 +250,12 @@ def test_openrlhfs_remote_reward_request_gets_the_outcome_and_the_steps_credit(s
   wrong = dict(body, labels=["-1"] * 3)  # an answer the world never gives
   assert client.post("/get_reward", json=wrong).json()["rewards"] == [0.0, 0.0, 0.0]
   r = client.post("/get_reward", json=dict(body, prompts=["nope"] * 3))
-  assert r.status_code == 400 and "does not start with prompts[0]" in r.text
+  assert r.status_code == 400 and "does not hold prompts[0]" in r.text
+  # a left-padded query (OpenRLHF decodes its padded sequences as text): the response is
+  # what follows the prompt
+  padded = dict(body, query=["<pad><pad>" + q for q in body["query"]])
+  again = client.post("/get_reward", json=padded).json()
+  assert again["steps"] == got["steps"] and again["rewards"] == got["rewards"]
 
 
 @pytest.mark.slow

@@ -360,15 +360,24 @@ def create_app(
                      "other observations (POST /v1/credit serves it)")  # fmt: skip
     return spec
 
-  def text_episodes(traces: list[dict], spec, over: int) -> list[Episode]:
-    """Each trace checked against the model; more steps than it serves is a 400 (over its
-    context, as vLLM answers a too-long input)."""
+  def text_episodes(traces: list[dict], spec) -> list[Episode]:
+    """Each trace checked against the model: more traces than a request may hold is a 413,
+    more steps than the server reads a 400 (over its context, as vLLM answers a too-long
+    input); a trace the model cuts into other steps than it was sent (tool markup) a 400."""
+    if len(traces) > cfg.max_trajectories:
+      raise _Failure(413, f"{len(traces)} inputs in one request; the limit is "
+                     f"{cfg.max_trajectories}")  # fmt: skip
     out = []
     for t in traces:
-      if len(t.get("steps", ())) > server.max_steps:
-        raise _Failure(over, f"{t['id']}: {len(t['steps'])} steps; the model reads at "
-                       f"most {server.max_steps} (`hindsight serve --max-steps N`)")  # fmt: skip
-      out.append(Episode.parse(t, spec, t["id"]))
+      episode = Episode.parse(t, spec, t["id"])
+      if len(episode) > server.max_steps:
+        raise _Failure(400, f"{t['id']}: {len(episode)} steps; the model reads at most "
+                       f"{server.max_steps} (`hindsight serve --max-steps N`)")  # fmt: skip
+      if "steps" in t and len(episode) != len(t["steps"]):
+        raise _Failure(400, f"{t['id']}: the model reads its {len(t['steps'])} steps as "
+                       f"{len(episode)} (tool markup cut them otherwise); send it to "
+                       "POST /v1/credit as an agent trace")  # fmt: skip
+      out.append(episode)
     return out
 
   def parse_pooling(body):
@@ -377,7 +386,7 @@ def create_app(
                            tag=cfg.step_tag, tag_id=cfg.step_tag_id,
                            response_start=cfg.response_start,
                            outcome=cfg.default_outcome())  # fmt: skip
-    episodes = text_episodes(request.traces, spec, 400)
+    episodes = text_episodes(request.traces, spec)
     return episodes, (request, episodes)
 
   pooling = scoring_route(
@@ -388,7 +397,7 @@ def create_app(
 
   def parse_reward(body):
     spec = text_spec()
-    episodes = text_episodes(read_openrlhf(body, cfg.default_outcome()), spec, 400)
+    episodes = text_episodes(read_openrlhf(body, cfg.default_outcome()), spec)
     return episodes, episodes
 
   reward = scoring_route("get_reward", parse_reward,

@@ -65,11 +65,12 @@ class PoolingRequest:
 
 def split_response(text: str, tag: str, response_start: str) -> tuple[str, list[str]]:
   """(prompt, steps) of one input string: the prompt up to and including the last
-  `response_start` ("" when absent or not configured), then one step per `tag` (the text
-  since the previous tag); text after the last tag is no step."""
+  `response_start` before the first tag ("" when there is none, or none is configured),
+  then one step per `tag` (the text since the previous tag); text after the last tag is no
+  step."""
   prompt, response = "", text
   if response_start:
-    cut = text.rfind(response_start)
+    cut = text.split(tag, 1)[0].rfind(response_start)
     if cut >= 0:
       prompt, response = text[: cut + len(response_start)], text[cut + len(response_start) :]
   return prompt, response.split(tag)[:-1]
@@ -115,18 +116,31 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
     if isinstance(item, str):
       out.append(split_response(item, tag, response_start))
     elif isinstance(item, list) and item and all(_is_id(x) for x in item):
-      out.append(_split_ids(item, tokenizer, tag_id, response_start, i))
+      out.append(_split_ids(item, tokenizer, tag, tag_id, response_start, i))
     else:
       raise FormatError(f"input[{i}] must be a string or a non-empty list of token ids")
   return out
+
+
+def _with_outcome(trace: dict, value, reference, default: float | None, missing: str) -> dict:
+  """`trace` with its outcome: the request's value, else its reference (the verifier reads
+  it), else the server's default; FormatError(`missing`) with none."""
+  if value is not None:
+    return {**trace, "outcome": value}
+  if reference is not None:
+    return {**trace, "reference": str(reference)}
+  if default is not None:
+    return {**trace, "outcome": default}
+  raise FormatError(missing)
 
 
 def _is_id(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _split_ids(ids: list[int], tokenizer, tag_id: int, response_start: str, i: int):
-  """(prompt, steps) of one token-id input: split at `tag_id`, each piece decoded."""
+def _split_ids(ids: list[int], tokenizer, tag: str, tag_id: int, response_start: str, i: int):
+  """(prompt, steps) of one token-id input: the pieces between `tag_id`s decoded (a chat
+  template's special tokens kept as text) and read as the string form is."""
   vocab = tokenizer.vocab_size
   bad = next((x for x in ids if x != tag_id and not 0 <= x < vocab), None)
   if bad is not None:
@@ -139,11 +153,8 @@ def _split_ids(ids: list[int], tokenizer, tag_id: int, response_start: str, i: i
       current = []
     else:
       current.append(x)
-  texts = [tokenizer.decode(p) for p in pieces]
-  if not texts:
-    return "", []
-  prompt, first = split_response(texts[0] + "\x00", "\x00", response_start)
-  return prompt, [first[0], *texts[1:]]
+  text = "".join(tokenizer.decode(p, keep_special=True) + tag for p in pieces)
+  return split_response(text, tag, response_start)
 
 
 def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response_start: str,
@@ -179,18 +190,11 @@ def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response
     for s in steps:
       rows.append(k if s.strip() else None)
       k += bool(s.strip())
-    trace: dict[str, Any] = {"prompt": prompt, "steps": kept, "id": f"input[{i}]"}
-    if value is not None:
-      trace["outcome"] = value
-    elif reference is not None:
-      trace["reference"] = str(reference)
-    elif outcome is not None:
-      trace["outcome"] = outcome
-    else:
-      raise FormatError(f"input[{i}] has no outcome: the credit model reads the trace's "
-                        "outcome; send \"outcome\" (in [0, 1]) or \"reference\", or start the "
-                        "server with --outcome")  # fmt: skip
-    traces.append(trace)
+    trace = {"prompt": prompt, "steps": kept, "id": f"input[{i}]"}
+    missing = (f"input[{i}] has no outcome: the credit model reads the trace's outcome; "
+               "send \"outcome\" (in [0, 1]) or \"reference\", or start the server with "
+               "--outcome")  # fmt: skip
+    traces.append(_with_outcome(trace, value, reference, outcome, missing))
     layout.append(rows)
   return PoolingRequest(traces, layout, output)
 
@@ -248,23 +252,19 @@ def read_openrlhf(body, outcome: float | None) -> list[dict]:
     if not isinstance(q, str):
       raise FormatError(f"query[{i}] must be a string")
     p = p or ""
-    if not isinstance(p, str) or not q.startswith(p):
-      raise FormatError(f"query[{i}] does not start with prompts[{i}] (the query is the "
-                        "prompt followed by the response)")  # fmt: skip
-    if not q[len(p) :].strip():
+    # the query is the prompt, then the response (after any left padding's text)
+    start = q.find(p) if isinstance(p, str) else -1
+    if start < 0:
+      raise FormatError(f"query[{i}] does not hold prompts[{i}] (the query is the prompt "
+                        "followed by the response)")  # fmt: skip
+    response = q[start + len(p) :]
+    if not response.strip():
       raise FormatError(f"query[{i}] has no response after its prompt")
-    trace: dict[str, Any] = {"prompt": p, "text": q[len(p) :], "id": f"query[{i}]"}
-    if value is not None:
-      trace["outcome"] = value
-    elif label is not None:
-      trace["reference"] = str(label)
-    elif outcome is not None:
-      trace["outcome"] = outcome
-    else:
-      raise FormatError(f"query[{i}] has no label: the reward is the outcome the model's "
-                        "verifier gives against 'labels' (or send \"outcome\", or start the "
-                        "server with --outcome)")  # fmt: skip
-    traces.append(trace)
+    trace = {"prompt": p, "text": response, "id": f"query[{i}]"}
+    missing = (f"query[{i}] has no label: the reward is the outcome the model's verifier "
+               "gives against 'labels' (or send \"outcome\", or start the server with "
+               "--outcome)")  # fmt: skip
+    traces.append(_with_outcome(trace, value, label, outcome, missing))
   return traces
 
 

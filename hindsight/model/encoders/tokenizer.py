@@ -73,11 +73,12 @@ class Tokenizer:
       for e in self._bpe.encode_batch(texts, add_special_tokens=specials)
     ]
 
-  def decode(self, ids) -> str:
-    """The text of `ids` (PAD, EOS and a Hugging Face tokenizer's special tokens dropped);
-    bytes of an unfinished UTF-8 character become U+FFFD."""
+  def decode(self, ids, keep_special: bool = False) -> str:
+    """The text of `ids` (PAD, EOS and a Hugging Face tokenizer's special tokens dropped, or
+    with `keep_special` a Hugging Face tokenizer's special tokens kept as their text: a chat
+    template's markers); bytes of an unfinished UTF-8 character become U+FFFD."""
     if self.kind == "hf":
-      return self._bpe.decode([int(i) for i in ids], skip_special_tokens=True)
+      return self._bpe.decode([int(i) for i in ids], skip_special_tokens=not keep_special)
     ids = [int(i) for i in ids if int(i) >= _BYTE_OFFSET]
     if self._bpe is None:
       return bytes(i - _BYTE_OFFSET for i in ids).decode("utf-8", errors="replace")
