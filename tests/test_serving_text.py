@@ -212,6 +212,11 @@ def test_bad_pooling_requests_are_4xx_naming_the_problem(served, text_run):
   raw = b'{"input": "caf\xe9<extra_0>"}'  # not UTF-8
   r = client.post("/pooling", content=raw, headers={"content-type": "application/json"})
   assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+  from hindsight.errors import HindsightError
+
+  for bad in ("2", "yes"):  # a server-wide outcome is a number in [0, 1], checked at start
+    with pytest.raises(HindsightError, match="outcome must be a number in"):
+      ServeConfig(checkpoint=text_run["workdir"], outcome=bad)
   # without a server-wide outcome, a request with no outcome is a 400 naming the field; a
   # custom step tag is the one named when absent
   cfg = ServeConfig(checkpoint=text_run["workdir"], warmup=False, step_tag="<step>")
