@@ -44,14 +44,12 @@ from collections.abc import Callable
 
 import jax
 import msgspec
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from hindsight.credit.names import KLASS_NAMES
 from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError, error_body, note, one_line
 from hindsight.model.predictor import Predictor
@@ -64,6 +62,7 @@ from hindsight.serving.formats import (
   pooling_answer,
   read_openrlhf,
   read_pooling,
+  step_lists,
 )
 
 MSGPACK = "application/msgpack"
@@ -257,12 +256,12 @@ def _trajectories(body, server: Server) -> list[dict]:
 
 
 def _answer(scores: list[dict], predictor: Predictor) -> dict:
-  names = np.asarray(KLASS_NAMES)
+  steps = step_lists(scores)
   out = {
-    "credit": [s["credit"].astype(float).tolist() for s in scores],
-    "credit_std": [s["std"].astype(float).tolist() for s in scores],
+    "credit": steps["credit"],
+    "credit_std": steps["credit_std"],
     "p_zero": [s["p_zero"].astype(float).tolist() for s in scores],
-    "klass": [names[s["klass"]].tolist() for s in scores],
+    "klass": steps["klass"],
     "model": {"step": predictor.step, "digest": predictor.digest},
   }
   if all("steps" in s for s in scores):  # text traces: the steps as the model cut them
@@ -281,6 +280,7 @@ def create_app(
   `on_failure(reason)` is called (`serve` then ends the process with a one-line error)."""
   server = Server(cfg)
   token = cfg.admin_token()  # read once, at start: a bad token file fails the start
+  model_name, default_outcome = cfg.model_name(), cfg.default_outcome()
   roots = cfg.reload_roots()
 
   def encoded(route: str, status: int, content: dict) -> tuple[int, bytes, str]:
@@ -382,22 +382,22 @@ def create_app(
 
   def parse_pooling(body):
     spec = text_spec()
-    request = read_pooling(body, model=cfg.model_name(), tokenizer=spec.encoder.tokens,
+    request = read_pooling(body, model=model_name, tokenizer=spec.encoder.tokens,
                            tag=cfg.step_tag, tag_id=cfg.step_tag_id,
                            response_start=cfg.response_start,
-                           outcome=cfg.default_outcome())  # fmt: skip
+                           outcome=default_outcome)  # fmt: skip
     episodes = text_episodes(request.traces, spec)
     return episodes, (request, episodes)
 
   pooling = scoring_route(
     "pooling", parse_pooling,
-    lambda context, scores, _: pooling_answer(context[0], scores, cfg.model_name(),
+    lambda context, scores, _: pooling_answer(context[0], scores, model_name,
                                               sum(e.read_tokens or 0 for e in context[1])),
   )  # fmt: skip
 
   def parse_reward(body):
     spec = text_spec()
-    episodes = text_episodes(read_openrlhf(body, cfg.default_outcome()), spec)
+    episodes = text_episodes(read_openrlhf(body, default_outcome), spec)
     return episodes, episodes
 
   reward = scoring_route("get_reward", parse_reward,
@@ -414,7 +414,7 @@ def create_app(
     context = getattr(encoder, "max_tokens", None)
     if context is None:
       context = getattr(encoder, "max_step_tokens", 0) * server.max_steps
-    return respond("models", 200, models_answer(cfg.model_name(), int(context), started))
+    return respond("models", 200, models_answer(model_name, int(context), started))
 
   def deny(reason: str, status: int, message: str) -> Response:
     server.admin_denied.labels(reason).inc()

@@ -30,6 +30,7 @@ and the model reads the trace without it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -54,13 +55,15 @@ class UnknownModel(Exception):
 # -- vLLM's Pooling API ----------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
 class PoolingRequest:
   """One /pooling request read into traces (`traces`: what the model scores, empty steps
   left out) and how to answer it (`layout[i]`: for each step tag of input i, the index of
-  its step in traces[i], or None for an empty step)."""
+  its step in traces[i], or None for an empty step; `output`: the rows' form)."""
 
-  def __init__(self, traces: list[dict], layout: list[list[int | None]], output: str):
-    self.traces, self.layout, self.output = traces, layout, output
+  traces: list[dict]
+  layout: list[list[int | None]]
+  output: str
 
 
 def split_response(text: str, tag: str, response_start: str) -> tuple[str, list[str]]:
@@ -99,9 +102,8 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
     *before, last = messages
     if last.get("role") != "assistant":
       raise FormatError("the last message must be the assistant's response (its steps)")
-    prompt = "\n".join(m["content"] for m in before)
-    steps = last["content"].split(tag)[:-1]
-    return [(prompt, steps)]
+    _, steps = split_response(last["content"], tag, "")
+    return [("\n".join(m["content"] for m in before), steps)]
   given = body.get("input")
   if given is None:
     raise FormatError("expected 'input' (a string, strings or token ids) or 'messages'")
@@ -268,14 +270,22 @@ def read_openrlhf(body, outcome: float | None) -> list[dict]:
   return traces
 
 
+def step_lists(scores: list[dict]) -> dict:
+  """The scores' per-step credit, its std and classes (by name) as JSON lists, per trace."""
+  names = np.asarray(KLASS_NAMES)
+  return {"credit": [s["credit"].astype(float).tolist() for s in scores],
+          "credit_std": [s["std"].astype(float).tolist() for s in scores],
+          "klass": [names[s["klass"]].tolist() for s in scores]}  # fmt: skip
+
+
 def openrlhf_answer(episodes: list, scores: list[dict]) -> dict:
   """{"rewards": [R]} (the outcome each response reached), with the steps, their credit and
   classes beside it."""
-  names = np.asarray(KLASS_NAMES)
+  steps = step_lists(scores)
   return {
     "rewards": [float(e.rewards.sum()) for e in episodes],
-    "step_credit": [s["credit"].astype(float).tolist() for s in scores],
-    "step_credit_std": [s["std"].astype(float).tolist() for s in scores],
-    "step_klass": [names[s["klass"]].tolist() for s in scores],
+    "step_credit": steps["credit"],
+    "step_credit_std": steps["credit_std"],
+    "step_klass": steps["klass"],
     "steps": [list(s.get("steps", e.step_text)) for e, s in zip(episodes, scores, strict=True)],
   }

@@ -191,10 +191,13 @@ class TextSource:
         stderr[i, t] = step_stderr(pools, int(i), int(t), T[i])  # the sample stderr: no bound
       return Branched(credit, stderr, stderr, spend)
 
+    # each model read once per batch (a PRM source's signal and its alarm checks both ask)
+    @functools.cache
     def history():
       p = ctx.models().prm_values(rollouts)
       return padded(p)[0]
 
+    @functools.cache
     def credit_model():
       if self.online is None:  # the head as fitted, and no weight assumed (lam 0)
         values, lam = ctx.models().credit_values(rollouts), 0.0

@@ -27,9 +27,9 @@ class _Branched(CreditSource):
     task, config = self.task, self.config
     self.labeler = Labeler(task.env, task.policy, label_config(config))
 
-  def labels(self, policy_params, traj, key, credit_only: bool = False) -> dict:
+  def labels(self, policy_params, traj, key) -> dict:
     keys = jax.random.split(key, traj.mask.shape[0])
-    return self.labeler.label_under(policy_params, traj, keys, credit_only=credit_only)
+    return self.labeler.label_under(policy_params, traj, keys)
 
 
 @register_source

@@ -63,7 +63,7 @@ from hindsight.rl.sources.base import (
   register_source,
 )
 from hindsight.rl.sources.learned import credit_model
-from hindsight.rl.sources.steps import Steps, StepSignal
+from hindsight.rl.sources.steps import Steps, StepSignal, check_rows
 
 # The model batch's fields a refit reads, recorded per update for the host.
 _BATCH_FIELDS = ("observations", "actions", "rewards", "mask", "success")
@@ -337,10 +337,7 @@ def uniform_checks(labels: dict, p_min: float, key) -> dict:
   z, p = np.asarray(labels["z"]), np.asarray(labels["p"])
   thin = p_min / np.maximum(p, p_min)
   keep = np.asarray(jax.random.uniform(key, p.shape)) < thin
-  i, t = np.nonzero(z & keep)
-  f, d = np.asarray(labels["f"]), np.asarray(labels["d"])
-  return {"trace": i.tolist(), "step": t.tolist(), "pred": f[i, t].astype(float).tolist(),
-          "ref": d[i, t].astype(float).tolist()}  # fmt: skip
+  return check_rows(*np.nonzero(z & keep), labels["f"], labels["d"])
 
 
 def labels_vary(spread: float, noise: float, square: float) -> bool:

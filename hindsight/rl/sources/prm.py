@@ -30,7 +30,7 @@ from hindsight.labeling.engine import Labeler, episode_key
 from hindsight.labeling.trajectories import batch_spec, trajectory_batch
 from hindsight.model.credit_model import ModelConfig
 from hindsight.rl.sources.base import CreditSource, label_config, register_source
-from hindsight.rl.sources.steps import Steps, StepSignal
+from hindsight.rl.sources.steps import Steps, StepSignal, check_rows
 
 
 @register_source
@@ -121,10 +121,7 @@ def alarm_checks(source, steps: Steps, signal: StepSignal, key) -> StepSignal:
   z = np.zeros(mask.shape, bool)
   z[chosen[:, 0], chosen[:, 1]] = True
   branched = steps.branch(z, k_label)
-  pred, ref = np.asarray(source.prediction(steps)), np.asarray(branched.credit)
-  i, t = chosen[:, 0], chosen[:, 1]
-  checks = {"trace": i.tolist(), "step": t.tolist(), "pred": pred[i, t].astype(float).tolist(),
-            "ref": ref[i, t].astype(float).tolist()}  # fmt: skip
+  checks = check_rows(chosen[:, 0], chosen[:, 1], source.prediction(steps), branched.credit)
   record = {**signal.record, "alarm_cost": branched.cost}
   cost = signal.cost + branched.cost
   return dataclasses.replace(signal, cost=cost, record=record, checks=checks)

@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 Array = Any  # a jax array inside the symbolic update, a NumPy array on the LM host
 Cost = Any  # what a source is charged: env steps (int32 []) or a `Spend`
 
@@ -64,6 +66,15 @@ class Steps:
   history: Callable[[], Array] | None = None
   credit_model: Callable[[], tuple[Array, Array, Array]] | None = None
   alarm: int | None = None
+
+
+def check_rows(i, t, pred, ref) -> dict:
+  """`StepSignal.checks` of the steps (i[n], t[n]): their predicted and Monte Carlo credit
+  read off pred and ref [E, H] (host arrays)."""
+  pred, ref = np.asarray(pred), np.asarray(ref)
+  return {"trace": np.asarray(i).tolist(), "step": np.asarray(t).tolist(),
+          "pred": pred[i, t].astype(float).tolist(),
+          "ref": ref[i, t].astype(float).tolist()}  # fmt: skip
 
 
 @dataclasses.dataclass
