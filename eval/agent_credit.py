@@ -82,7 +82,7 @@ def scripted(count: int, seed: int, tolerance: float) -> dict:
   """The exact measurements of the module docstring on `count` traces of the scripted agent."""
   rows = []  # per trace: tags [T], credit under policy / null [T], the observer's increments [T]
   for trace in tw.sample_traces(seed, count):
-    view = agent_view(trace, trace.id)
+    view = agent_view(trace, trace.id, unit="chunks")
     texts = [s.text for s in view.trace.steps]
     task = tw.parse_task(trace.prompt)
     state = tw.parse_steps(task, texts)

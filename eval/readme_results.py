@@ -13,8 +13,21 @@ is rendered here from those two files and nothing else: the labels' size and K, 
 trained and the step scored, the drift table (Spearman, MAE, within-episode Spearman with
 their 95% bootstrap intervals), the reference's noise ceiling, the model's equivalent
 rollouts K*, its coverage and the decorative-versus-fact contrast. Without `--write` it
-checks, and exits 1 with the first line that differs, so a README that no longer matches its
-command fails (tests/test_drift_harness.py runs it on the :smoke run).
+checks, and exits 1 with the first figure or word that differs, so a README that no longer
+matches its command fails (tests/test_drift_harness.py runs it on the :smoke run).
+
+The check holds the README to the same figures up to float rounding, as the README promises
+of another machine, and no further (`same_figure`):
+
+  an estimate  `v [lo, hi]`: each value inside the other's interval (0.890 [0.878, 0.898]
+               and 0.891 [0.880, 0.899] agree, 0.905 [0.893, 0.913] does not); with a bound
+               n/a (a run too small to bound it), as a figure without an interval
+  a count      an integer (episodes, steps, K): exactly
+  any other    a figure without an interval (the noise ceiling, "reaches 94%", "2.4 times",
+               the contrasts): within ROUNDING units of its last printed digit
+
+and every word between the figures exactly, prose compared with its line breaks ignored (a
+figure's width may move a break), the table line by line.
 """
 
 from __future__ import annotations
@@ -31,6 +44,15 @@ from hindsight.drift.render import estimate_text
 BEGIN = re.compile(r"<!-- results: (?P<run>[^ ]+) -->\n")
 END = "<!-- /results -->"
 WIDTH = 92  # the README's line width
+# How far a figure without an interval may move, in units of its last printed digit: a value
+# that moves by float rounding can cross the boundary where its last digit rounds up.
+ROUNDING = 1
+_NUMBER = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?"
+# A figure: a number (bold in the model's row) or n/a, with its interval where it has one.
+FIGURE = re.compile(
+  rf"(?P<value>\*\*(?:{_NUMBER}|n/a)\*\*|{_NUMBER}|n/a)"
+  rf"(?: \[(?P<lo>{_NUMBER}|n/a), (?P<hi>{_NUMBER}|n/a)\])?"
+)
 # (who, the drift report's signal) whose decorative-minus-fact contrast the section quotes
 CONTRASTS = (
   ("the reference", "reference"),
@@ -156,15 +178,79 @@ def section(readme: str) -> tuple[str, int, int]:
   return begin["run"], begin.end(), end
 
 
+def _number(text: str) -> float:
+  return float(text.replace(",", "").rstrip("%"))
+
+
+def _unit(text: str) -> float:
+  """One unit of `text`'s last printed digit."""
+  _, dot, decimals = text.rstrip("%").partition(".")
+  return 10.0 ** -len(decimals) if dot else 1.0
+
+
+def same_figure(have: re.Match, want: re.Match) -> bool:
+  """Whether two figures (`FIGURE` matches) are the same up to float rounding (module
+  docstring)."""
+  if have[0] == want[0]:  # a point estimate may lie outside its own bootstrap interval
+    return True
+  a, b = have["value"], want["value"]
+  if a.startswith("**") != b.startswith("**"):
+    return False
+  a, b = a.strip("*"), b.strip("*")
+  if "n/a" in (a, b) or (have["lo"] is None) != (want["lo"] is None):
+    return False
+  if have["lo"] is None:
+    if "." not in a + b and "%" not in a + b:  # a count
+      return a == b
+    return abs(_number(a) - _number(b)) <= ROUNDING * max(_unit(a), _unit(b)) * (1 + 1e-9)
+  bounds = (have["lo"], have["hi"], want["lo"], want["hi"])
+  if "n/a" in bounds:  # no interval to hold it to: every defined number to rounding
+    pairs = [(a, b), (have["lo"], want["lo"]), (have["hi"], want["hi"])]
+    return all(
+      (x == "n/a") == (y == "n/a")
+      and (x == "n/a" or abs(_number(x) - _number(y)) <= ROUNDING * _unit(x) * (1 + 1e-9))
+      for x, y in pairs
+    )
+  lo_a, hi_a, lo_b, hi_b = map(_number, bounds)
+  return lo_b <= _number(a) <= hi_b and lo_a <= _number(b) <= hi_a
+
+
+def _pieces(block: str) -> list:
+  """A block's words (str, whitespace collapsed) and figures (`FIGURE` matches), in order."""
+  text = " ".join(block.split())
+  out, at = [], 0
+  for m in FIGURE.finditer(text):
+    out += [text[at : m.start()], m]
+    at = m.end()
+  return [*out, text[at:]]
+
+
+def _blocks(text: str) -> list[str]:
+  """The section's table lines one by one and its prose paragraphs whole."""
+  blocks = []
+  for paragraph in text.strip("\n").split("\n\n"):
+    lines = paragraph.splitlines()
+    blocks += lines if lines and lines[0].startswith("|") else [paragraph]
+  return blocks
+
+
 def check(readme: str, rendered: str) -> str | None:
-  """None when the README's section is `rendered`, else the first line that differs."""
+  """None when the README's section is `rendered` up to float rounding (module docstring),
+  else the first figure or words that differ, and where."""
   _, start, end = section(readme)
-  have, want = readme[start:end].rstrip("\n").splitlines(), rendered.splitlines()
-  for i, (a, b) in enumerate(zip(have, want, strict=False)):
-    if a != b:
-      return f"line {i + 1} of the section reads\n  {a}\nbut the reports give\n  {b}"
+  have, want = _blocks(readme[start:end]), _blocks(rendered)
+  for a, b in zip(have, want, strict=False):
+    pa, pb, before = _pieces(a), _pieces(b), ""
+    for x, y in zip(pa, pb, strict=False):
+      same = same_figure(x, y) if isinstance(x, re.Match) and isinstance(y, re.Match) else x == y
+      if not same:
+        x, y = (v[0] if isinstance(v, re.Match) else repr(v) for v in (x, y))
+        return f"after '...{before[-60:]}' the section has\n  {x}\nbut the reports give\n  {y}"
+      before += x if isinstance(x, str) else x[0]
+    if len(pa) != len(pb):
+      return f"the section's\n  {' '.join(a.split())}\nhas other figures than the reports'"
   if len(have) != len(want):
-    return f"the section has {len(have)} lines, the reports give {len(want)}"
+    return f"the section has {len(have)} lines and paragraphs, the reports give {len(want)}"
   return None
 
 

@@ -9,14 +9,20 @@ a PRM's step scores: each step's credit on the step's last response token, 0 els
 (`step_end_rewards` writes a row from the served credit and the steps' last tokens,
 `step_token_ends`). A step whose credit is exactly 0 is written as the smallest positive
 float32 (1.4e-45, a change no update can see), so every step's end is marked and a token's
-step is the one whose end is the first marked position at or after it. The marks need the
-rows as written: a KL penalty folded into the rewards (verl's `use_kl_in_reward`), or rows
-cast to bfloat16 (which flushes 1.4e-45 to 0), loses them.
+step is the one whose end is the first marked position at or after it, on the response mask
+or off it. A multi-turn agent's response mask is 0 on the tool results the policy did not
+write (verl's `verl/experimental/agent_loop/tool_agent_loop.py` appends each tool response
+with mask 0; Tunix's agentic `conversation_masks` do the same), and an agent step ends inside
+its own tool result: its credit goes to its call's tokens, up to its last token on the mask,
+and the result's tokens take none. The marks need the rows as written: a KL penalty folded
+into the rewards (verl's `use_kl_in_reward`), or rows cast to bfloat16 (which flushes 1.4e-45
+to 0), loses them.
 
   source "credit"   A[b, l] = the credit of the step token l belongs to (0 past the last
                     marked end, and off the response mask)
-  source "outcome"  the group's outcome baseline: R_b = the row's sum (verl's outcome
-                    reward sits on the last token), A[b, l] = R_b - mean over b's group
+  source "outcome"  the group's outcome baseline: R_b = the row's sum, off the mask too
+                    (verl's outcome reward sits on the last token, which may be a tool
+                    result's), A[b, l] = R_b - mean over b's group
                     (the samples sharing its prompt, `index`) of R, divided by the group's
                     std (ddof 1) + eps with `norm_by_std` (GRPO), on every response token
 """
@@ -60,13 +66,16 @@ def step_end_rewards(step_credit: Sequence[float], step_ends: Sequence[int], len
 
 
 def spread_over_steps(rewards, mask) -> np.ndarray:
-  """[B, L]: each masked token gets the reward at the first marked (nonzero) position at or
-  after it in its row; tokens past the row's last marked position, and off the mask, 0."""
+  """[B, L]: each token on the mask gets the reward at the first marked (nonzero) position at
+  or after it in its row, the mark on the mask or off it; tokens past the row's last marked
+  position, and off the mask, 0."""
   rewards = np.asarray(rewards, np.float64)
   mask = np.asarray(mask).astype(bool)
   out = np.zeros(rewards.shape, np.float64)
   for b in range(rewards.shape[0]):
-    marked = np.flatnonzero((rewards[b] != 0) & mask[b])
+    # Marks off the mask count: an agent step ends inside its tool result, which verl's and
+    # Tunix's agent loops mask out, and its credit belongs to the call's tokens before it.
+    marked = np.flatnonzero(rewards[b] != 0)
     if not marked.size:
       continue
     # for each position, the first marked position at or after it
@@ -109,7 +118,9 @@ def credit_advantages(token_level_rewards, response_mask, index=None, source: st
   if source == "credit":
     return spread_over_steps(token_level_rewards, mask)
   rewards = np.asarray(token_level_rewards, np.float64)
-  R = np.where(mask, rewards, 0.0).sum(-1) if outcome is None else np.asarray(outcome, float)
+  # verl's GRPO sums the whole row: its agent loop puts the outcome on the last token, on the
+  # mask or off it (`verl/trainer/ppo/core_algos.py`, `compute_grpo_outcome_advantage`)
+  R = rewards.sum(-1) if outcome is None else np.asarray(outcome, float)
   return np.where(mask, group_outcome_advantages(R, index, norm_by_std, eps)[:, None], 0.0)
 
 

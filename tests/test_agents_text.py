@@ -71,23 +71,23 @@ def _served(url: str) -> int:
 def test_agent_steps_tile_the_text_and_merge_each_result_into_its_call():
   trace = tw.sample_traces(2, 1)[0]
   text = "".join(s.text for s in trace.steps)
-  cut = agent_steps(text, "sentences")
+  cut = agent_steps(text, "sentences", unit="chunks")
   assert "".join(s.text for s in cut) == text
   assert [s.role for s in cut] == [s.role for s in trace.steps]
-  view = agent_view(trace, "t")
+  view = agent_view(trace, "t", unit="chunks")
   agent = [s for s in trace.steps if s.role != "tool"]
   assert len(view.trace.steps) == len(agent) == len(view.calls)
   assert view.trace.completion() == text  # merging keeps the text, byte for byte
   for step, call, seen in zip(view.trace.steps, view.calls, view.observations, strict=True):
-    assert (call is None) == (seen is None) == (step.tool_call is None)
-    if call is not None:
-      assert step.text.endswith(render_result(seen)) and call.name == step.tool_call["name"]
+    assert (not call) == (seen is None) == (step.tool_call is None)
+    if call:
+      assert step.text.endswith(render_result(*seen)) and call[0].name == step.tool_call["name"]
 
 
 def test_a_labeled_traces_steps_unmerge_to_the_trace():
   """What the resampled reference of `hindsight eval` writes back from a dataset's steps."""
   trace = tw.sample_traces(4, 1)[0]
-  back = unmerged([s.text for s in agent_view(trace, "t").trace.steps])
+  back = unmerged([s.text for s in agent_view(trace, "t", unit="chunks").trace.steps])
   assert [(s.text, s.role) for s in back] == [(s.text, s.role) for s in trace.steps]
 
 
@@ -101,7 +101,7 @@ def test_a_credit_model_reads_an_agent_trace_with_the_labels_steps():
   # What parse_text_episode reads of a text model's DataSpec: its labels' options, its encoder.
   spec = SimpleNamespace(label_options="", encoder=SimpleNamespace(check_steps=lambda *a: None))
   trace = tw.sample_traces(6, 1)[0]
-  view = agent_view(trace, "t")
+  view = agent_view(trace, "t", unit="chunks")  # labels without a unit of their own: chunks
   as_steps = {"prompt": trace.prompt, "outcome": 1.0,
               "steps": [{"text": s.text, "role": s.role} for s in trace.steps]}  # fmt: skip
   as_text = {"prompt": trace.prompt, "outcome": 1.0, "text": trace.completion()}
@@ -118,7 +118,7 @@ def test_a_credit_model_reads_an_agent_trace_with_the_labels_steps():
     ([TextStep(render_call("read", {}))], "no `tool` step after it"),
     ([TextStep("Hi " + render_call("read", {}) + " and on.")], "markup inside the step"),
     ([TextStep(render_call("read", {}), tool_call={"name": "write", "arguments": "{}"}),
-      TextStep(render_result("x"), role="tool")], "`tool_call` is write"),
+      TextStep(render_result("x"), role="tool")], "`tool_call.s.` give write"),
     ([TextStep("Nothing here.", tool_call={"name": "read", "arguments": {}})], "step's text holds"),
   ],
 )  # fmt: skip
@@ -135,7 +135,7 @@ def test_openai_tool_call_format_is_read():
   for given in (function, {"type": "function", "function": function}):
     steps = [TextStep(text, tool_call=given), TextStep(render_result("box 2 holds 4"), role="tool")]
     view = agent_view(TextTrace(prompt="p", steps=steps), "t")
-    assert view.calls[0].arguments == {"box": 2}
+    assert view.calls[0][0].arguments == {"box": 2}
 
 
 # -- the world --------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_the_tool_worlds_dynamic_programme_matches_its_sampler():
   for t in traces:
     task = tw.parse_task(t.prompt)
     gap.append(t.outcome - tw.value_tables(task.competence)[1][0, 0])
-    texts = [s.text for s in agent_view(t, "t").trace.steps]
+    texts = [s.text for s in agent_view(t, "t", unit="chunks").trace.steps]
     # The DP's reward is the environment's outcome on every trace (the ledger's class).
     actions = tw.parse_steps(task, texts).actions
     before_last = tw.parse_steps(task, texts[:-1]).config
@@ -243,7 +243,7 @@ def test_tool_traces_on_the_text_path_are_refused_in_one_line(tmp_path, tool_url
                            "tool-world"))  # fmt: skip
   assert r.returncode == 0, r.stderr
   labels = open_labels(str(tmp_path / "ok"))
-  assert len(labels[0]["step_text"]) == len(agent_view(trace, "t").trace.steps)
+  assert len(labels[0]["step_text"]) == len(agent_view(trace, "t", unit="chunks").trace.steps)
 
 
 # -- the multi-turn loop ----------------------------------------------------------------------
@@ -277,12 +277,12 @@ def test_results_are_the_environments_and_side_effects_stay_in_their_branch(
   made = sum(roll.tool_calls for r in found for pool in r.pools for roll in pool)
   assert sum(labeler.tool_calls.values()) == made > 0  # what the dataset's tool_calls counts
   if branching == "functional":  # the environment ran the traces' calls once, then these
-    own = sum(c is not None for v in labeler.views.values() for c in v.calls)
+    own = sum(len(c) for v in labeler.views.values() for c in v.calls)
     assert len(env.written) == own + made
   for r in found:
     view = labeler.views[r.episode]
     for t, pool in enumerate(r.pools):
-      before = [c.name for c in view.calls[:t] if c is not None]
+      before = [c.name for calls in view.calls[:t] for c in calls]
       prefix = view.trace.prefix(t)
       for roll in pool:
         results = [result_of(p) for kind, p in pieces(roll.text) if kind == "result"]
@@ -298,10 +298,10 @@ def test_results_are_the_environments_and_side_effects_stay_in_their_branch(
             held = "is empty" if ledger is None else f"holds {ledger}"
             assert result_of(p) in (f"the ledger {held}", f"the ledger now holds {ledger}")
     T = len(view.trace.steps)
-    assert view.calls[-1].name == "submit"
+    assert view.calls[-1][0].name == "submit"
     (nulls,) = labeler.sample([Ask(view.trace.prefix(T - 1) + NULL_TEXT, 7, 0, 8, "null",
                                    r.episode, T - 1)])  # fmt: skip
-    before = [c.name for c in view.calls[: T - 1] if c is not None]
+    before = [c.name for calls in view.calls[: T - 1] for c in calls]
     for roll in nulls:
       assert roll.state.calls == before + _calls_of(roll.text)  # the step's submit never ran
     assert labeler.branches[r.episode].at(T - 1).submitted is None
@@ -457,7 +457,7 @@ def test_the_null_arm_forks_each_step_before_its_call(tmp_path, tool_url, played
   assert sorted(a.t for a in nulls) == list(range(len(view.trace.steps)))
   for a in nulls:
     assert a.prompt == view.trace.prefix(a.t) + NULL_TEXT
-    before = [c.name for c in view.calls[: a.t] if c is not None]
+    before = [c.name for calls in view.calls[: a.t] for c in calls]
     assert labeler.branches[0].at(a.t).calls == before
 
 
@@ -472,7 +472,7 @@ def test_roles_and_cut_calls_a_user_or_a_model_writes_are_labeled(tmp_path, tool
     for t in traces])  # fmt: skip
   (row,) = _labeler(path, tool_url, tmp_path / "a.sqlite", episodes=1, K=2).label(0, 1, 0)
   assert set(row["tags"]) <= {0, 1} and len(row["step_text"]) == len(agent_view(
-    traces[0], "t").trace.steps)  # fmt: skip
+    traces[0], "t", unit="chunks").trace.steps)  # fmt: skip
   cut = [("Reading the boxes. " + '<tool_call>{"name": "look', "length")]
   prompts = tmp_path / "p.jsonl"
   write_traces(str(prompts), tw.prompt_traces(7, 1))

@@ -92,14 +92,69 @@ def test_the_outcome_source_gets_its_groups_outcome_baseline():
 
 def test_masked_tokens_inside_a_response_get_nothing_and_split_no_step():
   """A response with tokens off the mask between its steps (a tool's output): they get 0,
-  and the step after them still gets its own credit; a mark on a masked token is not a
-  step's end."""
+  and the step after them still gets its own credit; a step wholly off the mask (its end
+  marked on a masked token right after the previous step's end) takes no token's credit."""
   rewards = np.zeros((1, 9), np.float32)
   rewards[0, 2], rewards[0, 4], rewards[0, 8] = 0.5, 9.0, -0.25  # 9.0 sits on a masked token
   mask = np.ones((1, 9), bool)
   mask[0, 3:5] = False
   adv = credit_advantages(rewards, mask)
   np.testing.assert_array_equal(adv[0], [0.5, 0.5, 0.5, 0, 0, -0.25, -0.25, -0.25, -0.25])
+
+
+def _agent_batch():
+  """Two agent responses of 16 tokens in the layout of verl's tool agent loop: each step is a
+  call (response_mask 1) and the tool's result (0), the last step a final answer, padding 0;
+  each step's credit marked on its last token, inside its result, as `step_token_ends` puts
+  it on the text of call and result. Returns (token_level_rewards, response_mask, the
+  advantage each token should get: its step's credit on its call's tokens, 0 elsewhere)."""
+  turns = [  # per response: (call tokens, result tokens, credit) of each step
+    [(3, 3, 0.001), (2, 2, 0.048), (2, 1, -0.009), (2, 0, 0.010)],
+    [(4, 2, 0.3), (2, 3, 0.0), (3, 0, -0.2)],  # a step of credit exactly 0
+  ]
+  rewards, mask, want = np.zeros((2, 16), np.float32), np.zeros((2, 16), bool), np.zeros((2, 16))
+  for b, steps in enumerate(turns):
+    at, ends = 0, []
+    for call, result, credit in steps:
+      mask[b, at : at + call] = True
+      want[b, at : at + call] = credit
+      at += call + result
+      ends.append(at - 1)
+    rewards[b] = step_end_rewards([c for *_, c in steps], ends, 16)
+  assert not mask[0, 5] and rewards[0, 5] == np.float32(0.001)  # marked off the mask
+  return rewards, mask, want
+
+
+def test_an_agent_steps_credit_reaches_its_call_through_verls_multi_turn_mask():
+  """verl's agent loop masks tool results out of response_mask, and an agent step ends inside
+  its result: each step's credit goes to its own call's tokens (the zero-credit step's to 0,
+  not the next step's), none to the result's tokens. Reading only marks on the mask gives
+  every call the final answer's credit. Tunix's agentic mask has the same layout."""
+  import jax.numpy as jnp
+
+  rewards, mask, want = _agent_batch()
+  adv, returns = verl_estimator(rewards, mask, np.array(["a", "a"], object), None)
+  np.testing.assert_array_equal(adv, want.astype(np.float32))
+  np.testing.assert_array_equal(returns, adv)
+  assert adv[0, 0] == np.float32(0.001) and adv[1, 6] == 0 and adv[1, 11] == np.float32(-0.2)
+  per_token = tunix_estimator(rewards=jnp.ones(2), num_generations=2,
+                              step_rewards=jnp.asarray(rewards), completion_mask=mask)  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(per_token), want.astype(np.float32))
+
+
+def test_the_outcome_source_counts_an_outcome_on_a_masked_last_token():
+  """verl's agent loop puts the outcome on the response's last token, which is a masked
+  tool or user turn when the episode ends on one, and verl's GRPO sums the whole row: so does
+  the outcome source. Summing only the masked-in rewards drops that outcome."""
+  mask = np.zeros((3, 8), bool)
+  mask[:, [0, 1, 4, 5]] = True  # call, result 2..3, call, result 6..7
+  rewards = np.zeros((3, 8), np.float32)
+  rewards[0, 5] = 1.0  # ends on its call (on the mask)
+  rewards[1, 7] = 0.5  # ends on a tool result (off the mask), where its outcome sits
+  adv, _ = verl_estimator(rewards, mask, np.array(["a", "a", "a"], object), None,
+                          source="outcome")  # fmt: skip
+  want = np.array([0.5, 0.0, -0.5])  # R = 1, 0.5, 0 less their mean 0.5
+  np.testing.assert_allclose(adv, np.where(mask, want[:, None], 0.0), atol=1e-7)
 
 
 def test_the_tunix_estimator_through_tunixs_own_registry():

@@ -348,7 +348,7 @@ def test_usage_mistakes_name_what_is_wrong(tmp_path, capsys):
   out = str(tmp_path / "o")
   cases = [
     (["label", "--env", "key_corridor", "--episods", "3", "--out", out],
-     "unknown flag --episods (did you mean --episodes?)"),
+     "unrecognized arguments: --episods 3 (did you mean --episodes?)"),
     (["label", "--env", "key_corridor", "--episodes", "3", "--rollout", "4", "--out", out],
      "unrecognized arguments: --rollout"),
     (["label", "--env", "gymnax:MemoryChain-bsuite", "--episodes", "3", "--return-range",

@@ -263,6 +263,152 @@ def test_openrlhfs_remote_reward_request_gets_the_outcome_and_the_steps_credit(s
   assert again["steps"] == got["steps"] and again["rewards"] == got["rewards"]
 
 
+def test_an_agent_conversation_sent_to_pooling_is_refused_pointing_to_v1_credit(served):
+  """vLLM's chat form of an agent's turns (an assistant message with `tool_calls`, the
+  result as a `tool` message) is no PRM request: /pooling would read every message but the
+  last as the prompt, the calls lost. It is a 400 naming /v1/credit, which reads agent
+  traces; the same conversation without its tool turns is scored."""
+  client, _, _ = served
+  call = {"id": "call_0", "type": "function",
+          "function": {"name": "read", "arguments": '{"box": 1}'}}  # fmt: skip
+  messages = [
+    {"role": "user", "content": "How many apples are in box 1?"},
+    {"role": "assistant", "content": "Reading box 1.", "tool_calls": [call]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "box 1 holds 3"},
+    {"role": "assistant", "content": f"Box 1 holds 3. {TAG}So the answer is 3.{TAG}"},
+  ]
+  without_content = [dict(m, content=None) if "tool_calls" in m else m for m in messages]
+  only_result = [m for m in messages if "tool_calls" not in m]
+  for conversation in (messages, without_content, only_result):
+    message = _error(client.post("/pooling", json={"messages": conversation, "outcome": 1}), 400)
+    assert message.startswith("'messages' is an agent conversation"), message
+    assert "send it to POST /v1/credit as an agent trace" in message, message
+  (rows,) = _rows(client.post("/pooling", json={"messages": [messages[0], messages[-1]],
+                                                 "outcome": 1}))  # fmt: skip
+  assert rows.shape == (2, 2)
+
+
+# -- agent traces ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_model(text_run):
+  """The text model as a model of agent traces labeled with the environment's outcome
+  (`--verifier env`) that reads a call with its result: steps of up to 256 tokens (the test
+  model learned short sentences; positions past those reuse the last it knows)."""
+  import dataclasses
+  import json
+
+  from hindsight.model.predictor import Predictor
+
+  p = Predictor.load(text_run["workdir"])
+  options = {**json.loads(p.spec.label_options), "verifier": "env"}
+  encoder = dataclasses.replace(p.spec.encoder, max_step_tokens=256)
+  spec = dataclasses.replace(p.spec, label_options=json.dumps(options), encoder=encoder)
+  return Predictor(p.graphdef, p.state, spec, p.model_config, p.step, p.sigma_scale)
+
+
+def _agent_client(predictor, text_run, **cfg):
+  from starlette.testclient import TestClient
+
+  from hindsight.serving.app import create_app
+  from hindsight.serving.config import ServeConfig
+
+  cfg = ServeConfig(checkpoint=text_run["workdir"], warmup=False, max_steps=8, **cfg)
+  return TestClient(create_app(cfg, predictor=predictor))
+
+
+def _agent_trace(agent_steps: int, calls: int, **fields) -> dict:
+  """A trace of `agent_steps` agent steps, the first `calls` of them calls, each followed by
+  its result (a step of role `tool`): agent_steps + calls entries in `steps`."""
+  from hindsight.text.tool_syntax import render_call, render_result
+
+  steps = []
+  for j in range(agent_steps):
+    if j < calls:
+      steps.append({"text": f"Reading box {j}. " + render_call("read", {"box": j})})
+      steps.append({"text": render_result(f"box {j} holds {j + 2}"), "role": "tool"})
+    else:
+      steps.append({"text": f"Adding them up gives {j}. "})
+  return {"prompt": "Count the apples.\n", "steps": steps, **fields}
+
+
+def _error(r, status: int) -> str:
+  assert r.status_code == status, r.text
+  return r.json()["error"]["message"]
+
+
+def test_the_step_limit_counts_an_agent_traces_agent_steps(agent_model, text_run, tmp_path):
+  """A 5-step agent trace whose 4 calls each have their result is 9 entries in `steps`: the
+  model reads 5 steps, each result joined to its call, so a server of 8 steps scores it, as
+  `hindsight score` does; one of 9 agent steps (13 entries) is a 413 that counts both."""
+  import json
+
+  from hindsight.serving.batch import score_file
+
+  trace = _agent_trace(5, 4, outcome=1)
+  entries = [s["text"] for s in trace["steps"]]
+  merged = [a + b for a, b in zip(entries[0:8:2], entries[1:8:2], strict=True)] + entries[8:]
+  with _agent_client(agent_model, text_run) as client:
+    _ready(client)
+    r = client.post("/v1/credit", json={"trajectories": [trace]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["steps"] == [merged] and len(got["credit"][0]) == 5
+    path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    path.write_text(json.dumps(trace) + "\n")
+    score_file(agent_model, str(path), str(out), progress=False)
+    scored = json.loads(out.read_text())
+    assert scored["step_text"] == merged
+    np.testing.assert_allclose(got["credit"][0], scored["predicted_credit"], atol=1e-6)
+    r = client.post("/v1/credit", json={"trajectories": [trace, _agent_trace(9, 4, outcome=1)]})
+    assert _error(r, 413) == (
+      "trajectories[1]: 9 agent steps (from 13 entries in 'steps'); the limit is 8 "
+      "(`hindsight serve --max-steps N` serves longer ones)"
+    )
+
+
+def test_a_model_of_the_environments_outcome_asks_for_the_outcome_not_a_reference(
+  agent_model, text_run, tmp_path
+):
+  """Labels of `--verifier env` took the outcome off the environment's final state: no
+  verifier checks a reference. A request that sends one (a PRM's `reference`, OpenRLHF's
+  `labels`) is told to send `outcome`, or to start the server with `--outcome`, which is
+  then the outcome of such a request."""
+  import json
+
+  from hindsight.errors import HindsightError
+  from hindsight.serving.batch import score_file
+
+  trace = _agent_trace(2, 1, reference="5")
+  pooling = {"input": f"Box 1 holds 3. {TAG}", "reference": "5"}
+  reward = {"query": ["Count.\nBox 1 holds 3."], "prompts": ["Count.\n"], "labels": ["5"]}
+  with _agent_client(agent_model, text_run) as client:
+    _ready(client)
+    message = _error(client.post("/v1/credit", json={"trajectories": [trace]}), 400)
+    assert message == ("trajectories[0]: this model's outcome is its environment's (labels of "
+                       "--verifier env), which 'reference' cannot give: send \"outcome\" (in "
+                       "[0, 1])")  # fmt: skip
+    assert client.post("/v1/credit", json={"trajectories": [dict(trace, outcome=1)]}).is_success
+    for route, body, start in (("/pooling", pooling, "input[0]: "),
+                               ("/get_reward", reward, "query[0]: ")):  # fmt: skip
+      message = _error(client.post(route, json=body), 400)
+      assert message.startswith(f"{start}this model's outcome is its environment's"), message
+      assert message.endswith('send "outcome" (in [0, 1]), or start the server with --outcome')
+    message = _error(client.post("/pooling", json={"input": pooling["input"]}), 400)
+    assert "no outcome" in message and "reference" not in message, message
+  with _agent_client(agent_model, text_run, outcome="1") as client:
+    _ready(client)
+    r = client.post("/get_reward", json=reward)
+    assert r.status_code == 200 and r.json()["rewards"] == [1.0], r.text
+    (rows,) = _rows(client.post("/pooling", json=pooling))
+    assert rows.shape == (1, 2)
+  path = tmp_path / "in.jsonl"
+  path.write_text(json.dumps(trace) + "\n")
+  with pytest.raises(HindsightError, match="episode 0: this model's outcome is its environment"):
+    score_file(agent_model, str(path), str(tmp_path / "out.jsonl"), progress=False)
+
+
 @pytest.mark.slow
 def test_bench_serve_times_the_pooling_route_beside_v1_credit(text_run):
   """eval/bench_serve.py on a text model: the same trace through /v1/credit and as a vLLM

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import threading
+
 from hindsight.text.tool_world import ToolWorldEnv
+from hindsight.text.tools import ToolEnv
 
 
 class Unbranchable(ToolWorldEnv):
@@ -88,3 +91,35 @@ class Recording(ToolWorldEnv):
     state, observation, done = super().step(state, call)
     self.written.append(observation)
     return state, observation, done
+
+
+class NoOutcome(ToolWorldEnv):
+  """The tool world without outcome(): nothing for --verifier env to score."""
+
+  outcome = None
+
+
+class BaseOutcome(ToolWorldEnv):
+  """The tool world with `ToolEnv`'s outcome() (which scores nothing) in place of its own."""
+
+  outcome = ToolEnv.outcome
+
+
+class Scored(ToolWorldEnv):
+  """The tool world whose outcome() is `value`, whatever the state."""
+
+  value: object = 1.0
+
+  def outcome(self, state):
+    del state
+    return self.value
+
+
+class Locked(ToolWorldEnv):
+  """A functional environment whose state holds a lock (as a connection or an open file
+  would): it cannot be deep-copied."""
+
+  def reset(self, trace, seed):
+    ledger = super().reset(trace, seed)
+    ledger.lock = threading.Lock()
+    return ledger

@@ -27,6 +27,7 @@ Building the parser starts no JAX: every command imports what it runs when it ru
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from hindsight.cli import (
@@ -64,6 +65,20 @@ def build_parser() -> Parser:
 _parser = build_parser  # the name tests and older scripts use
 
 
+def _did_you_mean(parser: Parser, args, rest: list[str]) -> str:
+  """ " (did you mean --FLAG?)" for the first unknown flag close to one of the command's."""
+  import difflib
+
+  sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+  flags = list(sub.choices[args.command]._option_string_actions)
+  for word in rest:
+    if word.startswith("--"):
+      close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
+      if close:
+        return f" (did you mean {close[0]}?)"
+  return ""
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
   args, rest = parser.parse_known_args(argv)
@@ -75,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
   if getattr(command, "TAKES_CONFIG_OVERRIDES", False):
     args.config_overrides, rest, bare = split_overrides(rest)
   if rest:
-    parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    parser.error(f"unrecognized arguments: {' '.join(rest)}{_did_you_mean(parser, args, rest)}")
   if bare:
     parser.error(f"{bare} needs a value: {bare}=VALUE")
   from hindsight.devices import use_all_cpu_cores

@@ -27,7 +27,9 @@ def add_parser(sub):
   plugins.load_all()  # the families they add, and their own job options
   lab = sub.add_parser(NAME, help=HELP)
   option(lab, LabelJob, "env", env_help(), required=True)
-  option(lab, LabelJob, "episodes", "number of episodes N", required=True, type=int)
+  option(lab, LabelJob, "episodes",
+         "number of episodes N (required, but for --env text:FILE: default every trace in it)",
+         type=int, default=None)  # fmt: skip
   option(lab, LabelConfig, "num_rollouts", "branches K per arm and step", flag="--rollouts")
   option(lab, LabelConfig, "replacement", "q(a'|s,a)", choices=REPLACEMENTS)
   option(lab, LabelJob, "seed", "root of every random key")
@@ -90,6 +92,21 @@ def family_options(args):
   return None if entry.options is None else build(entry.options, args)
 
 
+def job_env(args, options) -> tuple[str, int]:
+  """(--env as the job records it, --episodes): a family whose options say how (`job_env`:
+  text's trace file made absolute, its length the default) has its say; any other needs
+  --episodes."""
+  from hindsight.errors import HindsightError
+
+  env, episodes = args.env, args.episodes
+  resolve = getattr(type(options), "job_env", None)
+  if resolve is not None:
+    env, episodes = resolve(env, episodes)
+  if episodes is None:
+    raise HindsightError(f"--env {env}: give --episodes N, the number of episodes to label")
+  return env, episodes
+
+
 def run(args) -> int:
   from hindsight import distributed
   from hindsight.labeling.config import LabelConfig, LabelJob
@@ -98,7 +115,9 @@ def run(args) -> int:
   distributed.check_processes(args.coordinator, args.num_processes, args.process_id)
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)
   config = build(LabelConfig, args, stratify=not args.unstratified)
-  job = build(LabelJob, args, config=config, options=family_options(args))
+  options = family_options(args)
+  env, episodes = job_env(args, options)
+  job = build(LabelJob, args, env=env, episodes=episodes, config=config, options=options)
   path = run_label_job(job, args.out, progress=not args.no_progress)
   print(f"labels: {path}")
   return 0

@@ -33,8 +33,8 @@ def option(
 ) -> None:
   """`--name` for field `name` of `cls`, defaulting to the field's default. A bool field
   that defaults to False becomes a switch, a tuple field a repeatable flag; other types parse
-  as their default's type (pass `type=` for anything else, `required=True` for a field
-  without a default). `help`: default the field's metadata["help"]. `aliases`: other flags
+  as their default's type (pass `type=` for anything else, `required=True` or `default=` for
+  a field without a default). `help`: default the field's metadata["help"]. `aliases`: other flags
   that set the same field (older names kept working)."""
   flag = flag or "--" + name.replace("_", "-")
   _FLAGS.setdefault(name, flag)
@@ -44,7 +44,7 @@ def option(
   if kwargs.get("required"):
     parser.add_argument(*flags, dest=name, help=help, **kwargs)
     return
-  default = field_default(cls, name)
+  default = kwargs.pop("default") if "default" in kwargs else field_default(cls, name)
   if default is False and "type" not in kwargs:
     parser.add_argument(*flags, dest=name, action="store_true", help=help, **kwargs)
     return

@@ -37,6 +37,7 @@ class LabelMetadata:
   completions: the completions a text job or import spent;
   text: a text job's options as JSON.
   tool_calls: the tool calls an agent-trace job's environment executed (`--tools`).
+  context_ends: its continuations that ended because their text filled the model's context.
   extra: keys of other writers, kept as they are.
   """
 
@@ -66,6 +67,7 @@ class LabelMetadata:
   completions: int | None = None
   text: str | None = None
   tool_calls: int | None = None
+  context_ends: int | None = None
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
@@ -103,7 +105,7 @@ class LabelMetadata:
         values[name] = tuple(str(x) for x in value)
       elif name in ("partial",):
         values[name] = bool(value)
-      elif name in ("audited_steps", "completions", "tool_calls"):
+      elif name in ("audited_steps", "completions", "tool_calls", "context_ends"):
         values[name] = int(value)
       elif isinstance(default, bool):
         values[name] = bool(value)

@@ -89,6 +89,14 @@ def _spearman_text(r: dict) -> str:
   return f"{r['spearman']:.3f}"
 
 
+def _reliability_text(r: dict) -> str:
+  """What the labels' reliability is (1 - mean stderr^2 / variance), and what below 0 means."""
+  what = "the share of the labels' variance that is credit, not sampling noise"
+  if r["label_reliability"] < 0:
+    what += "; below 0: more noise than credit, label with more --rollouts"
+  return what
+
+
 def summary_text(r: dict) -> str:
   """The report's few lines for a console (report["summary"])."""
   lines = [
@@ -98,7 +106,8 @@ def summary_text(r: dict) -> str:
     f"  Spearman {_spearman_text(r)}  Pearson {r['pearson']:.3f}  MAE {r['mae']:.4g} "
     f"(best constant: {r['constant_mae']:.4g})"
     + ("" if _tied(r) else f"  (of the continuous part's mu: Spearman {r['spearman_mu']:.3f})"),
-    f"  labels: reliability {r['label_reliability']:.3f}, exactly 0 {r['exact_zero_share']:.1%}; "
+    f"  labels: reliability {r['label_reliability']:.3f} ({_reliability_text(r)}), exactly 0 "
+    f"{r['exact_zero_share']:.1%}; "
     f"progress scores P(success | history) reach Spearman {r['progress_spearman']:.3f}",
     f"  calibration: z_rms {r['z_rms']:.2f}, 95% coverage {r['coverage_95']:.2f}; "
     f"class accuracy {r['class_accuracy']:.3f} over {', '.join(KLASS_NAMES)}",

@@ -292,9 +292,16 @@ class SlotEngine:
       self._forget_all()
 
   def close(self) -> None:
+    """Stops the worker and waits for it to return (rows still queued or live are not
+    ended): the process may exit at once after."""
     with self.wake:
       self._stop = True
       self.wake.notify()
+      worker = self._thread
+    # A worker left running at the interpreter's exit is unwound inside whatever device call
+    # it is in, which aborts the process.
+    if worker is not None and worker is not threading.current_thread():
+      worker.join()
 
   def program_count(self) -> int:
     """How many programs `warmup` compiles."""
@@ -546,6 +553,7 @@ class SlotEngine:
     self.stats["decode_calls"] += 1
     out, done, eos = jax.device_get((out, self.rows["done"], self.rows["eos"]))
     released = np.zeros(self.slots, bool)
+    ended = []
     for slot in live:
       drawn = out[slot][out[slot] >= 0]
       before = len(self.tokens[slot])
@@ -563,9 +571,14 @@ class SlotEngine:
       tokens = np.asarray(self.tokens[slot], np.int32)
       if end is None and eos[slot] and not row.keep_eos:
         tokens = tokens[:-1]  # EOS is not part of the text
-      row.done(tokens, STOP if end is not None else EOS if eos[slot] else LENGTH)
+      ended.append((row, tokens, STOP if end is not None else EOS if eos[slot] else LENGTH))
+    # Released before any caller hears of its row: a caller that closes the engine and exits
+    # once its last row ended must not find the worker still inside a device call (the
+    # interpreter's exit unwinding a thread inside XLA aborts the process).
     if released.any():
       self.rows = self._release(self.rows, jnp.asarray(released))
+    for row, tokens, reason in ended:
+      row.done(tokens, reason)
 
   def _stop_at(self, slot: int, before: int) -> int | None:
     """The token count up to and including the token that completes the first stop string

@@ -33,7 +33,7 @@ def load_any(path: str, seed: int = 0):
 def export_lm(path: str, out: str, seed: int = 0) -> str:
   """Writes the model at `path` (module docstring) as the Hugging Face folder `out`."""
   from hindsight.lm import hf
-  from hindsight.lm.chat import TOKENIZER_CONFIG, ChatTemplate
+  from hindsight.text.chat_template import TOKENIZER_CONFIG, ChatTemplate
 
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise HindsightError(f"out {out} exists and is not an empty directory")

@@ -107,7 +107,7 @@ def end_ids(path: str, config: dict) -> list[int]:
     except (OSError, ValueError, TypeError, AttributeError):
       raise HindsightError(f"{generation}: not JSON with an eos_token_id") from None
   if not out:
-    from hindsight.lm.chat import TOKENIZER_CONFIG, token_text
+    from hindsight.text.chat_template import TOKENIZER_CONFIG, token_text
 
     try:
       with open(os.path.join(path, TOKENIZER_CONFIG)) as f:

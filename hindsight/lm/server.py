@@ -13,9 +13,9 @@ Routes (the protocol and its refusals: `text.protocol`):
                              stop string: the text is cut before it, finish_reason "stop",
                              and `usage` counts the tokens up to it), `echo`
   POST /v1/chat/completions  `messages`, rendered with the folder's chat template
-                             (`lm.chat`; a model without one: 400), the same sampling fields
-                             (`max_completion_tokens` too; default: the rest of the
-                             context, as vLLM's)
+                             (`text.chat_template`; a model without one: 400), the
+                             same sampling fields (`max_completion_tokens` too; default:
+                             the rest of the context, as vLLM's)
   POST /tokenize             vLLM's: {"prompt" | "messages", "add_special_tokens"} ->
                              {"count", "max_model_len", "tokens"}  (the labeler measures
                              prefixes with it); POST /detokenize {"tokens"} -> {"prompt"}
@@ -124,7 +124,7 @@ def create_app(engine: SlotEngine, name: str | None = None):
   own name)."""
   from starlette.responses import JSONResponse
 
-  from hindsight.lm.chat import ChatTemplate
+  from hindsight.text.chat_template import ChatTemplate
 
   stats = engine.stats  # the engine's counters, and the requests' beside them
   stats.update(requests=0, completions=0)

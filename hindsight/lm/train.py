@@ -211,7 +211,7 @@ def load_lm(path: str, max_len: int | None = None) -> LoadedLM:
   from hindsight.model.checkpoints import Checkpoints
 
   if hf.is_hf_folder(path):
-    from hindsight.lm.chat import read_chat_template
+    from hindsight.text.chat_template import read_chat_template
 
     model, cfg, tok = hf.load_hf(path, max_len)
     name = os.path.basename(os.path.normpath(path))

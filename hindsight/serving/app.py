@@ -57,12 +57,14 @@ from hindsight.serving.config import ServeConfig
 from hindsight.serving.formats import (
   FormatError,
   UnknownModel,
+  checks_references,
   models_answer,
   openrlhf_answer,
   pooling_answer,
   read_openrlhf,
   read_pooling,
   step_lists,
+  unverifiable_reference,
 )
 
 MSGPACK = "application/msgpack"
@@ -238,21 +240,31 @@ def _trajectories(body, server: Server) -> list[dict]:
   out = []
   for i, t in enumerate(trajs):
     where = f"trajectories[{i}]"
-    # A trajectory's steps: its actions, or (a text trace) its steps' texts.
-    steps = None
-    if isinstance(t, dict):
-      steps = next((t[k] for k in ("actions", "steps", "step_text") if t.get(k) is not None), None)
-    if isinstance(steps, list) and len(steps) > server.max_steps:
-      raise _Failure(
-        413,
-        f"{where}: {len(steps)} steps; the limit is {server.max_steps} (`hindsight serve "
-        "--max-steps N` serves longer ones)",
-      )
+    refused = unverifiable_reference(t, spec, where)
+    if refused is not None:
+      raise _Failure(400, refused)
     try:
-      out.append(Episode.parse(t, spec, where))
+      episode = Episode.parse(t, spec, where)
     except HindsightError as e:
       raise _Failure(400, one_line(e)) from None
+    if len(episode) > server.max_steps:  # the steps the model reads (an agent trace's merged)
+      raise _Failure(
+        413,
+        f"{where}: {_length(t, len(episode))}; the limit is {server.max_steps} (`hindsight "
+        "serve --max-steps N` serves longer ones)",
+      )
+    out.append(episode)
   return out
+
+
+def _length(trace: dict, steps: int) -> str:
+  """A trace of `steps` steps as the model reads them, with the entries of its `steps` where
+  they differ: an agent trace's entries join into agent steps as its labels cut them (each
+  result into its call's step; `Episode.parse`)."""
+  given = trace.get("steps")
+  if not isinstance(given, list) or len(given) == steps:
+    return f"{steps} steps"
+  return f"{steps} agent steps (from {len(given)} entries in 'steps')"
 
 
 def _answer(scores: list[dict], predictor: Predictor) -> dict:
@@ -384,8 +396,8 @@ def create_app(
     spec = text_spec()
     request = read_pooling(body, model=model_name, tokenizer=spec.encoder.tokens,
                            tag=cfg.step_tag, tag_id=cfg.step_tag_id,
-                           response_start=cfg.response_start,
-                           outcome=default_outcome)  # fmt: skip
+                           response_start=cfg.response_start, outcome=default_outcome,
+                           checked=checks_references(spec))  # fmt: skip
     episodes = text_episodes(request.traces, spec)
     return episodes, (request, episodes)
 
@@ -397,7 +409,8 @@ def create_app(
 
   def parse_reward(body):
     spec = text_spec()
-    episodes = text_episodes(read_openrlhf(body, default_outcome), spec)
+    traces = read_openrlhf(body, default_outcome, checks_references(spec))
+    episodes = text_episodes(traces, spec)
     return episodes, episodes
 
   reward = scoring_route("get_reward", parse_reward,
@@ -542,12 +555,15 @@ def _inside(path: str, roots: list[str]) -> bool:
 
 # An absolute path in a message: a slash that starts a word, up to the next separator.
 _PATH = re.compile(r"(?<![\w.:/])/[^\s:;,'\"()\[\]]+")
+# The server's own routes, which a message may point a client to.
+ROUTES = ("/v1/credit", "/pooling", "/get_reward", "/v1/models", "/v1/reload", "/healthz",
+          "/readyz", "/metrics")  # fmt: skip
 
 
 def redact_paths(message: str) -> str:
-  """`message` with every absolute path replaced by `<path>`: errors a client reads say what
-  was wrong, not where the server keeps its files."""
-  return _PATH.sub("<path>", message)
+  """`message` with every absolute path but the server's routes replaced by `<path>`: errors
+  a client reads say what was wrong, not where the server keeps its files."""
+  return _PATH.sub(lambda m: m[0] if m[0] in ROUTES else "<path>", message)
 
 
 async def _quiet(coro) -> None:

@@ -24,6 +24,7 @@ from hindsight.files import atomic_open
 from hindsight.model.predictor import Predictor
 from hindsight.progress import CompileAwareBar
 from hindsight.serving.config import ScoreConfig
+from hindsight.serving.formats import unverifiable_reference
 
 CHUNK = 256  # episodes scored per call
 
@@ -93,6 +94,9 @@ def score_file(
 
     for i, ep in enumerate(episodes):
       where = f"--input {path}: episode {i}"
+      refused = unverifiable_reference(ep, predictor.spec, where)
+      if refused is not None:
+        raise HindsightError(refused)
       parsed = Episode.parse(ep, predictor.spec, where)  # one line, by place
       if not allow_longer:
         check_length(parsed, predictor.spec, where)

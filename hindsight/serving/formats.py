@@ -15,6 +15,8 @@ in their own shape (the routes are `serving.app`'s):
                      "output": "credit", [credit, credit_std] and the classes beside them.
                      `usage` counts the tokens the model reads (its tokenizer's: a step
                      encoder's the steps', an LM backbone's the prompt's too; no tag).
+                     `messages` with tool calls or their results (an agent's conversation)
+                     are a 400 pointing to /v1/credit, which reads agent traces.
   POST /get_reward   OpenRLHF's remote reward model: {"query": [prompt + response], "prompts":
                      [prompt], "labels": [reference]} -> {"rewards": [R]}, R the outcome the
                      model's verifier gives the response against its label, with the steps
@@ -23,7 +25,10 @@ in their own shape (the routes are `serving.app`'s):
 A credit model reads the trace's outcome. A PRM client sends none: a request may carry
 "outcome" (a number in [0, 1], or one per input) or "reference" (a string, or one per
 input, checked by the model's verifier), else the server's `--outcome` is taken; with none
-of them the request is a 400 naming the field. An empty step (a tag that opens the
+of them the request is a 400 naming the field. A model whose labels took the environment's
+outcome (`--verifier env`) has no verifier to check a reference with: its reference (or
+label) is a 400 saying to send "outcome", unless the server has an `--outcome`, which is
+then taken instead. An empty step (a tag that opens the
 response, or two in a row) did nothing: its credit is 0, its std 0, its class decorative,
 and the model reads the trace without it.
 """
@@ -31,6 +36,7 @@ and the model reads the trace without it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from typing import Any
@@ -66,6 +72,26 @@ class PoolingRequest:
   output: str
 
 
+def checks_references(spec) -> bool:
+  """Whether a reference can give the outcome of a trace the model reads: its labels'
+  verifier checks a completion against one, but the environment's outcome (`--verifier
+  env`, read off the environment's final state) cannot be had from a request."""
+  options = json.loads(spec.label_options) if spec.label_options else {}
+  return options.get("verifier") != "env"
+
+
+def unverifiable_reference(trace, spec, where: str) -> str | None:
+  """The one-line refusal of a trace whose outcome is to come from its `reference` (it sends
+  no outcome, success or rewards) where the model checks none (`checks_references`); else
+  None."""
+  if checks_references(spec) or not isinstance(trace, dict) or trace.get("reference") is None:
+    return None
+  if any(trace.get(k) is not None for k in ("outcome", "success", "rewards")):
+    return None
+  return (f"{where}: this model's outcome is its environment's (labels of --verifier env), "
+          "which 'reference' cannot give: send \"outcome\" (in [0, 1])")  # fmt: skip
+
+
 def split_response(text: str, tag: str, response_start: str) -> tuple[str, list[str]]:
   """(prompt, steps) of one input string: the prompt up to and including the last
   `response_start` before the first tag ("" when there is none, or none is configured),
@@ -93,6 +119,11 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
   """[(prompt, steps)] of a request's `input` or `messages`."""
   if body.get("messages") is not None:
     messages = body["messages"]
+    if isinstance(messages, list) and any(_tool_message(m) for m in messages):
+      raise FormatError("'messages' is an agent conversation (tool calls and their results), "
+                        "which /pooling does not read: send it to POST /v1/credit as an "
+                        "agent trace (a prompt, then steps, each result a step of role "
+                        "'tool')")  # fmt: skip
     if (
       not isinstance(messages, list)
       or not messages
@@ -124,16 +155,35 @@ def _inputs(body: dict, tokenizer, tag: str, tag_id: int, response_start: str):
   return out
 
 
-def _with_outcome(trace: dict, value, reference, default: float | None, missing: str) -> dict:
+def _tool_message(message) -> bool:
+  """Whether a chat message is a tool call or its result (OpenAI's and vLLM's forms)."""
+  return isinstance(message, dict) and (
+    message.get("role") in ("tool", "function")
+    or bool(message.get("tool_calls"))
+    or bool(message.get("function_call"))
+  )
+
+
+def _with_outcome(trace: dict, value, reference, default: float | None, missing: str,
+                  unchecked: str | None = None) -> dict:  # fmt: skip
   """`trace` with its outcome: the request's value, else its reference (the verifier reads
-  it), else the server's default; FormatError(`missing`) with none."""
+  it), else the server's default; FormatError(`missing`) with none. `unchecked`: the model
+  checks no reference (`checks_references`), and a reference without a default is
+  FormatError(`unchecked`)."""
   if value is not None:
     return {**trace, "outcome": value}
-  if reference is not None:
+  if reference is not None and unchecked is None:
     return {**trace, "reference": str(reference)}
   if default is not None:
     return {**trace, "outcome": default}
-  raise FormatError(missing)
+  raise FormatError(missing if reference is None else unchecked)
+
+
+def _unchecked(where: str, field: str) -> str:
+  """What a reference sent to a model that checks none is told."""
+  return (f"{where}: this model's outcome is its environment's (labels of --verifier env), "
+          f"which '{field}' cannot give: send \"outcome\" (in [0, 1]), or start the server "
+          "with --outcome")  # fmt: skip
 
 
 def _is_id(x) -> bool:
@@ -160,9 +210,10 @@ def _split_ids(ids: list[int], tokenizer, tag: str, tag_id: int, response_start:
 
 
 def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response_start: str,
-                 outcome: float | None) -> PoolingRequest:  # fmt: skip
+                 outcome: float | None, checked: bool = True) -> PoolingRequest:  # fmt: skip
   """A /pooling body (module docstring) -> `PoolingRequest`; FormatError on a bad one,
-  UnknownModel for another model's name (vLLM's 404)."""
+  UnknownModel for another model's name (vLLM's 404). `checked`: whether the model checks a
+  reference (`checks_references`)."""
   if not isinstance(body, dict):
     raise FormatError('expected a JSON object: {"input": ..., "task": "token_classify"}')
   task = body.get("task")
@@ -194,9 +245,10 @@ def read_pooling(body, *, model: str, tokenizer, tag: str, tag_id: int, response
       k += bool(s.strip())
     trace = {"prompt": prompt, "steps": kept, "id": f"input[{i}]"}
     missing = (f"input[{i}] has no outcome: the credit model reads the trace's outcome; "
-               "send \"outcome\" (in [0, 1]) or \"reference\", or start the server with "
-               "--outcome")  # fmt: skip
-    traces.append(_with_outcome(trace, value, reference, outcome, missing))
+               "send \"outcome\" (in [0, 1])" + ' or "reference"' * checked +
+               ", or start the server with --outcome")  # fmt: skip
+    unchecked = None if checked else _unchecked(f"input[{i}]", "reference")
+    traces.append(_with_outcome(trace, value, reference, outcome, missing, unchecked))
     layout.append(rows)
   return PoolingRequest(traces, layout, output)
 
@@ -237,9 +289,10 @@ def models_answer(model: str, max_model_len: int, created: int) -> dict:
 # -- OpenRLHF's remote reward model ----------------------------------------------------------
 
 
-def read_openrlhf(body, outcome: float | None) -> list[dict]:
+def read_openrlhf(body, outcome: float | None, checked: bool = True) -> list[dict]:
   """{"query", "prompts", "labels"?} -> the traces (the response is the query after its
-  prompt, cut into steps by the model's chunking rule; the outcome from the label)."""
+  prompt, cut into steps by the model's chunking rule; the outcome from the label).
+  `checked`: whether the model checks a label (`checks_references`)."""
   if not isinstance(body, dict) or not isinstance(body.get("query"), list):
     raise FormatError('expected {"query": [...], "prompts": [...], "labels": [...]}')
   queries = body["query"]
@@ -263,10 +316,16 @@ def read_openrlhf(body, outcome: float | None) -> list[dict]:
     if not response.strip():
       raise FormatError(f"query[{i}] has no response after its prompt")
     trace = {"prompt": p, "text": response, "id": f"query[{i}]"}
-    missing = (f"query[{i}] has no label: the reward is the outcome the model's verifier "
-               "gives against 'labels' (or send \"outcome\", or start the server with "
-               "--outcome)")  # fmt: skip
-    traces.append(_with_outcome(trace, value, label, outcome, missing))
+    if checked:
+      missing = (f"query[{i}] has no label: the reward is the outcome the model's verifier "
+                 "gives against 'labels' (or send \"outcome\", or start the server with "
+                 "--outcome)")  # fmt: skip
+      unchecked = None
+    else:
+      missing = (f"query[{i}] has no outcome: send \"outcome\" (in [0, 1]), or start the "
+                 "server with --outcome")  # fmt: skip
+      unchecked = _unchecked(f"query[{i}]", "labels")
+    traces.append(_with_outcome(trace, value, label, outcome, missing, unchecked))
   return traces
 
 

@@ -35,7 +35,7 @@ import hashlib
 import msgspec
 import numpy as np
 
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, note
 from hindsight.text.client import Draw
 from hindsight.text.labeler import (
   Ask,
@@ -45,68 +45,79 @@ from hindsight.text.labeler import (
   request_seeds,
   step_name,
 )
-from hindsight.text.tool_syntax import (
-  CALL_CLOSE,
-  CALL_OPEN,
-  RESULT_OPEN,
-  Malformed,
-  ToolCall,
-  end_turn,
-  has_tool_markup,
-  is_agent_trace,
-  openai_call,
-  pieces,
-  render_result,
-  result_of,
-  trailing_call,
+from hindsight.text.tool_syntax import HERMES, Malformed, ToolLayout, given_calls, is_agent_trace
+from hindsight.text.tools import (
+  Branches,
+  execute,
+  guarded,
+  has_outcome,
+  load_tool_env,
+  recheck,
 )
-from hindsight.text.tools import Branches, execute, guarded, load_tool_env
 from hindsight.text.trace import TextStep, TextTrace, chunk_text
 
 ARM_ENV = 3  # the request-seed arm of each trace's environment seed
 AGENT_TAGS = ("step", "tool_call")
+# What an agent step is (`agent_view`): one assistant turn, or the old cut of every thought
+# chunk and every call on its own (the bundled tool world's choices: its exact credit).
+UNITS = ("turn", "chunks")
 
 
 @dataclasses.dataclass
 class AgentView:
-  """An agent trace as the labels see it: `trace` with one step per agent step (a call step
-  holds its result), each step's call (None: no call; a `Malformed` one is answered with an
-  error) and the result the trace holds for it."""
+  """An agent trace as the labels see it: `trace` with one step per agent step (a step that
+  calls tools holds their results), each step's calls (a tuple, empty where it makes none;
+  a `Malformed` one is answered with an error) and the results the trace holds for them."""
 
   trace: TextTrace
   calls: list
   observations: list
 
 
-def agent_steps(text: str, chunking: str) -> list[TextStep]:
-  """An agent's text (calls and results inline) -> its steps: the text between calls cut by
-  the chunking rule, each call a step, each result a step of role `tool`."""
+def agent_steps(text: str, chunking: str, layout: ToolLayout = HERMES,
+                unit: str = "turn") -> list[TextStep]:  # fmt: skip
+  """An agent's text (calls and results inline) -> its steps, each results block a step of
+  role `tool`. unit "turn": each turn one step (its text and its calls, up to their results;
+  the text after the last results the last step); "chunks": the text between calls cut by
+  the chunking rule, each run of calls a step."""
   steps: list[TextStep] = []
+  calling: list[bool] = []  # whether each step holds calls
   lead = ""
-  for kind, piece in pieces(text):
-    if kind == "call":
-      steps.append(TextStep(text=lead + piece, tool_call={}))
-    elif kind == "result":
+  for kind, piece in layout.pieces(text):
+    if kind == "result":
       steps.append(TextStep(text=lead + piece, role="tool"))
-    elif piece.strip():
+      calling.append(False)
+    elif kind == "call" and steps and calling[-1]:  # a parallel call: the same step
+      steps[-1] = msgspec.structs.replace(steps[-1], text=steps[-1].text + lead + piece)
+    elif kind == "call" and unit == "turn" and steps and steps[-1].role != "tool":
+      steps[-1] = msgspec.structs.replace(steps[-1], text=steps[-1].text + lead + piece)
+      calling[-1] = True
+    elif kind == "call":
+      steps.append(TextStep(text=lead + piece))
+      calling.append(True)
+    elif not piece.strip():  # whitespace between pieces joins the step before it
+      if steps:
+        steps[-1] = msgspec.structs.replace(steps[-1], text=steps[-1].text + piece)
+      else:
+        lead += piece
+      continue
+    elif unit == "turn":
+      steps.append(TextStep(text=lead + piece))
+      calling.append(False)
+    else:
       chunks = chunk_text(piece, chunking)
       steps.extend(TextStep(text=c) for c in [lead + chunks[0], *chunks[1:]])
-    elif steps:  # whitespace between pieces joins the step before it
-      steps[-1] = msgspec.structs.replace(steps[-1], text=steps[-1].text + piece)
-      continue
-    else:
-      lead += piece
-      continue
+      calling.extend([False] * len(chunks))
     lead = ""
-  return [msgspec.structs.replace(s, tool_call=None) if s.tool_call == {} else s for s in steps]
+  return steps
 
 
-def unmerged(step_texts) -> list[TextStep]:
-  """A labeled agent trace's steps (each call step holding its result) as the trace format
-  writes them: the result of each call a step of role `tool` after it."""
+def unmerged(step_texts, layout: ToolLayout = HERMES) -> list[TextStep]:
+  """A labeled agent trace's steps (each calling step holding its results) as the trace
+  format writes them: each step's results block a step of role `tool` after it."""
   out = []
   for text in step_texts:
-    parts = pieces(text)
+    parts = layout.pieces(text)
     if parts and parts[-1][0] == "result":
       out.append(TextStep(text="".join(p for _, p in parts[:-1])))
       out.append(TextStep(text=parts[-1][1], role="tool"))
@@ -115,63 +126,90 @@ def unmerged(step_texts) -> list[TextStep]:
   return out
 
 
-def agent_view(trace: TextTrace, where: str, chunking: str = "sentences") -> AgentView:
+def _call_record(calls) -> dict | None:
+  """A merged step's `tool_call` (what its tag and the dataset read): its call, or its
+  calls, or why its call is malformed."""
+  records = [{"malformed": c.reason} if isinstance(c, Malformed)
+             else {"name": c.name, "arguments": c.arguments} for c in calls]  # fmt: skip
+  if not records:
+    return None
+  return records[0] if len(records) == 1 else {"parallel": records}
+
+
+def agent_view(trace: TextTrace, where: str, chunking: str = "sentences",
+               layout: ToolLayout = HERMES, unit: str = "turn") -> AgentView:  # fmt: skip
   """The trace's agent steps (module docstring), or a one-line error naming the step that
-  breaks the format: a result not after a call, a call without its result, a call not at
-  the end of its step, a `tool_call` that is not the call its text holds."""
-  steps = trace.steps if trace.steps is not None else agent_steps(trace.text or "", chunking)
+  breaks the format: a result block not after calls, calls without their results, a call
+  not at the end of its step, `tool_call(s)` that are not the calls its text holds. Steps
+  are named by their entry in the trace's `steps` and, where merging moved it, by the agent
+  step it became. unit "turn": steps without calls merge into the turn they begin (an
+  agent step is one assistant turn: its text, its calls and their results); "chunks": every
+  given step is its own."""
+  if unit not in UNITS:
+    raise HindsightError(f"agent steps '{unit}': choose {' or '.join(UNITS)}")
+  steps = (trace.steps if trace.steps is not None
+           else agent_steps(trace.text or "", chunking, layout, unit))  # fmt: skip
   merged: list[TextStep] = []
   calls: list = []
   observations: list = []
+  open_turn = False  # the last merged step has no calls yet: a turn still being written
   for k, step in enumerate(steps):
-    here = f"{where}, step {k}"
+    here = f"{where}, step {k}" + (f" (agent step {len(merged)})" if len(merged) != k else "")
     if step.role == "tool":
-      observation = result_of(step.text)
-      if observation is None:
-        raise HindsightError(f"{here}: a `tool` step holds one result as "
-                             f"{RESULT_OPEN}...</tool_response>")  # fmt: skip
-      if not merged or calls[-1] is None or observations[-1] is not None:
+      found = layout.observations(step.text)
+      if found is None:
+        example = layout.render_results(["..."])
+        raise HindsightError(f"{here}: a `tool` step holds the results of the calls before "
+                             f"it, written {example!r}")  # fmt: skip
+      if not merged or not calls[-1] or observations[-1] is not None:
         raise HindsightError(f"{here}: a tool result that follows no call")
+      if len(found) != len(calls[-1]):
+        raise HindsightError(f"{here}: {len(found)} results for the {len(calls[-1])} calls of "
+                             "the step before it")  # fmt: skip
       merged[-1] = msgspec.structs.replace(merged[-1], text=merged[-1].text + step.text)
-      observations[-1] = observation
+      observations[-1] = tuple(found)
+      open_turn = False
       continue
-    if merged and calls[-1] is not None and observations[-1] is None:
+    if merged and calls[-1] and observations[-1] is None:
       raise HindsightError(f"{where}, step {k - 1}: a call and no `tool` step after it with "
                            "its result")  # fmt: skip
-    call = trailing_call(step.text)
-    body = step.text.rstrip()
-    inner = body[: body.rfind(CALL_OPEN)] if call is not None else body
-    if RESULT_OPEN in step.text or CALL_OPEN in inner or CALL_CLOSE in inner:
-      raise HindsightError(f"{here}: tool markup inside the step (a step holds one call, at "
-                           "its end; results are steps of role `tool`)")  # fmt: skip
-    if step.tool_call is not None:
-      given = openai_call(step.tool_call, here)
-      if given != call:
-        raise HindsightError(f"{here}: `tool_call` is {given.name}({given.arguments}) but the "
-                             f"step's text holds {call}")  # fmt: skip
-    tool_call = None
-    if isinstance(call, ToolCall):
-      tool_call = {"name": call.name, "arguments": call.arguments}
-    elif isinstance(call, Malformed):
-      tool_call = {"malformed": call.reason}
-    # Every step here is the agent's: a role it carries ("assistant") says nothing more.
-    merged.append(TextStep(text=step.text, tool_call=tool_call))
-    calls.append(call)
-    observations.append(None)
+    made = layout.trailing_calls(step.text)
+    parts = layout.pieces(step.text)
+    while made and parts and (parts[-1][0] == "call" or not parts[-1][1].strip()):
+      parts.pop()
+    inner = "".join(p for _, p in parts) if made else step.text
+    if layout.has_markup(inner) or layout.call_close in inner:
+      raise HindsightError(f"{here}: tool markup inside the step (a step's calls are at its "
+                           "end; results are steps of role `tool`)")  # fmt: skip
+    given = given_calls(step, here)
+    if given is not None and given != list(made):
+      held = ", ".join(str(c) for c in made) or "no call"
+      raise HindsightError(f"{here}: `tool_call(s)` give {', '.join(map(str, given))} but the "
+                           f"step's text holds {held}")  # fmt: skip
+    if unit == "turn" and open_turn:  # the turn goes on: this step is more of it
+      merged[-1] = msgspec.structs.replace(merged[-1], text=merged[-1].text + step.text,
+                                           tool_call=_call_record(made))  # fmt: skip
+      calls[-1] = tuple(made)
+    else:
+      # Every step here is the agent's: a role it carries ("assistant") says nothing more.
+      merged.append(TextStep(text=step.text, tool_call=_call_record(made)))
+      calls.append(tuple(made))
+      observations.append(None)
+    open_turn = not made
   if not merged:
     raise HindsightError(f"{where}: no agent steps")
-  if calls[-1] is not None and observations[-1] is None:
+  if calls[-1] and observations[-1] is None:
     raise HindsightError(f"{where}, its last step: a call and no `tool` step after it with "
                          "its result")  # fmt: skip
-  view = msgspec.structs.replace(trace, steps=merged, text=None)
+  view = msgspec.structs.replace(trace, steps=merged, text=None, messages=None)
   return AgentView(view, calls, observations)
 
 
-def refuse_tool_traces(traces: list[TextTrace], path: str) -> None:
+def refuse_tool_traces(traces: list[TextTrace], path: str, layout: ToolLayout = HERMES) -> None:
   """Without an environment, a trace with tool calls is refused: resampled as text, the
   model would write the tools' results itself."""
   for e, trace in enumerate(traces):
-    k = is_agent_trace(trace)
+    k = is_agent_trace(trace, layout)
     if k is not None:
       where = f"step {k}" if k >= 0 else "its text"
       raise HindsightError(
@@ -225,18 +263,34 @@ class AgentLabeler(TextLabeler):
         f"replacement '{config.replacement}' is not available for agent traces (--tools): "
         "choose policy or null"
       )
-    if has_tool_markup(options.null_text):
+    if self.layout.has_markup(options.null_text):
       raise HindsightError("--null-text makes a call: under null the step's call is not made")
     self.env = load_tool_env(options.tools)
-    if options.verifier == "env" and not callable(getattr(self.env, "outcome", None)):
+    if not options.agent_steps:  # the environment's unit, else one step per turn
+      unit = getattr(self.env, "agent_steps", None) or "turn"
+      if unit not in UNITS:
+        raise HindsightError(f"--tools {options.tools}: its agent_steps is '{unit}' (choose "
+                             f"{' or '.join(UNITS)})")  # fmt: skip
+      self.options = options = dataclasses.replace(options, agent_steps=unit)
+    if options.verifier == "env" and not has_outcome(self.env):
       raise HindsightError(f"--verifier env: the environment {options.tools} has no outcome()")
-    stops = tuple(s for s in (CALL_CLOSE, RESULT_OPEN) if s not in self.sampling.stop)
-    self.sampling = dataclasses.replace(self.sampling, stop=(*self.sampling.stop, *stops))
+    if options.verifier != "env" and has_outcome(self.env):
+      note(f"--tools {options.tools}: the environment has outcome(), and --verifier "
+           f"{options.verifier} scores the text instead: --verifier env scores each "
+           "continuation by the environment's final state")  # fmt: skip
+    # A turn may hold several calls where it ends by a marker of its own (a template's end of
+    # turn) or a chat answer's message; on the completions route the layout's stops end it.
+    self.several = bool(self.layout.turn_end) or options.api == "chat"
+    if options.api == "completions":
+      stops = tuple(s for s in self.layout.stops() if s not in self.sampling.stop)
+      self.sampling = dataclasses.replace(self.sampling, stop=(*self.sampling.stop, *stops))
     self.tag_names = AGENT_TAGS
     self.views: dict[int, AgentView] = {}
     self.branches: dict[int, Branches] = {}
     self.spent: collections.Counter = collections.Counter()
     self.tool_calls: collections.Counter = collections.Counter()
+    self.context_ends: collections.Counter = collections.Counter()
+    self.checked: collections.Counter = collections.Counter()  # re-run (--tool-check)
 
   def check_tools(self) -> None:
     """Agent traces are what this labeler is for."""
@@ -264,7 +318,7 @@ class AgentLabeler(TextLabeler):
     views = []
     for trace, e in zip(out, episodes, strict=True):
       where = f"{self.path}: trace {name_of(trace, e)}"
-      view = agent_view(trace, where, self.options.chunking)
+      view = self.view(trace, where)
       self.views[e] = view
       self.branches[e] = Branches(self.env, trace, self._env_seed(seed, e), view.calls,
                                   view.observations, where)  # fmt: skip
@@ -278,18 +332,43 @@ class AgentLabeler(TextLabeler):
       if trace.steps is None and trace.text is None:
         asks.append(Ask(trace.prompt, 0, 0, 1, prompt_name(trace, e)))
         continue
-      view = agent_view(trace, f"{self.path}: trace {name_of(trace, e)}", self.options.chunking)
+      view = self.view(trace, f"{self.path}: trace {name_of(trace, e)}")
       last = len(view.trace.steps) - 1
       null = self.options.null_text if self.config.replacement == "null" else ""
       asks.append(Ask(view.trace.prefix(last) + null, 0, 0, 1, step_name(view.trace, e, last)))
     self.caps(asks)
+
+  def view(self, trace: TextTrace, where: str) -> AgentView:
+    """The trace's agent steps as this job cuts them (`agent_view`)."""
+    return agent_view(trace, where, self.options.chunking, self.layout, self.options.agent_steps)
 
   # -- continuations ------------------------------------------------------------------------
   def sample(self, asks: list[Ask]) -> list[list[Rollout]]:
     """Continuations lo .. hi-1 of every ask, each from its own fork of the environment's
     state before the ask's step."""
     starts = [functools.partial(self.branches[a.episode].at, a.t) for a in asks]
-    return self._roll(asks, starts)
+    rolled = self._roll(asks, starts)
+    if self.options.tool_check:
+      self._recheck(asks, rolled)
+    return rolled
+
+  def _recheck(self, asks: list[Ask], rolled: list[list[Rollout]]) -> None:
+    """The self-check (`--tool-check N`): the first N continuations of each trace that made
+    calls, their calls run again on a fresh fork (`tools.recheck`)."""
+    for ask, row in zip(asks, rolled, strict=True):
+      for j, roll in enumerate(row):
+        if self.checked[ask.episode] >= self.options.tool_check:
+          break
+        calls, seen = [], []
+        for kind, piece in self.layout.pieces(roll.text):
+          if kind == "call":
+            calls.append(self.layout.parse_call(piece))
+          elif kind == "result":
+            seen.extend(self.layout.observations(piece) or [])
+        if calls:
+          self.checked[ask.episode] += 1
+          recheck(self.branches[ask.episode], ask.t, calls, seen,
+                  f"{ask.where}, continuation {ask.lo + j}")  # fmt: skip
 
   def _roll(self, asks: list[Ask], starts: list, first=None) -> list[list[Rollout]]:
     """The multi-turn loop (module docstring), every live continuation's next turn requested
@@ -310,10 +389,11 @@ class AgentLabeler(TextLabeler):
                         strict=True):  # fmt: skip
         if cap == 0:  # the text fills the model's context: the episode ends as written
           r.done, r.finish = True, "length"
+          self.context_ends[r.ask.episode] += 1
         else:
           going.append((r, cap))
       draws = [Draw(r.ask.prompt + r.text, turn_seed(r.ask.seed, r.index, r.turns), 0, 1,
-                    cap, f"{r.ask.where}, continuation {r.index}, turn {r.turns}")
+                    cap, f"{r.ask.where}, continuation {r.index}, turn {r.turns}", r.ask.episode)
                for r, cap in going]  # fmt: skip
       for (r, _), (completion,) in zip(going, self.client.sample(draws) if draws else [],
                                        strict=True):  # fmt: skip
@@ -336,23 +416,28 @@ class AgentLabeler(TextLabeler):
     return [max(room, 0) if room < self.options.max_tokens else None for room in rooms]
 
   def _take(self, r: _Live, completion) -> None:
-    """One turn of a continuation: the model's text (cut after its call, or where it starts
-    a result itself), then the call executed on the continuation's state."""
-    text = completion.text
-    cut = text.find(RESULT_OPEN)
-    if cut >= 0:  # the model began to write a result: only the environment writes them
-      text = text[:cut]
-    text, called = end_turn(text, completion.finish_reason)
-    r.text += text
+    """One turn of a continuation: the model's text (cut after its calls, or where it starts
+    a result itself), then its calls executed in order on the continuation's state, their
+    results appended as one block. A call that ends the episode is its turn's last: the
+    calls written after it are cut from the text, never executed."""
+    text, called = self.layout.end_turn(completion.text, completion.finish_reason, self.several)
     r.turns += 1
     r.tokens += completion.tokens
     r.finish = completion.finish_reason
     if not called:
+      r.text += text
       r.done = True
       return
-    r.state, observation, done = execute(self.env, r.state, trailing_call(text))
-    r.calls += 1
-    r.text += render_result(observation)
+    calls = self.layout.trailing_calls(text)
+    observations, done = [], False
+    for k, call in enumerate(calls):
+      r.state, observation, done = execute(self.env, r.state, call)
+      r.calls += 1
+      observations.append(observation)
+      if done:
+        text = _drop_calls(text, len(calls) - k - 1, self.layout)
+        break
+    r.text += text + self.layout.render_results(observations)
     r.done = done or r.turns >= self.options.max_turns
 
   # -- outcomes -----------------------------------------------------------------------------
@@ -385,4 +470,18 @@ class AgentLabeler(TextLabeler):
     out = super()._trace_arrays(trace, episode, 0)
     out["completions"] = self.spent.pop(episode, 0)
     out["tool_calls"] = self.tool_calls.pop(episode, 0)
+    # Continuations ended because the text (a long tool result, say) filled the model's
+    # context: scored as they stand, counted apart so a user sees the bias they bring.
+    out["context_ends"] = self.context_ends.pop(episode, 0)
     return out
+
+
+def _drop_calls(text: str, count: int, layout: ToolLayout) -> str:
+  """`text` without its last `count` calls (and the whitespace between them)."""
+  parts = layout.pieces(text)
+  while count and parts:
+    kind, _ = parts.pop()
+    count -= kind == "call"
+  while parts and not parts[-1][1].strip():
+    parts.pop()
+  return "".join(p for _, p in parts)

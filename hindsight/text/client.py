@@ -36,6 +36,7 @@ import json
 import os
 import sqlite3
 import time
+from urllib.parse import urlsplit
 
 from hindsight.errors import HindsightError, one_line
 
@@ -78,6 +79,77 @@ class Draw:
   n: int
   max_tokens: int | None = None
   where: str = ""
+  episode: int = -1  # the trace it continues (the chat route's prompt messages)
+
+
+def check_endpoint(endpoint: str) -> None:
+  """A one-line HindsightError for an endpoint that is not a server's base URL (.../v1): a
+  route's URL (the client adds /completions, /models itself) or a bare host (whose routes are
+  under /v1), said before anything is sent rather than by a 404 on the first request."""
+  if not endpoint.startswith(("http://", "https://")):
+    raise HindsightError(f"endpoint {endpoint}: expected an http:// or https:// URL")
+  parts = urlsplit(endpoint)
+  host, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
+  route = next((r for r in ("/chat/completions", "/completions") if path.endswith(r)), None)
+  if route is not None:
+    raise HindsightError(
+      f"endpoint {endpoint}: give the server's base URL, --endpoint "
+      f"{host}{path.removesuffix(route)} (hindsight adds the route, /completions or "
+      "/chat/completions, itself)"
+    )
+  if not path:
+    raise HindsightError(
+      f"endpoint {endpoint}: give the server's base URL with its API path, --endpoint "
+      f"{host}/v1 (where vLLM, SGLang and `hindsight lm serve` answer)"
+    )
+
+
+@dataclasses.dataclass
+class ChatRoute:
+  """Requests to /v1/chat/completions (`--api chat`): a draw's text (a trace's prompt and
+  what was written after it) read back as messages, the prompt as the trace's own prompt
+  messages (`heads`, by episode) and the rest as assistant turns with structured
+  `tool_calls` and `tool` results (`chat_log.to_messages`); an answer's message written as
+  text in the layout (its content, then its calls). A draw that ends inside an assistant
+  turn (a step cut mid-turn, a null replacement) asks the server to continue that message
+  (`continue_final_message`, as vLLM and SGLang take it)."""
+
+  heads: list
+  traces: list
+  layout: object
+
+  def body(self, draw: Draw) -> dict:
+    from hindsight.text.chat_log import to_messages
+
+    trace = self.traces[draw.episode]
+    if not draw.prompt.startswith(trace.prompt):
+      raise HindsightError(f"{draw.where}: its text does not start with its trace's prompt")
+    messages = to_messages(self.heads[draw.episode], draw.prompt[len(trace.prompt) :],
+                           self.layout)  # fmt: skip
+    out = {"messages": messages}
+    if messages[-1]["role"] == "assistant":
+      out.update(continue_final_message=True, add_generation_prompt=False)
+    if trace.tools:
+      out["tools"] = trace.tools
+    return out
+
+  def text_of(self, message: dict) -> str:
+    """An answer's message as the agent's text: its content, then its calls."""
+    from hindsight.text.chat_log import content_text
+
+    text = content_text(message.get("content"))
+    for call in message.get("tool_calls") or []:
+      function = call.get("function", call)
+      arguments = function.get("arguments", "{}")
+      if isinstance(arguments, str):
+        try:
+          arguments = json.loads(arguments)
+        except ValueError:  # written as it came: the agent reads the parse error
+          text += (self.layout.call_prefix + '{"name": ' + json.dumps(function.get("name"))
+                   + ', "arguments": ' + arguments + "}" + self.layout.call_suffix)  # fmt: skip
+          continue
+      text += self.layout.render_call(str(function.get("name")), arguments)
+    return text
 
 
 def block_seed(seed: int, start: int) -> int:
@@ -213,12 +285,13 @@ class CompletionClient:
     budget: Budget | None = None,
     transport=None,
     bar=None,
+    chat: ChatRoute | None = None,
   ):
     if concurrency < 1:
       raise HindsightError(f"concurrency must be >= 1, got {concurrency}")
-    if not endpoint.startswith(("http://", "https://")):
-      raise HindsightError(f"endpoint {endpoint}: expected an http:// or https:// URL")
-    self.url = endpoint.rstrip("/") + "/completions"
+    check_endpoint(endpoint)
+    self.chat = chat
+    self.url = endpoint.rstrip("/") + ("/chat/completions" if chat else "/completions")
     self.endpoint, self.model, self.sampling, self.cache = endpoint, model, sampling, cache
     self.api_key, self.concurrency, self.retries = api_key, concurrency, retries
     self.timeout, self.backoff, self.transport = timeout, backoff, transport
@@ -235,8 +308,10 @@ class CompletionClient:
 
   def _keys(self, draw: Draw) -> list[str]:
     sampling = self.sampling_of(draw)
+    # The chat route's answers are other samples than the same text's completions.
+    model = self.model + ("\x00chat" if self.chat else "")
     return [
-      CompletionCache.key(self.model, draw.prompt, sampling, draw.seed, draw.start + j)
+      CompletionCache.key(model, draw.prompt, sampling, draw.seed, draw.start + j)
       for j in range(draw.n)
     ]
 
@@ -357,10 +432,16 @@ class CompletionClient:
   async def _fetch(self, http, draw: Draw) -> list[Completion]:
     """One draw: its request, retried (module docstring), its samples cached."""
     self.budget.reserve(draw.n)
-    body = {"model": self.model, "prompt": draw.prompt, "n": draw.n,
-            "seed": block_seed(draw.seed, draw.start), **self.sampling_of(draw).body()}  # fmt: skip
+    sampling = self.sampling_of(draw).body()
+    if self.chat is None:
+      body = {"model": self.model, "prompt": draw.prompt}
+      parse = functools.partial(_choices, n=draw.n)
+    else:
+      body = {"model": self.model, **self.chat.body(draw)}
+      sampling["max_completion_tokens"] = sampling.pop("max_tokens")
+      parse = functools.partial(_choices, n=draw.n, text_of=self.chat.text_of)
+    body.update(n=draw.n, seed=block_seed(draw.seed, draw.start), **sampling)
     where = f" (for {draw.where})" if draw.where else ""
-    parse = functools.partial(_choices, n=draw.n)
     completions, tokens = await self._retried(
       lambda: self._request(http, self.url, body, parse, where), where
     )
@@ -433,10 +514,14 @@ def _count_key(model: str, prompt: str) -> str:
   return hashlib.sha256(json.dumps([model, prompt, "tokens"]).encode()).hexdigest()
 
 
-def _choices(payload: dict, n: int) -> tuple[list[Completion], int]:
-  """The n completions of a completions answer and the completion tokens it used (the
-  server's `usage`, else the samples' words)."""
+def _choices(payload: dict, n: int, text_of=None) -> tuple[list[Completion], int]:
+  """The n completions of a completions answer (or, with `text_of`, a chat answer: each
+  choice's message as text) and the completion tokens it used (the server's `usage`, else
+  the samples' words)."""
   choices = sorted(payload["choices"], key=lambda c: int(c["index"]))
+  if text_of is not None:
+    choices = [{"text": text_of(c["message"]), "finish_reason": c.get("finish_reason")}
+               for c in choices]  # fmt: skip
   out = [_completion(c) for c in choices]
   if len(out) != n:
     raise _Retry(f"malformed response ({len(out)} choices for n = {n})")
@@ -468,7 +553,9 @@ def _completion(choice: dict) -> Completion:
     raise TypeError("text")
   # Servers count tokens in `usage` for the whole request; a sample's own count is
   # estimated by its words (kept in the cache, for the record).
-  return Completion(text, str(choice.get("finish_reason") or "stop"), len(text.split()))
+  finish = str(choice.get("finish_reason") or "stop")
+  # A chat answer that ends in calls ends its turn as a stop does.
+  return Completion(text, "stop" if finish == "tool_calls" else finish, len(text.split()))
 
 
 def _error_message(response) -> str:

@@ -32,10 +32,15 @@ from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 
 @functools.cache
-def _reading(label_options: str) -> tuple[str, str]:
-  """(chunking, verifier) of a model's labels (`DataSpec.label_options`)."""
+def _reading(label_options: str) -> tuple[str, str, str, object]:
+  """(chunking, verifier, what an agent step is, the layout of calls and results) of a
+  model's labels (`DataSpec.label_options`; labels that predate agent turns cut chunks)."""
+  from hindsight.text.tool_syntax import ToolLayout
+
   options = json.loads(label_options) if label_options else {}
-  return str(options.get("chunking", "sentences")), str(options.get("verifier", "boxed"))
+  layout = ToolLayout.from_json(options.get("tool_layout"))
+  return (str(options.get("chunking", "sentences")), str(options.get("verifier", "boxed")),
+          str(options.get("agent_steps", "chunks")), layout)  # fmt: skip
 
 
 @functools.cache
@@ -46,8 +51,13 @@ def _verifier(spec: str):
   return load_verifier(spec)
 
 
-def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list[str]]:
-  """(the steps' texts, their tags) of a trace in any of the accepted layouts."""
+def _steps_of(episode: dict, chunking: str, where: str, unit: str = "turn",
+              layout=None) -> tuple[list[str], list[str]]:  # fmt: skip
+  """(the steps' texts, their tags) of a trace in any of the accepted layouts; an agent
+  trace's steps as its labels cut them (`unit`, `layout`: `agent.agent_view`)."""
+  from hindsight.text.tool_syntax import HERMES
+
+  layout = layout or HERMES
   given = None  # the trace's own steps, as objects (an agent trace is re-read from them)
   if episode.get("step_text") is not None:
     texts, roles = list(episode["step_text"]), [None] * len(episode["step_text"])
@@ -61,7 +71,7 @@ def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list
       if not (isinstance(s, dict) and "text" in s):
         raise HindsightError(f"{where}: step {i} must be a string or an object with 'text'")
       texts.append(s["text"])
-      roles.append("tool_call" if s.get("tool_call") else None)
+      roles.append("tool_call" if s.get("tool_call") or s.get("tool_calls") else None)
       given.append(s)
   elif isinstance(episode.get("text"), str):
     from hindsight.text.trace import chunk_text
@@ -77,32 +87,32 @@ def _steps_of(episode: dict, chunking: str, where: str) -> tuple[list[str], list
       raise HindsightError(f"{where}: step {i} is not a string")
     if not t.strip():
       raise HindsightError(f"{where}: step {i} is empty")
-  agent = _agent_trace(episode, given)
+  agent = _agent_trace(episode, given, layout)
   if agent is not None:  # the agent's steps, each result in its call's, as its labels cut them
     from hindsight.text.agent import agent_view
 
-    view = agent_view(agent, where, chunking)
+    view = agent_view(agent, where, chunking, layout, unit)
     texts = [s.text for s in view.trace.steps]
-    roles = ["tool_call" if c is not None else None for c in view.calls]
+    roles = ["tool_call" if c else None for c in view.calls]
   tags = episode.get("tags")
   if tags is not None and len(tags) == len(texts):
     roles = [str(x) for x in tags]
   return texts, [r or "step" for r in roles]
 
 
-def _agent_trace(episode: dict, given: list[dict] | None):
+def _agent_trace(episode: dict, given: list[dict] | None, layout):
   """The trace as a TextTrace where it calls tools (`tool_syntax.is_agent_trace`), else
   None."""
   from hindsight.text.tool_syntax import is_agent_trace
   from hindsight.text.trace import TextStep, TextTrace
 
   if given is not None:
-    steps = [TextStep(text=s["text"], role=s.get("role"), tool_call=s.get("tool_call"))
-             for s in given]  # fmt: skip
+    steps = [TextStep(text=s["text"], role=s.get("role"), tool_call=s.get("tool_call"),
+                      tool_calls=s.get("tool_calls")) for s in given]  # fmt: skip
     trace = TextTrace(prompt="", steps=steps)
   else:
     trace = TextTrace(prompt="", text=episode.get("text"))
-  return trace if is_agent_trace(trace) is not None else None
+  return trace if is_agent_trace(trace, layout) is not None else None
 
 
 def _outcome(episode: dict, texts: list[str], verifier: str, where: str) -> float:
@@ -148,8 +158,8 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   name = _name(episode)
   if name:
     where = f"{where} (trace {name})"
-  chunking, verifier = _reading(spec.label_options)
-  texts, tags = _steps_of(episode, chunking, where)
+  chunking, verifier, unit, layout = _reading(spec.label_options)
+  texts, tags = _steps_of(episode, chunking, where, unit, layout)
   prompt = episode.get("prompt") or ""
   if not isinstance(prompt, str):
     raise HindsightError(f"{where}: 'prompt' must be a string")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import msgspec
 import numpy as np
 
 from hindsight.credit.estimators import classify, z_value
@@ -82,41 +83,74 @@ def exact_reference(examples, replacement: str) -> tuple[list[dict], list[np.nda
   return truth, observer
 
 
+def trace_file(recorded: str, labels_dir: str | None) -> str | None:
+  """The labels' trace file: where the job recorded it (absolute since `hindsight label`
+  records it so; relative to the directory a job ran in before), else the recorded relative
+  path under a directory above the labels (where a job that wrote them under its own
+  directory ran); None if neither holds it."""
+  if os.path.isfile(recorded):
+    return recorded
+  if os.path.isabs(recorded) or not labels_dir:
+    return None
+  here = os.path.abspath(labels_dir)
+  while True:
+    candidate = os.path.join(here, recorded)
+    if os.path.isfile(candidate):
+      return candidate
+    parent = os.path.dirname(here)
+    if parent == here:
+      return None
+    here = parent
+
+
 def resampled_reference(
-  examples, metadata, out: str, rollouts: int, endpoint: str, progress: bool
+  examples,
+  metadata,
+  out: str,
+  rollouts: int,
+  endpoint: str,
+  progress: bool,
+  labels_dir: str | None = None,
 ) -> tuple[list[dict], int]:
   """(the label fields [T] of each trace relabeled at `rollouts` through `endpoint` with the
-  labels' own text options and a seed of its own, the completions drawn)."""
+  labels' own text options and a seed of its own, the completions drawn). Each trace's own
+  fields (its reference, its metadata) come from the labels' trace file (`trace_file`,
+  searched from `labels_dir`); under `--verifier env` the file is not needed."""
   from hindsight.data import open_labels
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
   from hindsight.text.agent import unmerged
+  from hindsight.text.labeler import name_of
   from hindsight.text.options import TextOptions
   from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 
   job = metadata.job_description
-  source = job["env"].removeprefix("text:")
-  if not os.path.isfile(source):
+  source = trace_file(job["env"].removeprefix("text:"), labels_dir)
+  if source is not None:
+    given = {name_of(t, i): t for i, t in enumerate(read_traces(source))}
+  elif job["text"].get("verifier") == "env":  # the environment scores: no reference needed
+    given = {}
+  else:
     raise HindsightError(
-      f"{source}: the labels' trace file is gone (the verifier's references are in it)"
+      f"{job['env'].removeprefix('text:')}: the labels' trace file is not found (a relative "
+      "path is from the directory `hindsight label` ran in: run `hindsight eval` there); the "
+      f"verifier {job['text'].get('verifier')} checks each continuation against its trace's "
+      "`reference` in it"
     )
-  references = {t.id: t.reference for t in read_traces(source)}
   options = dict(job["text"])
   options["stop"] = tuple(options.get("stop", ()))
   os.makedirs(out, exist_ok=True)
   traces_path = os.path.join(out, "traces.jsonl")
-  traces = [
-    TextTrace(
-      prompt=as_text(e["prompt"]),
-      # An agent trace's call steps hold their results: written back as steps of role `tool`.
-      steps=unmerged([as_text(s) for s in e["step_text"]])
-      if job["text"].get("tools")
-      else [TextStep(text=as_text(s)) for s in e["step_text"]],
-      id=as_text(e["trace_id"]),
-      reference=references.get(as_text(e["trace_id"])),
-    )
-    for e in examples
-  ]
+  traces = []
+  for e in examples:
+    # An agent trace's call steps hold their results: written back as steps of role `tool`.
+    texts = [as_text(s) for s in e["step_text"]]
+    steps = unmerged(texts) if job["text"].get("tools") else [TextStep(text=s) for s in texts]
+    name = as_text(e["trace_id"])
+    trace = TextTrace(prompt=as_text(e["prompt"]), id=name)
+    if name in given:  # the file's own fields (its reference; what an environment reads)
+      trace = msgspec.structs.replace(given[name], id=name, text=None, outcome=None)
+    traces.append(msgspec.structs.replace(trace, steps=steps))
   write_traces(traces_path, traces)
   config = LabelConfig(
     num_rollouts=rollouts,
@@ -188,7 +222,7 @@ class TextEvaluation:
       key = cache_key(data=self.cache.digest, traces=ids, config=self.cache.config)
       fields, self.completions = resampled_reference(
         examples, meta, os.path.join(self.cache.directory, f"reference-{key}"), self.rollouts,
-        cfg.endpoint, cfg.progress,
+        cfg.endpoint, cfg.progress, self.run.record.get("labels"),
       )  # fmt: skip
       spent = self.completions / max(sum(len(f["credit"]) for f in fields), 1)
     names = ("credit", "credit_stderr", "credit_bounded", "klass", "progress",

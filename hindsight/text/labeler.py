@@ -31,8 +31,11 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
+from hindsight.text.chat_log import from_messages
+from hindsight.text.chat_template import load_chat_template
 from hindsight.text.client import (
   Budget,
+  ChatRoute,
   Completion,
   CompletionCache,
   CompletionClient,
@@ -43,6 +46,7 @@ from hindsight.text.client import (
 from hindsight.text.estimate import text_step_fields
 from hindsight.text.options import TextOptions
 from hindsight.text.similarity import Similarity
+from hindsight.text.tool_syntax import HERMES, layout_from_template
 from hindsight.text.trace import (
   TextStep,
   TextTrace,
@@ -157,10 +161,25 @@ class TextLabeler:
       raise HindsightError("exact needs a tabular MDP (text traces are labeled by resampling)")
     if not config.stratify:
       raise HindsightError("--unstratified has no meaning for text traces")
-    self.traces = read_traces(self.path, limit=episodes)
-    if len(self.traces) < episodes:
-      raise HindsightError(f"episodes {episodes}: {self.path} holds {len(self.traces)} traces")
     self.config, self.options = config, options
+    self.template = load_chat_template(options.chat_template) if options.chat_template else None
+    self.layout = (layout_from_template(self.template, options.chat_template)
+                   if self.template is not None else HERMES)  # fmt: skip
+    traces = read_traces(self.path, limit=episodes)
+    if len(traces) < episodes:
+      raise HindsightError(f"episodes {episodes}: {self.path} holds {len(traces)} traces")
+    # Each trace's prompt as messages (the chat route's head of every request): a `messages`
+    # trace's own, else its prompt as one user message.
+    self.heads: list[list[dict]] = []
+    self.traces = []
+    for e, trace in enumerate(traces):
+      if trace.messages is not None:
+        where = f"{self.path}: trace {name_of(trace, e)}"
+        trace, head = from_messages(trace, where, self.layout, self.template)
+      else:
+        head = [{"role": "user", "content": trace.prompt}]
+      self.traces.append(trace)
+      self.heads.append(head)
     self.check_tools()
     self.verify = self.load_verify()
     self.similarity = Similarity(options.embedding, options.similarity)
@@ -175,7 +194,7 @@ class TextLabeler:
     the model would write the tools' results itself."""
     from hindsight.text.agent import refuse_tool_traces
 
-    refuse_tool_traces(self.traces, self.path)
+    refuse_tool_traces(self.traces, self.path, self.layout)
 
   def load_verify(self):
     return load_verifier(self.options.verifier)
@@ -193,6 +212,7 @@ class TextLabeler:
       timeout=o.timeout,
       budget=Budget(o.budget_completions, o.budget_tokens),
       bar=bar,
+      chat=ChatRoute(self.heads, self.traces, self.layout) if o.api == "chat" else None,
     )
 
   # -- draws ------------------------------------------------------------------------------
@@ -206,7 +226,7 @@ class TextLabeler:
     for b in [*range(0, K, n), *range(K, ask.hi, n)]:
       size = min(n, K - b) if b < K else min(n, most - b)
       if b < ask.hi and b + size > ask.lo:
-        out.append(Draw(ask.prompt, ask.seed, b, size, cap, ask.where))
+        out.append(Draw(ask.prompt, ask.seed, b, size, cap, ask.where, ask.episode))
     return out
 
   def caps(self, asks: list[Ask]) -> list[int | None]:
@@ -293,7 +313,7 @@ class TextLabeler:
                 prompt_name(traces[i], episodes[i]), episodes[i]) for i in todo]  # fmt: skip
     if not asks:
       return todo, asks, []
-    draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where)
+    draws = [Draw(a.prompt, a.seed, 0, 1, cap, a.where, a.episode)
              for a, cap in zip(asks, self.caps(asks), strict=True)]  # fmt: skip
     return todo, asks, self.client.sample(draws)
 

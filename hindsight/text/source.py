@@ -73,13 +73,21 @@ class TextSource:
       note(f"{stats.truncated} continuations so far ended at their token cap (--max-tokens "
            f"{cap}{less}; finish_reason length): the verifier scored them as written")  # fmt: skip
       self._truncated = stats.truncated
+    ended = int(np.sum(arrays.get("context_ends", 0)))
+    if ended:
+      self._context_ends = getattr(self, "_context_ends", 0) + ended
+      note(f"{self._context_ends} continuations so far ended because their text (a long tool "
+           "result, say) filled the model's context: scored as written, counted in the "
+           "dataset's context_ends; an environment's max_result_chars cuts long results "
+           "(docs/agents-text.md)")  # fmt: skip
     return arrays
 
   def finish(self, chunk_paths: list[str]) -> dict:
     """The horizon is the longest trace, and the cost is in completions (and, for agent
     traces, in the tool calls the environment executed)."""
     agents = bool(self.labeler.options.tools)
-    totals = chunk_totals(chunk_paths, ("length", "completions", *("tool_calls",) * agents))
+    names = ("length", "completions", *("tool_calls", "context_ends") * agents)
+    totals = chunk_totals(chunk_paths, names)
     out = {
       "horizon": int(totals["length"].max()),
       "completions": int(totals["completions"].sum()),
@@ -87,6 +95,7 @@ class TextSource:
     }
     if agents:
       out["tool_calls"] = int(totals["tool_calls"].sum())
+      out["context_ends"] = int(totals["context_ends"].sum())
     return out
 
 

@@ -281,7 +281,7 @@ def parse_prefix(prompt: str) -> AgentState:
   if task is None:
     raise HindsightError("not a tool-world prompt: it must begin with the task header")
   rest = prompt[len(task.prompt()) :] if prompt.startswith(task.prompt()) else ""
-  steps = [s.text for s in agent_steps(rest, "sentences") if s.role != "tool"]
+  steps = [s.text for s in agent_steps(rest, "sentences", unit="chunks") if s.role != "tool"]
   return parse_steps(task, steps)
 
 
@@ -316,6 +316,9 @@ class Ledger:
 class ToolWorldEnv(ToolEnv):
   """The world's tools (module docstring), branched `branching` (functional by default: its
   state is a small dataclass; `replay` and `snapshot` give the same labels)."""
+
+  # Its exact credit is per choice (a thought, a call): each its own agent step.
+  agent_steps = "chunks"
 
   def __init__(self, branching: str = "functional"):
     self.branching = branching

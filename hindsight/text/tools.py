@@ -4,7 +4,11 @@
 An environment is any object with
 
   branching                  "functional", "replay" or "snapshot": how a state is forked
-  reset(trace, seed)         -> state: the world a trace starts in (its prompt, a seed)
+  reset(trace, seed)         -> state: the world a trace starts in. `trace` is the
+                             `TextTrace` (its prompt, id, reference and `metadata`, as the
+                             file gives them); `seed` comes from the job's key (`--seed`), not
+                             from the trace, so a recorded trace needs a start that does not
+                             depend on it (or read from `trace.metadata`)
   step(state, call)          -> (state, observation, done): executes one `ToolCall`; raising
                              `ToolError(message)` answers the agent "error: message"
   snapshot(state) -> blob,   (branching "snapshot") a user's pair that saves and restores
@@ -25,7 +29,12 @@ every continuation it draws from there:
 
 An environment with none of them is refused in one line: its continuations would share one
 state, each seeing the side effects of the others. Every branching runs the trace's calls
-first and checks that they give the trace's own observations.
+first and checks that they give the trace's own observations: the environment's answer to a
+well-formed call, and for a call that does not parse (`Malformed`: it never reaches the
+environment, hindsight's parser answers it `error: <why>`) any result the trace recorded as
+`error: ...`, since another agent framework words its parse errors its own way. A call the
+trace makes after the environment said the episode was done is labeled as given, with a
+note once per trace.
 
 Environments are named `--tools NAME` (registered with `register_tool_env`; `tool-world` is
 built in) or `--tools MODULE:ENV` (a class or a function that returns the environment).
@@ -36,7 +45,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from hindsight.errors import HindsightError
+from hindsight.errors import HindsightError, note
 from hindsight.plugins import Registry
 from hindsight.text.tool_syntax import Malformed, ToolCall
 
@@ -106,7 +115,45 @@ def execute(env, state, call: ToolCall | Malformed):
     state, observation, done = guarded(f"step({call.name})", env.step, state, call)
   except ToolError as e:
     return state, f"error: {e}", False
-  return state, str(observation), bool(done)
+  return state, cut_result(str(observation), getattr(env, "max_result_chars", None)), bool(done)
+
+
+def cut_result(observation: str, limit: int | None) -> str:
+  """An observation of at most `limit` characters (None: as it is): a longer one keeps its
+  first `limit` and says how much was cut. An environment sets `max_result_chars` to have
+  every result cut so (a result that fills the model's context ends the continuation)."""
+  if limit is None or len(observation) <= limit:
+    return observation
+  return observation[:limit] + f" [... {len(observation) - limit} more characters]"
+
+
+def recheck(branches: Branches, t: int, calls: list, observations: list, where: str) -> None:
+  """The self-check of a continuation from step t (`--tool-check`): its calls run again in
+  order on a fresh fork of the state before step t, each result compared with the one the
+  continuation got; a difference is a one-line error (the environment's answers depend on
+  something outside its state, so its labels would not reproduce)."""
+  state = branches.at(t)
+  for k, (call, seen) in enumerate(zip(calls, observations, strict=True)):
+    state, observation, _ = execute(branches.env, state, call)
+    if observation != seen:
+      raise HindsightError(
+        f"{where}: its call {k + 1} ({call}) run again on a fresh fork of the state before "
+        f"the step answers {observation!r} where the continuation got {seen!r}: the "
+        "environment's answers depend on something outside its state (a clock, a random "
+        "draw, a global, a server), so its labels would not reproduce"
+      )
+
+
+def is_error(observation: str) -> bool:
+  """A result that reports an error (`error: ...`, any case): what a trace may record for a
+  malformed call, however its agent framework worded the parse error."""
+  return observation.lstrip().lower().startswith("error:")
+
+
+def has_outcome(env) -> bool:
+  """The environment scores a final state (an `outcome` of its own, not `ToolEnv`'s)."""
+  outcome = getattr(env, "outcome", None)
+  return callable(outcome) and getattr(outcome, "__func__", None) is not ToolEnv.outcome
 
 
 def guarded(what: str, fn, *args):
@@ -123,8 +170,9 @@ def guarded(what: str, fn, *args):
 class Branches:
   """The environment's state before each step of one agent trace, forked for each use.
 
-  steps: the trace's calls, one per step (None for a step that makes none), and observations
-  [T] (the trace's own results; None where no call). `at(t)` is a fresh state before step t;
+  calls [T]: each step's calls (a tuple, empty for a step that makes none, several for
+  parallel calls, run in order), and observations [T] (the trace's own results: a tuple
+  per step, None where no call). `at(t)` is a fresh state before step t;
   `final` the state after the trace (what `--verifier env` scores)."""
 
   def __init__(self, env, trace, seed: int, calls: list, observations: list, where: str):
@@ -133,30 +181,62 @@ class Branches:
     self.branching = env.branching
     self._saved: list = []  # per step: a deep copy (functional) or a snapshot
     state = guarded("reset()", env.reset, trace, seed)
+    ended, noted = None, False  # the step at which the environment said the episode was done
     for t in range(len(calls) + 1):
       if self.branching == "functional":
-        self._saved.append(guarded("state (deep-copied)", copy.deepcopy, state))
+        self._saved.append(self._copy(state))
       elif self.branching == "snapshot":
         self._saved.append(guarded("snapshot()", env.snapshot, state))
       if t < len(calls):
-        state = self._replay_step(state, t)
+        if ended is not None and calls[t] and not noted:
+          note(f"{where}, step {t}: a call after the environment said the episode was done "
+               f"(at step {ended}): labeled as given, run on the state the episode ended "
+               "in")  # fmt: skip
+          noted = True
+        state, done = self._replay_step(state, t)
+        if done and ended is None:
+          ended = t
     self.final = state
 
-  def _replay_step(self, state, t: int):
-    """The state after the trace's step t, checked against the trace's own observation."""
-    call = self.calls[t]
-    if call is None:
-      return state
-    # `step` may mutate `state`: under functional branching the copies in `_saved` were
-    # taken before, and no one else holds this one.
-    state, observation, _ = execute(self.env, state, call)
-    if observation != self.observations[t]:
+  def _copy(self, state):
+    """A deep copy of a functional environment's state, or a one-line error naming the fix."""
+    try:
+      return copy.deepcopy(state)
+    except Exception as e:
       raise HindsightError(
-        f"{self.where}, step {t}: the environment answers {observation!r} where the trace "
-        f"holds {self.observations[t]!r}: its tools are not deterministic, or the trace comes "
-        "from another environment (branches must start where the trace was)"
-      )
-    return state
+        f"{self.where}: the environment's state cannot be deep-copied under branching "
+        f"'functional' ({type(e).__name__}: {e}): use branching 'replay' or 'snapshot', or keep "
+        "the handle out of the state"
+      ) from None
+
+  def _replay_step(self, state, t: int):
+    """(the state after the trace's step t, done): its calls run in order, each checked
+    against the trace's own observation: the environment's for a well-formed call; for a
+    malformed one (hindsight's parser answers it, the environment never sees it) any
+    recorded `error: ...`."""
+    done = False
+    for k, call in enumerate(self.calls[t]):
+      # `step` may mutate `state`: under functional branching the copies in `_saved` were
+      # taken before, and no one else holds this one.
+      state, observation, ended = execute(self.env, state, call)
+      done = done or ended
+      recorded = self.observations[t][k]
+      which = f" (call {k + 1} of {len(self.calls[t])})" if len(self.calls[t]) > 1 else ""
+      if isinstance(call, Malformed):
+        if not is_error(recorded):
+          raise HindsightError(
+            f"{self.where}, step {t}{which}: a malformed call ({call.reason}), which "
+            f"hindsight's parser answers (the environment never sees it) with {observation!r}, "
+            f"where the trace holds {recorded!r}: record a malformed call's result as "
+            "`error: ...`"
+          )
+      elif observation != recorded:
+        raise HindsightError(
+          f"{self.where}, step {t}{which}: the environment answers {observation!r} where the "
+          f"trace holds {recorded!r}: its tools are not deterministic, or the trace comes from "
+          "another environment (branches must start where the trace was)"
+        )
+    return state, done
 
   def at(self, t: int):
     """A fresh state before step t (after the trace's steps 0 .. t-1)."""
@@ -166,7 +246,7 @@ class Branches:
       return guarded("restore()", self.env.restore, self._saved[t])
     state = guarded("reset()", self.env.reset, self.trace, self.seed)
     for j in range(t):
-      state = self._replay_step(state, j)
+      state, _ = self._replay_step(state, j)
     return state
 
 

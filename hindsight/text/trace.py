@@ -4,8 +4,11 @@ One trace per JSONL line (docs/text.md):
 
   {"id": "p0",                      optional name
    "prompt": "...",                 what the model was given; it writes from its end
-   "steps": [{"text": "...", "role": "assistant", "tool_call": {...}}, ...],
+   "steps": [{"text": "...", "role": "assistant", "tool_calls": [...]}, ...],
    "text": "...",                   or the whole completion, chunked by the chunking rule
+   "messages": [...],               or the conversation as OpenAI chat logs write it
+                                    (`chat_log`: read as prompt + steps)
+   "metadata": {...},               optional: passed through (an environment's start state)
    "answer": "42",                  optional: the model's final answer (informational)
    "reference": "42",               optional: the gold answer, for the built-in verifier
    "outcome": 1.0}                  optional: the verifier's score as the user recorded it
@@ -41,23 +44,29 @@ _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n\s*\n\s*")
 
 
 class TextStep(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-  """One step of a trace: its text (with trailing whitespace), who wrote it, a tool call."""
+  """One step of a trace: its text (with trailing whitespace), who wrote it, the tool calls
+  it makes (OpenAI's format: one `tool_call`, or the `tool_calls` list)."""
 
   text: str
   role: str | None = None
   tool_call: dict | None = None
+  tool_calls: list | None = None
 
 
 class TextTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
   """One trace (the module docstring's fields)."""
 
-  prompt: str
+  prompt: str = ""
   steps: list[TextStep] | None = None
   text: str | None = None
+  messages: list[dict] | None = None
   id: str | None = None
   answer: str | None = None
   reference: str | None = None
   outcome: float | None = None
+  metadata: dict | None = None
+  # OpenAI tool schemas, sent with every request of the chat route (`--api chat`).
+  tools: list[dict] | None = None
 
   def completion(self) -> str:
     """What the model wrote after the prompt."""
@@ -177,8 +186,15 @@ def read_traces(path: str, limit: int | None = None) -> list[TextTrace]:
         trace = _DECODER.decode(line)
       except msgspec.DecodeError as e:
         raise HindsightError(f"{path}:{number}: not a trace ({e})") from None
-      if trace.steps is not None and trace.text is not None:
-        raise HindsightError(f"{path}:{number}: give `steps` or `text`, not both")
+      given = [f for f in ("steps", "text", "messages") if getattr(trace, f) is not None]
+      if len(given) > 1:
+        raise HindsightError(f"{path}:{number}: give one of `steps`, `text` or `messages`, "
+                             f"not {' and '.join(given)}")  # fmt: skip
+      if trace.messages is not None and trace.prompt:
+        raise HindsightError(f"{path}:{number}: a `messages` trace holds its prompt in its "
+                             "messages before the first assistant turn: drop `prompt`")  # fmt: skip
+      if trace.messages is None and not trace.prompt:
+        raise HindsightError(f"{path}:{number}: a trace needs `prompt` (or `messages`)")
       if trace.steps is not None and not trace.steps:
         raise HindsightError(f"{path}:{number}: `steps` is empty")
       blank = next((i for i, s in enumerate(trace.steps or ()) if not s.text.strip()), None)

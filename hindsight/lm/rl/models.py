@@ -221,12 +221,17 @@ class OnlineHead:
     return CreditHead(self.state["params"], self.norm)
 
   def add(self, x: np.ndarray, y: np.ndarray) -> None:
-    """Appends labels (x [n, 3D + 1], y [n]) to the ring buffer (the oldest go first)."""
+    """Appends labels (x [n, 3D + 1], y [n]) to the ring buffer (the oldest go first): after
+    it the buffer holds the last `capacity` labels ever added, label j in row j mod C."""
     n = len(y)
     if n == 0:
       return
     count = int(self.state["count"])
-    rows = (count + np.arange(n)) % self.capacity
+    # Only the last C labels can survive, and writing more would scatter two labels to one
+    # row, where which one XLA keeps is unspecified off CPU.
+    keep = min(n, self.capacity)
+    rows = (count + n - keep + np.arange(keep)) % self.capacity
+    x, y = x[n - keep :], y[n - keep :]
     self.state = {**self.state,
                   "x": self.state["x"].at[rows].set(jnp.asarray(x, jnp.float32)),
                   "y": self.state["y"].at[rows].set(jnp.asarray(y, jnp.float32)),

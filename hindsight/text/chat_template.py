@@ -40,7 +40,10 @@ class ChatTemplate:
   def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """The prompt of a conversation; a template that refuses it (its `raise_exception`, a
     malformed message) is a one-line HindsightError."""
-    import jinja2
+    try:
+      import jinja2
+    except ImportError:
+      raise HindsightError("a chat template needs jinja2 (pip install 'hindsight[llm]')") from None
 
     try:
       return _compiled(self.source).render(
@@ -78,6 +81,24 @@ def read_chat_template(path: str) -> ChatTemplate | None:
     return None
   tokens = {k: token_text(v) for k, v in config.items() if k.endswith("_token")}
   return ChatTemplate(source, tuple(sorted((k, v) for k, v in tokens.items() if v)))
+
+
+def load_chat_template(path: str) -> ChatTemplate:
+  """The chat template at `path`: a Hugging Face model folder (`read_chat_template`), its
+  tokenizer_config.json, or a Jinja file; a one-line error where there is none."""
+  if os.path.isdir(path):
+    template = read_chat_template(path)
+    if template is None:
+      raise HindsightError(f"chat template {path}: the folder has no chat template "
+                           f"({TOKENIZER_CONFIG}'s chat_template, or {TEMPLATE_FILE})")  # fmt: skip
+    return template
+  if os.path.basename(path) == TOKENIZER_CONFIG:
+    return load_chat_template(os.path.dirname(path) or ".")
+  try:
+    with open(path) as f:
+      return ChatTemplate(f.read())
+  except OSError as e:
+    raise HindsightError(f"chat template {path}: cannot read it ({e.strerror or e})") from None
 
 
 @functools.lru_cache(maxsize=4)

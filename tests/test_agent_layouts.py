@@ -1,0 +1,334 @@
+"""Agent traces as real chat models and agent stacks write them: the layout of calls and
+results read off a model's chat template (Qwen2.5's, shipped in tests/data), OpenAI chat logs
+(`messages`, `tool_calls` lists, parallel calls), one agent step per assistant turn, and
+resampling through /v1/completions in the template's layout and through /v1/chat/completions
+with structured tool calls (fake endpoints on loopback, a shopping-cart environment)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+
+from hindsight.errors import HindsightError
+from hindsight.labeling.config import LabelConfig
+from hindsight.text.agent import AgentLabeler, agent_view
+from hindsight.text.chat_log import from_messages, to_messages
+from hindsight.text.chat_template import load_chat_template
+from hindsight.text.options import TextOptions
+from hindsight.text.server import running_app
+from hindsight.text.tool_syntax import HERMES, ToolCall, layout_from_template
+from hindsight.text.tools import ToolEnv, ToolError
+from hindsight.text.trace import TextStep, TextTrace, write_traces
+
+QWEN = os.path.join(os.path.dirname(__file__), "data", "qwen2_5_chat_template.jinja")
+ITEM = "Crème brûlée"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+  template = load_chat_template(QWEN)
+  return template, layout_from_template(template, "qwen2.5")
+
+
+class Cart(ToolEnv):
+  """A shopping cart: add(item), view(), checkout() (irreversible: ends the episode);
+  outcome 1 iff the checked-out cart holds the dessert. Every call is logged in order."""
+
+  branching = "functional"
+
+  def __init__(self):
+    self.log = []
+
+  def reset(self, trace, seed):
+    return {"cart": [], "paid": False}
+
+  def step(self, state, call: ToolCall):
+    self.log.append(call.name)
+    if state["paid"]:
+      raise ToolError("the order is closed")
+    if call.name == "add":
+      state["cart"].append(call.arguments["item"])
+      return state, f"added {call.arguments['item']}", False
+    if call.name == "view":
+      return state, ", ".join(state["cart"]) or "empty", False
+    if call.name == "checkout":
+      state["paid"] = True
+      return state, "paid", True
+    raise ToolError(f"no tool {call.name}")
+
+  def outcome(self, state):
+    return float(state["paid"] and ITEM in state["cart"])
+
+
+def _call(i: str, name: str, **arguments) -> dict:
+  arguments = json.dumps(arguments, ensure_ascii=False)
+  return {"id": i, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+MESSAGES = [
+  {"role": "system", "content": "You shop."},
+  {"role": "user", "content": f"Buy the {ITEM}."},
+  {"role": "assistant", "content": "Adding it and looking.",
+   "tool_calls": [_call("a", "add", item=ITEM), _call("b", "view")]},
+  {"role": "tool", "tool_call_id": "a", "content": f"added {ITEM}"},
+  {"role": "tool", "tool_call_id": "b", "content": ITEM},
+  {"role": "assistant", "content": None, "tool_calls": [_call("c", "checkout")]},
+  {"role": "tool", "tool_call_id": "c", "content": "paid"},
+  {"role": "assistant", "content": "Bought."},
+]  # fmt: skip
+
+
+# -- the layout ----------------------------------------------------------------------------------
+
+
+def test_a_qwen_template_gives_the_layout_qwen_models_were_trained_on(qwen):
+  _, layout = qwen
+  written = layout.render_call("view", {}) + layout.render_results(["empty"])
+  assert written == ('\n<tool_call>\n{"name": "view", "arguments": {}}\n</tool_call><|im_end|>\n'
+                     "<|im_start|>user\n<tool_response>\nempty\n</tool_response><|im_end|>\n"
+                     "<|im_start|>assistant\n")  # fmt: skip
+  assert layout.turn_end == "<|im_end|>" and layout.stops() == ("<|im_end|>", "<tool_response>")
+  two = layout.render_results(["a", "b"])
+  assert two.count("<|im_start|>user") == 1 and layout.observations(two) == ["a", "b"]
+  assert HERMES.stops() == ("</tool_call>", "<tool_response>")
+
+
+def test_a_template_that_writes_calls_another_way_is_refused_in_one_line():
+  from hindsight.text.chat_template import ChatTemplate
+
+  plain = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+  with pytest.raises(HindsightError, match="does not write tool calls as"):
+    layout_from_template(plain, "plain")
+
+
+def test_a_messages_trace_reads_as_the_template_renders_the_conversation(qwen):
+  template, layout = qwen
+  trace, head = from_messages(TextTrace(messages=MESSAGES, id="m"), "f: trace m", layout, template)
+  assert head == MESSAGES[:2]
+  # The template's own rendering, with arguments as objects (what transformers documents: a
+  # JSON string would be quoted again by its `tojson`).
+  as_objects = copy.deepcopy(MESSAGES)
+  for m in as_objects:
+    for c in m.get("tool_calls") or []:
+      c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+  rendered = template.render(as_objects, add_generation_prompt=False)
+  assert trace.prompt + trace.completion() + "<|im_end|>\n" == rendered  # byte for byte
+  view = agent_view(trace, "t", layout=layout)
+  # One agent step per assistant turn; the first's two parallel calls in their order.
+  assert [[c.name for c in calls] for calls in view.calls] == [["add", "view"], ["checkout"], []]
+  assert view.observations[:2] == [(f"added {ITEM}", ITEM), ("paid",)]
+  assert view.trace.steps[0].tool_call == {"parallel": [
+    {"name": "add", "arguments": {"item": ITEM}}, {"name": "view", "arguments": {}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  ("change", "message"),
+  [
+    (lambda m: m.pop(3), "1 tool results for 2 calls"),
+    (lambda m: m.insert(5, {"role": "user", "content": "hurry"}), "a user message after"),
+    (lambda m: m[3].update(tool_call_id="z"), "the tool results answer"),
+    (lambda m: m.pop(6), "an assistant turn before the results"),
+    (lambda m: m.__delitem__(slice(6, None)), "makes calls and no `tool` message"),
+    (lambda m: m[2]["tool_calls"].__setitem__(0, {"function": {"name": 3}}), "not a call"),
+  ],
+)
+def test_chat_logs_that_break_the_format_are_named(change, message):
+  messages = copy.deepcopy(MESSAGES)
+  change(messages)
+  with pytest.raises(HindsightError, match=message):
+    from_messages(TextTrace(messages=messages), "f: trace m")
+
+
+def test_a_results_order_follows_its_calls_ids():
+  messages = copy.deepcopy(MESSAGES)
+  messages[3], messages[4] = messages[4], messages[3]
+  trace, _ = from_messages(TextTrace(messages=messages), "t")
+  assert agent_view(trace, "t").observations[0] == (f"added {ITEM}", ITEM)
+
+
+def test_one_agent_step_is_one_turn_from_steps_and_from_text_alike():
+  """A thought, its call and the call's result are one agent step (the turn) whether the
+  trace gives them as steps or as one text; `chunks` keeps the old cut."""
+  steps = [TextStep("I need the dessert. "), TextStep("Adding it. "),
+           TextStep(HERMES.render_call("add", {"item": ITEM})),
+           TextStep(HERMES.render_results([f"added {ITEM}"]), role="tool"),
+           TextStep("Done now. Bye.")]  # fmt: skip
+  by_steps = agent_view(TextTrace(prompt="p", steps=steps), "t")
+  by_text = agent_view(TextTrace(prompt="p", text="".join(s.text for s in steps)), "t")
+  assert [s.text for s in by_steps.trace.steps] == [s.text for s in by_text.trace.steps]
+  assert len(by_steps.trace.steps) == 2 and [len(c) for c in by_steps.calls] == [1, 0]
+  chunks = agent_view(TextTrace(prompt="p", steps=steps), "t", unit="chunks")
+  assert len(chunks.trace.steps) == 4
+
+
+def test_a_tool_calls_list_must_be_the_calls_the_text_holds():
+  text = HERMES.render_call("add", {"item": ITEM}) + HERMES.render_call("view", {})
+  results = TextStep(HERMES.render_results([f"added {ITEM}", ITEM]), role="tool")
+  ok = [TextStep(text, tool_calls=[_call("a", "add", item=ITEM), _call("b", "view")]), results]
+  assert len(agent_view(TextTrace(prompt="p", steps=ok), "t").calls[0]) == 2
+  swapped = [TextStep(text, tool_calls=[_call("b", "view"), _call("a", "add", item=ITEM)]), results]
+  with pytest.raises(HindsightError, match="give view"):
+    agent_view(TextTrace(prompt="p", steps=swapped), "t")
+  with pytest.raises(HindsightError, match="1 results for the 2 calls"):
+    agent_view(TextTrace(prompt="p", steps=[ok[0], TextStep(HERMES.render_results(["x"]),
+                                                            role="tool")]), "t")  # fmt: skip
+
+
+def test_to_messages_reads_a_prefix_back_as_the_chat_it_was(qwen):
+  template, layout = qwen
+  trace, head = from_messages(TextTrace(messages=MESSAGES), "t", layout, template)
+  written = "".join(s.text for s in trace.steps[:4])  # both calling turns and their results
+  back = to_messages(head, written, layout)
+  assert [m["role"] for m in back] == ["system", "user", "assistant", "tool", "tool",
+                                       "assistant", "tool"]  # fmt: skip
+  assert back[2]["content"] == "Adding it and looking."
+  assert [c["function"]["name"] for c in back[2]["tool_calls"]] == ["add", "view"]
+  assert [m["tool_call_id"] for m in back[3:5]] == [c["id"] for c in back[2]["tool_calls"]]
+  assert back[4]["content"] == ITEM and back[5]["content"] == ""
+  cut = to_messages(head, written + "Bought", layout)  # a turn cut short: continued
+  assert cut[-1] == {"role": "assistant", "content": "Bought"}
+
+
+# -- resampling ------------------------------------------------------------------------------------
+
+
+def _fake_completions(turns: list[str], seen: list):
+  """A /v1/completions endpoint whose k-th turn (k = result blocks so far) is turns[k]
+  (ignoring stop sequences: the labeler cuts the text itself); every body it gets is kept
+  in `seen`."""
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+
+  async def completions(request):
+    body = await request.json()
+    seen.append(body)
+    k = min(body["prompt"].count("</tool_response><|im_end|>"), len(turns) - 1)
+    choices = [{"index": j, "text": turns[k], "finish_reason": "stop"} for j in range(body["n"])]
+    return JSONResponse({"choices": choices})
+
+  return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def _labeler(path, url, cache, **kw) -> AgentLabeler:
+  options = TextOptions(endpoint=url, model="m", verifier="env",
+                        tools="tests.test_agent_layouts:Cart", **kw)  # fmt: skip
+  labeler = AgentLabeler(f"text:{path}", 1, LabelConfig(num_rollouts=2), options)
+  labeler.open(str(cache))
+  return labeler
+
+
+def test_a_qwen_style_trace_is_labeled_in_its_own_layout_with_parallel_calls(tmp_path, qwen):
+  """A chat log labeled with the model's template: every continuation shows the model its
+  results in the template's layout, a turn's two calls run in order on the continuation's
+  own fork, and the turn ends at the template's end of turn, not at the first call."""
+  _, layout = qwen
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0")])
+  turns = ['Again.\n<tool_call>\n{"name": "add", "arguments": {"item": "Crème brûlée"}}\n'
+           '</tool_call>\n<tool_call>\n{"name": "view", "arguments": {}}\n</tool_call>'
+           "<|im_end|>and what the model never wrote",
+           '<tool_call>\n{"name": "checkout", "arguments": {}}\n</tool_call>',
+           "Bought."]  # fmt: skip
+  seen: list = []
+  with running_app(_fake_completions(turns, seen)) as url:
+    labeler = _labeler(path, url, tmp_path / "c.sqlite", chat_template=QWEN)
+    (row,) = labeler.label(0, 1, seed=0)
+  assert len(row["step_text"]) == 3 and row["tool_calls"] > 0
+  assert all(b["stop"] == ["<|im_end|>", "<tool_response>"] for b in seen)
+  later = [b["prompt"] for b in seen if b["prompt"].count("<tool_response>") > 2]
+  assert later and all(layout.render_results([f"added {ITEM}", ITEM]) in p for p in later)
+  assert "never wrote" not in "".join(b["prompt"] for b in seen)
+  # The trace's own calls once, then each continuation's in order: add before view.
+  log = labeler.env.log
+  assert log[:3] == ["add", "view", "checkout"]
+  assert all(log[i + 1] == "view" for i in range(3, len(log) - 1) if log[i] == "add")
+  # Every continuation from the first turn buys the dessert; the credit sees it.
+  assert row["credit"].shape == (3,) and float(row["return"]) == 1.0
+
+
+def _fake_chat(seen: list):
+  """A /v1/chat/completions endpoint that answers with structured tool calls: add the
+  dessert, then check out, then a last word (by the tool messages it was sent)."""
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+
+  async def chat(request):
+    body = await request.json()
+    seen.append(body)
+    tools = sum(m["role"] == "tool" for m in body["messages"])
+    if tools == 0:
+      message = {"role": "assistant", "content": "Adding.",
+                 "tool_calls": [_call("x", "add", item=ITEM)]}  # fmt: skip
+    elif tools < 3:
+      message = {"role": "assistant", "content": None, "tool_calls": [_call("y", "checkout")]}
+    else:
+      message = {"role": "assistant", "content": "Bought."}
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    choices = [{"index": j, "message": message, "finish_reason": finish}
+               for j in range(body["n"])]  # fmt: skip
+    return JSONResponse({"choices": choices, "usage": {"completion_tokens": 5 * body["n"]}})
+
+  return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_the_chat_route_sends_messages_and_executes_structured_tool_calls(tmp_path):
+  path = tmp_path / "cart.jsonl"
+  schema = {"type": "function", "function": {"name": "add"}}
+  write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0", tools=[schema])])
+  seen: list = []
+  with running_app(_fake_chat(seen)) as url:
+    labeler = _labeler(path, url, tmp_path / "c.sqlite", api="chat")
+    (row,) = labeler.label(0, 1, seed=0)
+  assert seen and all("stop" not in b and b["tools"][0]["function"]["name"] == "add" for b in seen)
+  for body in seen:
+    roles = [m["role"] for m in body["messages"]]
+    assert roles[:2] == ["system", "user"]
+    for i, m in enumerate(body["messages"]):
+      if m["role"] == "tool":  # each result answers a call of the assistant message before it
+        calls = next(x for x in reversed(body["messages"][:i]) if x["role"] == "assistant")
+        assert m["tool_call_id"] in [c["id"] for c in calls["tool_calls"]]
+  assert labeler.env.log.count("checkout") > 1  # continuations' structured calls ran
+  assert float(row["return"]) == 1.0 and len(row["step_text"]) == 3
+
+
+class ClockCart(Cart):
+  """A cart whose view() reads a clock (a counter across every call): nondeterminism the
+  trace never exercises (it makes no view() call)."""
+
+  ticks = 0
+
+  def step(self, state, call: ToolCall):
+    if call.name == "view":
+      ClockCart.ticks += 1
+      return state, f"at tick {ClockCart.ticks}", False
+    return super().step(state, call)
+
+
+def test_the_self_check_catches_a_tool_the_trace_never_called(tmp_path):
+  """Without --tool-check a clock behind view() passes (the trace never calls it: its own
+  replay cannot see it); with it the first continuation that views is run again on a fresh
+  fork and refused in one line."""
+  messages = [m for m in MESSAGES if m.get("tool_call_id") != "b"]
+  messages[2] = {**messages[2], "tool_calls": [_call("a", "add", item=ITEM)]}
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=messages, id="cart0")])
+  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
+  turns = [call.format("view"), call.format("checkout"), "Bought."]
+  with running_app(_fake_completions(turns, [])) as url:
+    for check, cache in ((0, "a"), (2, "b")):
+      env = "tests.test_agent_layouts:ClockCart"
+      options = TextOptions(endpoint=url, model="m", verifier="env", chat_template=QWEN,
+                            tools=env, tool_check=check)  # fmt: skip
+      labeler = AgentLabeler(f"text:{path}", 1, LabelConfig(num_rollouts=2), options)
+      labeler.open(str(tmp_path / f"{cache}.sqlite"))
+      if not check:
+        (row,) = labeler.label(0, 1, seed=0)
+        assert row["tool_calls"] > 0
+        continue
+      with pytest.raises(HindsightError, match=r"call 1 \(view\(\{\}\)\) run again.*a clock"):
+        labeler.label(0, 1, seed=0)
