@@ -332,3 +332,52 @@ def test_the_self_check_catches_a_tool_the_trace_never_called(tmp_path):
         continue
       with pytest.raises(HindsightError, match=r"call 1 \(view\(\{\}\)\) run again.*a clock"):
         labeler.label(0, 1, seed=0)
+
+
+def test_every_route_reads_an_agent_trace_as_its_labels_cut_it(qwen):
+  """score, /v1/credit and /get_reward read a trace through the labels' own options: one
+  step per turn, results found in the template's layout, from steps and from text alike."""
+  from types import SimpleNamespace
+
+  from hindsight.text.episodes import parse_text_episode
+
+  template, layout = qwen
+  trace, _ = from_messages(TextTrace(messages=MESSAGES), "t", layout, template)
+  view = agent_view(trace, "t", layout=layout)
+  options = json.dumps({"agent_steps": "turn", "tool_layout": layout.to_json()})
+  spec = SimpleNamespace(label_options=options,
+                         encoder=SimpleNamespace(check_steps=lambda *a: None))  # fmt: skip
+  as_steps = {"prompt": trace.prompt, "outcome": 1.0,
+              "steps": [msgspec_builtins(s) for s in trace.steps]}  # fmt: skip
+  as_text = {"prompt": trace.prompt, "outcome": 1.0, "text": trace.completion()}
+  for episode in (as_steps, as_text):
+    parsed = parse_text_episode(episode, spec, "t")
+    assert list(parsed.step_text) == [s.text for s in view.trace.steps]
+    assert list(parsed.tags) == ["tool_call", "tool_call", "step"]
+
+
+def msgspec_builtins(step: TextStep) -> dict:
+  import msgspec
+
+  return msgspec.to_builtins(step)
+
+
+def test_a_step_too_long_for_the_model_is_named_by_its_entry_too():
+  """The step encoder's refusal names the merged agent step and the `steps` entry it
+  begins at (a thought and its call are one step: the entries run ahead)."""
+  from types import SimpleNamespace
+
+  import numpy as np
+
+  from hindsight.model.encoders.text import TextEncoder
+  from hindsight.text.episodes import parse_text_episode
+
+  tokens = SimpleNamespace(encode_batch=lambda texts: [np.zeros(len(t)) for t in texts])
+  check = TextEncoder.check_steps.__get__(SimpleNamespace(tokens=tokens, max_step_tokens=200))
+  spec = SimpleNamespace(label_options=json.dumps({"agent_steps": "turn"}),
+                         encoder=SimpleNamespace(check_steps=check))  # fmt: skip
+  last = "A last word that goes on and on, well past what the model reads in one step. " * 4
+  steps = [{"text": "Short. "}, {"text": HERMES.render_call("add", {"item": ITEM})},
+           {"text": HERMES.render_results(["ok"]), "role": "tool"}, {"text": last}]  # fmt: skip
+  with pytest.raises(HindsightError, match=r"step 1 \(entry 3 of 'steps'\) is \d+ tokens"):
+    parse_text_episode({"prompt": "p", "outcome": 1.0, "steps": steps}, spec, "t")

@@ -428,11 +428,13 @@ def test_label_takes_every_trace_of_the_file_and_records_it_absolute(tmp_path, t
 def test_the_resampled_reference_finds_the_trace_file_from_another_directory(
   tmp_path, tool_url, monkeypatch, verifier
 ):
-  """Labels made in a directory with the trace file given relative to it: the reference of
-  `hindsight eval` run from elsewhere finds the file above the labels, and each trace keeps
-  its reference; where the file is not found, `--verifier env` does without it (the
+  """Labels made in a directory with the trace file given relative to it: `hindsight eval`'s
+  resampled reference, run from elsewhere, finds the file above the labels, and each trace
+  keeps its reference; where the file is not found, `--verifier env` does without it (the
   environment scores) and another verifier says where to run."""
-  from hindsight.text.evaluate import resampled_reference
+  from hindsight.drift.config import DriftConfig
+  from hindsight.drift.sets import Run
+  from hindsight.text.evaluate import open_text, resampled_reference
 
   work = tmp_path / "project"
   work.mkdir()
@@ -446,16 +448,26 @@ def test_the_resampled_reference_finds_the_trace_file_from_another_directory(
   examples, meta = [labels[i] for i in range(len(labels))], labels.metadata
   assert meta.job_description["env"] == "text:traces.jsonl"  # as the library was given it
   monkeypatch.chdir(tmp_path)  # elsewhere: traces.jsonl is not here
-  fields, spent = resampled_reference(examples, meta, str(tmp_path / "ref"), 2, tool_url, False,
-                                      labels_dir)  # fmt: skip
-  assert len(fields) == 2 and spent > 0
-  written = read_traces(str(tmp_path / "ref" / "traces.jsonl"))
-  assert [t.reference for t in written] == [t.reference for t in given]
+
+  # What `hindsight eval --run W --reference resample` evaluates (W's splits.json names the
+  # labels by their absolute path).
+  run = Run([str(tmp_path / "run")], {"labels": labels_dir}, labels,
+            LabelConfig.from_metadata(meta), np.arange(len(labels)))  # fmt: skip
+  cfg = DriftConfig(checkpoint=str(tmp_path / "run"), reference="resample",
+                    reference_rollouts=2, endpoint=tool_url, progress=False)  # fmt: skip
+  evaluation = open_text(cfg, run, None, str(tmp_path / "report"))
+  main, _, spent = evaluation.sets()
+  assert spent["completions"] > 0 and np.isfinite(main.reference["credit"]).any()
+  (written,) = [os.path.join(d, "traces.jsonl") for d, _, files in os.walk(tmp_path / "report")
+                if "traces.jsonl" in files]  # fmt: skip
+  assert [t.reference for t in read_traces(written)] == [t.reference for t in given]
+
+  # Without the labels' directory to search from, the file is not found.
   if verifier == "env":
     fields, _ = resampled_reference(examples, meta, str(tmp_path / "bare"), 2, tool_url, False)
     assert len(fields) == 2
-    assert [t.reference for t in read_traces(str(tmp_path / "bare" / "traces.jsonl"))] == [
-      None, None]  # fmt: skip
+    bare = read_traces(str(tmp_path / "bare" / "traces.jsonl"))
+    assert [t.reference for t in bare] == [None, None]
   else:
     with pytest.raises(HindsightError) as e:
       resampled_reference(examples, meta, str(tmp_path / "bare"), 2, tool_url, False)

@@ -28,7 +28,7 @@ def add_parser(sub):
   lab = sub.add_parser(NAME, help=HELP)
   option(lab, LabelJob, "env", env_help(), required=True)
   option(lab, LabelJob, "episodes",
-         "number of episodes N (required, but for --env text:FILE: default every trace in it)",
+         "number of episodes N (required; for --env text:FILE default: every trace in FILE)",
          type=int, default=None)  # fmt: skip
   option(lab, LabelConfig, "num_rollouts", "branches K per arm and step", flag="--rollouts")
   option(lab, LabelConfig, "replacement", "q(a'|s,a)", choices=REPLACEMENTS)

@@ -1,5 +1,6 @@
 """`hindsight lm train | serve | export`: a Qwen2-architecture language model (the `llm` extra),
-trained on the text world, served at /v1/completions and written as a Hugging Face folder;
+trained on the text world or on your own text traces (`--traces-file`), served at
+/v1/completions and written as a Hugging Face folder;
 `--lm PATH` starts from or serves a Hugging Face Qwen2 / Llama 3 folder (docs/text.md)."""
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ def add_parser(sub):
 
   lm = sub.add_parser(NAME, help=HELP)
   lm_sub = lm.add_subparsers(dest="lm_command", required=True, parser_class=Parser)
-  lmt = lm_sub.add_parser("train", help="train it on the text world's traces (rerun resumes)")
+  lmt = lm_sub.add_parser("train", help="train it on the text world's traces or your own "
+                          "(rerun resumes)")  # fmt: skip
   lmt.add_argument("--workdir", required=True, help="checkpoints (rerun to resume)")
   dataclass_flags(lmt, LMTrainConfig)
+  lmt.add_argument(
+    "--traces-file",
+    default=None,
+    metavar="FILE.jsonl",
+    help="train on these text traces (hindsight label's text:FILE.jsonl format: a prompt, "
+    "then steps or text) instead of the text world's; --traces, --world and --max-count "
+    "then have no say",
+  )
   no_progress(lmt)
   lms = lm_sub.add_parser("serve", help="serve it at /v1/completions (continuous batching)")
   which = lms.add_mutually_exclusive_group(required=True)
@@ -72,7 +82,8 @@ def run(args) -> int:
   from hindsight.lm.config import LMTrainConfig
   from hindsight.lm.train import train_lm
 
-  result = train_lm(build(LMTrainConfig, args, progress=not args.no_progress), args.workdir)
+  config = build(LMTrainConfig, args, progress=not args.no_progress)
+  result = train_lm(config, args.workdir, traces_file=args.traces_file)
   print(f"language model: {result['workdir']} (step {result['step']}, held-out loss "
         f"{result['val_loss']:.4f})")  # fmt: skip
   return 0

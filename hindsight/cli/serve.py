@@ -38,8 +38,8 @@ def add_parser(sub):
   option(sv, ServeConfig, "response_start", "POST /pooling: the marker after which a string "
          "input's response starts (before it: the prompt)")  # fmt: skip
   option(sv, ServeConfig, "outcome", "the outcome in [0, 1] of a /pooling or /get_reward "
-         "trace whose request gives no outcome or reference (default: such a request is a "
-         "400)")  # fmt: skip
+         "trace whose request gives no outcome or reference, or a reference a model of "
+         "--verifier env labels cannot check (default: such a request is a 400)")  # fmt: skip
   return sv
 
 

@@ -180,14 +180,17 @@ class BackboneEncoder(TextObservations):
   def trace_lengths(self, prompts, steps) -> list[int]:
     return [p.size + sum(x.size for x in s) for p, s in self._encode(prompts, steps)]
 
-  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> int:
+  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "",
+                  names: Sequence[str] | None = None) -> int:  # fmt: skip
     """One-line errors: a step with no tokens, or a trace (prompt and steps) longer than the
-    model reads (`max_tokens`). Returns the tokens it reads: the prompt's and the steps'."""
+    model reads (`max_tokens`), a step named `names[i]` (default "step i"). Returns the
+    tokens it reads: the prompt's and the steps'."""
     ((p, ids),) = self._encode([prompt], [list(texts)])
     for i, x in enumerate(ids):
       if x.size > self.max_tokens:
         raise HindsightError(
-          f"{where}: step {i} is {x.size} tokens, longer than the {self.max_tokens} the model reads"
+          f"{where}: {names[i] if names else f'step {i}'} is {x.size} tokens, longer than "
+          f"the {self.max_tokens} the model reads"
         )
     total = p.size + sum(x.size for x in ids)
     if total > self.max_tokens:

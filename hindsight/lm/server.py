@@ -13,9 +13,10 @@ Routes (the protocol and its refusals: `text.protocol`):
                              stop string: the text is cut before it, finish_reason "stop",
                              and `usage` counts the tokens up to it), `echo`
   POST /v1/chat/completions  `messages`, rendered with the folder's chat template
-                             (`text.chat_template`; a model without one: 400), the
-                             same sampling fields (`max_completion_tokens` too; default:
-                             the rest of the context, as vLLM's)
+                             (`text.chat_template`; a model without one: 400; a content
+                             given as text parts is their texts one per line, as vLLM's),
+                             the same sampling fields (`max_completion_tokens` too, over
+                             `max_tokens`; default: the rest of the context, as vLLM's)
   POST /tokenize             vLLM's: {"prompt" | "messages", "add_special_tokens"} ->
                              {"count", "max_model_len", "tokens"}  (the labeler measures
                              prefixes with it); POST /detokenize {"tokens"} -> {"prompt"}
@@ -165,7 +166,13 @@ def create_app(engine: SlotEngine, name: str | None = None):
         parts = m["content"]
         if not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
           raise Refusal(400, f"messages[{i}]: only text content parts are served")
-        m["content"] = "".join(str(p.get("text", "")) for p in parts)
+        texts = [p.get("text") for p in parts]
+        if False:
+          raise Refusal(400, f"messages[{i}]: a text part's text must be a string")
+        # As vLLM hands a template that prints the content whole (its "string" content
+        # format; vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts): the
+        # texts one per line, a part without text skipped.
+        m["content"] = "\n".join(t for t in texts if t is not None)
     try:
       return chat.render(messages, add_generation_prompt)
     except HindsightError as e:
@@ -268,11 +275,25 @@ def create_app(engine: SlotEngine, name: str | None = None):
   return protocol_app(routes, name, stats, max_model_len=S)
 
 
+def served_step(record: dict) -> str | None:
+  """Which checkpoint of a `hindsight lm train` workdir is served, and whether its training
+  finished (None for a Hugging Face folder)."""
+  step, steps = record.get("step"), record.get("steps")
+  if step is None:
+    return None
+  if steps is None:  # a workdir of an older hindsight: its target is not recorded
+    return f"serving step {step}, the workdir's last checkpoint"
+  if step < steps:
+    return (f"serving step {step} of {steps}: its training is unfinished (rerun `hindsight "
+            "lm train` on the workdir to resume it)")  # fmt: skip
+  return f"serving step {step} of {steps} (its training finished)"
+
+
 def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool = True,
              max_batch: int = MAX_BATCH, max_len: int | None = None,
              name: str | None = None):  # fmt: skip
   """Serves the model at `path` until SIGTERM/SIGINT, saying what it does while it starts
-  (the address once it listens)."""
+  (which checkpoint of a workdir it serves, the address once it listens)."""
   from hindsight.lm.backbone import parameter_count
   from hindsight.text.server import serve_until_stopped
 
@@ -288,6 +309,9 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
     f"{name}: a {c.arch} decoder of {parameter_count(engine.lm.model):,} parameters, context "
     f"{c.max_len} tokens, {engine.slots} slots (loaded in {time.perf_counter() - tic:.0f} s)"
   )
+  served = served_step(engine.lm.record)
+  if served:
+    say(served)
   if warmup:
     tic = time.perf_counter()
     say(f"compiling its {engine.program_count()} programs (--no-warmup serves at once and "

@@ -243,18 +243,27 @@ def _trajectories(body, server: Server) -> list[dict]:
     refused = unverifiable_reference(t, spec, where)
     if refused is not None:
       raise _Failure(400, refused)
+    # An episode's actions (or a dataset's step_text) are its steps: a long one is refused
+    # unread. A trace's `steps` or `text` is counted as the model reads it, once parsed (an
+    # agent trace's entries join into agent steps).
+    given = None
+    if isinstance(t, dict) and t.get("steps") is None and t.get("text") is None:
+      given = next((t[k] for k in ("actions", "step_text") if t.get(k) is not None), None)
+    if isinstance(given, list) and len(given) > server.max_steps:
+      raise _Failure(413, _too_long(where, f"{len(given)} steps", server.max_steps))
     try:
       episode = Episode.parse(t, spec, where)
     except HindsightError as e:
       raise _Failure(400, one_line(e)) from None
-    if len(episode) > server.max_steps:  # the steps the model reads (an agent trace's merged)
-      raise _Failure(
-        413,
-        f"{where}: {_length(t, len(episode))}; the limit is {server.max_steps} (`hindsight "
-        "serve --max-steps N` serves longer ones)",
-      )
+    if len(episode) > server.max_steps:
+      raise _Failure(413, _too_long(where, _length(t, len(episode)), server.max_steps))
     out.append(episode)
   return out
+
+
+def _too_long(where: str, length: str, limit: int) -> str:
+  return (f"{where}: {length}; the limit is {limit} (`hindsight serve --max-steps N` serves "
+          "longer ones)")  # fmt: skip
 
 
 def _length(trace: dict, steps: int) -> str:

@@ -39,8 +39,9 @@ class ServeConfig:
   step_tag: str = "<extra_0>"
   step_tag_id: int = 151651
   response_start: str = "<|im_start|>assistant\n"
-  # The outcome in [0, 1] of a /pooling or /get_reward trace whose request gives none
-  # ("": such a request is a 400 naming the field).
+  # The outcome in [0, 1] of a /pooling or /get_reward trace whose request gives none, or
+  # only a reference that a model of `--verifier env` labels cannot check ("": such a
+  # request is a 400 naming the field).
   outcome: str = ""
 
   def __post_init__(self):

@@ -88,8 +88,7 @@ def unverifiable_reference(trace, spec, where: str) -> str | None:
     return None
   if any(trace.get(k) is not None for k in ("outcome", "success", "rewards")):
     return None
-  return (f"{where}: this model's outcome is its environment's (labels of --verifier env), "
-          "which 'reference' cannot give: send \"outcome\" (in [0, 1])")  # fmt: skip
+  return _unchecked(where, "reference", server_outcome=False)
 
 
 def split_response(text: str, tag: str, response_start: str) -> tuple[str, list[str]]:
@@ -179,11 +178,12 @@ def _with_outcome(trace: dict, value, reference, default: float | None, missing:
   raise FormatError(missing if reference is None else unchecked)
 
 
-def _unchecked(where: str, field: str) -> str:
-  """What a reference sent to a model that checks none is told."""
+def _unchecked(where: str, field: str, server_outcome: bool = True) -> str:
+  """What a reference sent to a model that checks none is told (`server_outcome`: where
+  the server's `--outcome` would be taken)."""
   return (f"{where}: this model's outcome is its environment's (labels of --verifier env), "
-          f"which '{field}' cannot give: send \"outcome\" (in [0, 1]), or start the server "
-          "with --outcome")  # fmt: skip
+          f"which '{field}' cannot give: send \"outcome\" (in [0, 1])"
+          + ", or start the server with --outcome" * server_outcome)  # fmt: skip
 
 
 def _is_id(x) -> bool:

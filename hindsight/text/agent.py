@@ -67,11 +67,18 @@ UNITS = ("turn", "chunks")
 class AgentView:
   """An agent trace as the labels see it: `trace` with one step per agent step (a step that
   calls tools holds their results), each step's calls (a tuple, empty where it makes none;
-  a `Malformed` one is answered with an error) and the results the trace holds for them."""
+  a `Malformed` one is answered with an error), the results the trace holds for them, and
+  the entry of the trace's `steps` each agent step begins at (`name`)."""
 
   trace: TextTrace
   calls: list
   observations: list
+  entries: list = dataclasses.field(default_factory=list)
+
+  def name(self, t: int) -> str:
+    """Agent step t as an error names it: by its entry in `steps` too where they differ."""
+    entry = self.entries[t] if t < len(self.entries) else t
+    return f"step {t}" + (f" (entry {entry} of 'steps')" if entry != t else "")
 
 
 def agent_steps(text: str, chunking: str, layout: ToolLayout = HERMES,
@@ -152,6 +159,7 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences",
   merged: list[TextStep] = []
   calls: list = []
   observations: list = []
+  entries: list[int] = []
   open_turn = False  # the last merged step has no calls yet: a turn still being written
   for k, step in enumerate(steps):
     here = f"{where}, step {k}" + (f" (agent step {len(merged)})" if len(merged) != k else "")
@@ -195,6 +203,7 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences",
       merged.append(TextStep(text=step.text, tool_call=_call_record(made)))
       calls.append(tuple(made))
       observations.append(None)
+      entries.append(k)
     open_turn = not made
   if not merged:
     raise HindsightError(f"{where}: no agent steps")
@@ -202,7 +211,7 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences",
     raise HindsightError(f"{where}, its last step: a call and no `tool` step after it with "
                          "its result")  # fmt: skip
   view = msgspec.structs.replace(trace, steps=merged, text=None, messages=None)
-  return AgentView(view, calls, observations)
+  return AgentView(view, calls, observations, entries)
 
 
 def refuse_tool_traces(traces: list[TextTrace], path: str, layout: ToolLayout = HERMES) -> None:

@@ -52,13 +52,15 @@ def _verifier(spec: str):
 
 
 def _steps_of(episode: dict, chunking: str, where: str, unit: str = "turn",
-              layout=None) -> tuple[list[str], list[str]]:  # fmt: skip
-  """(the steps' texts, their tags) of a trace in any of the accepted layouts; an agent
-  trace's steps as its labels cut them (`unit`, `layout`: `agent.agent_view`)."""
+              layout=None) -> tuple[list[str], list[str], list[str] | None]:  # fmt: skip
+  """(the steps' texts, their tags, their names in errors where not "step i") of a trace in
+  any of the accepted layouts; an agent trace's steps as its labels cut them (`unit`,
+  `layout`: `agent.agent_view`), named by their entries in `steps` too."""
   from hindsight.text.tool_syntax import HERMES
 
   layout = layout or HERMES
   given = None  # the trace's own steps, as objects (an agent trace is re-read from them)
+  names = None
   if episode.get("step_text") is not None:
     texts, roles = list(episode["step_text"]), [None] * len(episode["step_text"])
   elif episode.get("steps") is not None:
@@ -94,10 +96,11 @@ def _steps_of(episode: dict, chunking: str, where: str, unit: str = "turn",
     view = agent_view(agent, where, chunking, layout, unit)
     texts = [s.text for s in view.trace.steps]
     roles = ["tool_call" if c else None for c in view.calls]
+    names = [view.name(t) for t in range(len(texts))] if given is not None else None
   tags = episode.get("tags")
   if tags is not None and len(tags) == len(texts):
     roles = [str(x) for x in tags]
-  return texts, [r or "step" for r in roles]
+  return texts, [r or "step" for r in roles], names
 
 
 def _agent_trace(episode: dict, given: list[dict] | None, layout):
@@ -159,11 +162,11 @@ def parse_text_episode(episode, spec: DataSpec, where: str = "trace") -> Episode
   if name:
     where = f"{where} (trace {name})"
   chunking, verifier, unit, layout = _reading(spec.label_options)
-  texts, tags = _steps_of(episode, chunking, where, unit, layout)
+  texts, tags, names = _steps_of(episode, chunking, where, unit, layout)
   prompt = episode.get("prompt") or ""
   if not isinstance(prompt, str):
     raise HindsightError(f"{where}: 'prompt' must be a string")
-  read_tokens = spec.encoder.check_steps(texts, where, prompt)
+  read_tokens = spec.encoder.check_steps(texts, where, prompt, names)
   T = len(texts)
   outcome = _outcome(episode, texts, verifier, where)
   rewards = np.zeros(T, np.float32)

@@ -127,16 +127,18 @@ class TextEncoder(TextObservations):
   def signature(self) -> tuple:
     return (self.kind,)  # any trace; each step is checked against its token limit
 
-  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "") -> int:
-    """A one-line error for a step longer than the model reads (`max_step_tokens`); the
-    prompt is not read. Returns the tokens it reads: the steps'."""
+  def check_steps(self, texts: Sequence[str], where: str, prompt: str = "",
+                  names: Sequence[str] | None = None) -> int:  # fmt: skip
+    """A one-line error for a step longer than the model reads (`max_step_tokens`), naming
+    it `names[i]` (default "step i"); the prompt is not read. Returns the tokens it reads:
+    the steps'."""
     del prompt
     total = 0
     for i, ids in enumerate(self.tokens.encode_batch(list(texts))):
       if ids.size > self.max_step_tokens:
         raise HindsightError(
-          f"{where}: step {i} is {ids.size} tokens, longer than the {self.max_step_tokens} the "
-          "model reads"
+          f"{where}: {names[i] if names else f'step {i}'} is {ids.size} tokens, longer than "
+          f"the {self.max_step_tokens} the model reads"
         )
       total += ids.size
     return total
