@@ -381,3 +381,50 @@ def test_a_step_too_long_for_the_model_is_named_by_its_entry_too():
            {"text": HERMES.render_results(["ok"]), "role": "tool"}, {"text": last}]  # fmt: skip
   with pytest.raises(HindsightError, match=r"step 1 \(entry 3 of 'steps'\) is \d+ tokens"):
     parse_text_episode({"prompt": "p", "outcome": 1.0, "steps": steps}, spec, "t")
+
+
+class LongCart(Cart):
+  """A cart whose view() writes a page of text, cut by the environment's max_result_chars."""
+
+  max_result_chars = 40
+
+  def step(self, state, call: ToolCall):
+    if call.name == "view":
+      return state, "Crème brûlée, " * 20, False
+    return super().step(state, call)
+
+
+def test_an_environment_cuts_its_long_results_everywhere_it_runs():
+  from hindsight.text.tools import Branches, cut_result, execute
+
+  env = LongCart()
+  _, seen, done = execute(env, env.reset(None, 0), ToolCall("view", {}))
+  assert seen == ("Crème brûlée, " * 20)[:40] + " [... 240 more characters]" and not done
+  assert cut_result("short", 40) == "short" and cut_result("x" * 41, None) == "x" * 41
+  # A recorded trace holds the result cut: its replay checks it against the cut result.
+  text = HERMES.render_call("view", {})
+  steps = [TextStep(text), TextStep(HERMES.render_results([seen]), role="tool")]
+  view = agent_view(TextTrace(prompt="p", steps=steps), "t")
+  Branches(env, view.trace, 0, view.calls, view.observations, "t")  # no mismatch
+  steps[1] = TextStep(HERMES.render_results(["Crème brûlée, " * 20]), role="tool")
+  uncut = agent_view(TextTrace(prompt="p", steps=steps), "t")
+  with pytest.raises(HindsightError, match="the environment answers"):
+    Branches(env, uncut.trace, 0, uncut.calls, uncut.observations, "t")
+
+
+class StartedCart(Cart):
+  """A cart that starts from the trace's recorded state (`trace.metadata`)."""
+
+  def reset(self, trace, seed):
+    return {"cart": list(trace.metadata["cart"]), "paid": False}
+
+
+def test_a_traces_metadata_reaches_the_environments_reset(tmp_path):
+  messages = [m for m in MESSAGES if m.get("tool_call_id") != "a"]
+  messages[2] = {**messages[2], "tool_calls": [_call("b", "view")]}
+  trace, _ = from_messages(TextTrace(messages=messages, metadata={"cart": [ITEM]}), "t")
+  view = agent_view(trace, "t")
+  from hindsight.text.tools import Branches
+
+  branches = Branches(StartedCart(), trace, 0, view.calls, view.observations, "t")
+  assert branches.at(1)["cart"] == [ITEM] and branches.final["paid"]

@@ -309,6 +309,7 @@ def test_later_turns_ask_for_what_the_context_leaves_and_end_where_it_is_full(tm
                   (_words(before_1), _words(turns[1]))]  # fmt: skip
   assert (roll.turns, roll.tool_calls, roll.finish_reason) == (2, 2, "length")
   assert roll.state.calls == ["lookup", "lookup"]
+  assert labeler.context_ends == {0: 1}  # counted apart: the dataset's context_ends
   assert _words(prompt + roll.text) > context  # the second result is in the text
 
 

@@ -372,3 +372,15 @@ def test_usage_mistakes_name_what_is_wrong(tmp_path, capsys):
   (tmp_path / "run" / "splits.json").write_text("{}")
   with pytest.raises(HindsightError, match="checkpoint directory of the run"):
     training_run(str(tmp_path / "run" / "checkpoints"))
+
+
+def test_a_text_job_recorded_with_a_relative_trace_file_resumes(tmp_path, monkeypatch):
+  """Jobs once recorded `text:FILE` as given (relative); `hindsight label` now records it
+  absolute, and a rerun from the directory the job ran in is the same job."""
+  from hindsight.labeling.job import _as_recorded_now
+
+  monkeypatch.chdir(tmp_path)
+  old = {"env": "text:traces/t.jsonl", "episodes": 3}
+  assert _as_recorded_now(old) == {"env": f"text:{tmp_path}/traces/t.jsonl", "episodes": 3}
+  for kept in ({"env": "text:/abs/t.jsonl"}, {"env": "reasoning"}, {"env": "gymnax:CartPole-v1"}):
+    assert _as_recorded_now(kept) == kept

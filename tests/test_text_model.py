@@ -714,3 +714,17 @@ def test_an_annotated_axis_the_mesh_does_not_divide_falls_back_to_replicated():
   for name, shape in shapes.items():
     placed = jax.device_put(jnp.zeros(shape.shape, shape.dtype), got[name])
     assert placed.sharding == got[name]
+
+
+@TEXT_MODEL
+def test_an_audit_of_labels_whose_trace_file_is_gone_is_refused(text_run, monkeypatch):
+  """The audit's traces carry the trace file's references; without the file each would be
+  missing and every verified outcome 0, so the audit refuses in one line."""
+  from hindsight.errors import HindsightError
+  from hindsight.text import audit, evaluate
+
+  traces = audit._traces_from_dataset(text_run["labels"], 4)
+  assert len(traces) == 4 and all(t.reference for t in traces)
+  monkeypatch.setattr(evaluate, "trace_file", lambda recorded, labels_dir: None)
+  with pytest.raises(HindsightError, match=r"trace file .* is not found"):
+    audit._traces_from_dataset(text_run["labels"], 4)

@@ -108,6 +108,15 @@ def _differing(previous: dict, described: dict, parent: str = "") -> str:
   return "; ".join(out)
 
 
+def _as_recorded_now(previous: dict) -> dict:
+  """A stored job description as `hindsight label` records it now: a text job's trace file
+  absolute (jobs recorded it relative to the directory they ran in, which a rerun runs in)."""
+  kind, _, path = str(previous.get("env", "")).partition(":")
+  if kind == "text" and path and not os.path.isabs(path):
+    return {**previous, "env": f"text:{os.path.abspath(path)}"}
+  return previous
+
+
 def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   """Readies --out for the job (process 0 alone): the dataset dir if the job is done, else
   None with the work area and its job file in place."""
@@ -115,7 +124,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
     raise HindsightError(f"out {out_dir} exists and is not a directory")
   if label_io.is_complete(out_dir):
-    previous = label_io.open_labels(out_dir).metadata.job_description
+    previous = _as_recorded_now(label_io.open_labels(out_dir).metadata.job_description)
     if previous != described:
       differ = _differing(previous, described)
       raise HindsightError(
@@ -129,7 +138,7 @@ def _prepare(out_dir: str, work: str, described: dict) -> str | None:
   os.makedirs(work, exist_ok=True)
   if os.path.isfile(job_file):
     with open(job_file) as f:
-      previous = json.load(f)
+      previous = _as_recorded_now(json.load(f))
     if previous != described:
       raise HindsightError(
         f"out {out_dir} holds an unfinished job with other arguments "

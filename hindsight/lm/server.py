@@ -167,7 +167,7 @@ def create_app(engine: SlotEngine, name: str | None = None):
         if not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
           raise Refusal(400, f"messages[{i}]: only text content parts are served")
         texts = [p.get("text") for p in parts]
-        if False:
+        if not all(t is None or isinstance(t, str) for t in texts):
           raise Refusal(400, f"messages[{i}]: a text part's text must be a string")
         # As vLLM hands a template that prints the content whole (its "string" content
         # format; vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts): the

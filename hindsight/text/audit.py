@@ -37,13 +37,22 @@ class TextTraj(NamedTuple):
 def _traces_from_dataset(path: str, limit: int):
   """The traces of a text label dataset (its step texts; references from its trace file)."""
   from hindsight.data import open_labels
+  from hindsight.text.evaluate import trace_file
   from hindsight.text.trace import TextStep, TextTrace, read_traces
 
   labels = open_labels(path)
-  source = labels.metadata.env.removeprefix("text:")
+  recorded = labels.metadata.env.removeprefix("text:")
+  source = trace_file(recorded, path)
   references = {}
-  if os.path.isfile(source):
+  if source is not None:
     references = {t.id: t.reference for t in read_traces(source)}
+  elif labels.metadata.text_options.get("verifier", "boxed") != "env":
+    # Without the file every reference would be missing and every outcome 0, silently.
+    raise HindsightError(
+      f"{path}: its trace file {recorded} is not found (where it was recorded, or under a "
+      "directory above the labels): the audit's verifier reads each trace's reference from "
+      "it; run from the directory the labels were made in"
+    )
   out = []
   for i, e in enumerate(labels):
     if limit and i >= limit:
