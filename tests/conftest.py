@@ -234,3 +234,23 @@ def text_run(tmp_path_factory):
                 "--config.train.steps=150", "--config.train.eval_every=50")  # fmt: skip
   assert got.returncode == 0, got.stderr
   return {"root": root, "labels": labels, "workdir": workdir}
+
+
+@pytest.fixture(scope="module")
+def tool_url():
+  """The tool world's scripted agent served on loopback (`text-world serve --tools`)."""
+  from hindsight.text.server import running_world
+
+  with running_world(tools=True) as url:
+    yield url
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+  """Whole traces of the tool world's scripted agent, results as steps of role `tool`."""
+  from hindsight.text import tool_world as tw
+  from hindsight.text.trace import write_traces
+
+  path = tmp_path_factory.mktemp("tools") / "played.jsonl"
+  write_traces(str(path), tw.sample_traces(1, 4))
+  return str(path)

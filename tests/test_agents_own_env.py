@@ -24,27 +24,13 @@ from hindsight.text.agent import AgentLabeler
 from hindsight.text.client import CompletionCache, CompletionClient, Sampling
 from hindsight.text.labeler import Ask
 from hindsight.text.options import TextOptions
-from hindsight.text.server import create_app, running_app, running_world
+from hindsight.text.server import create_app, running_app
 from hindsight.text.tool_syntax import Malformed, render_call, render_result
 from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 from tests.conftest import ROOT, assert_one_line_error, run_cli
 
 NULL_TEXT = tw.RESTATE_TEXT + " "
 NOWHERE = "http://127.0.0.1:9/v1"  # never asked: these labelers make no request
-
-
-@pytest.fixture(scope="module")
-def tool_url():
-  with running_world(tools=True) as url:
-    yield url
-
-
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-  """Whole traces of the tool world's scripted agent, results as steps of role `tool`."""
-  path = tmp_path_factory.mktemp("own") / "played.jsonl"
-  write_traces(str(path), tw.sample_traces(1, 4))
-  return str(path)
 
 
 def _options(**kw) -> TextOptions:

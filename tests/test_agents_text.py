@@ -20,7 +20,7 @@ from hindsight.text.agent import AgentLabeler, agent_steps, agent_view, unmerged
 from hindsight.text.exact import compare_to_exact
 from hindsight.text.labeler import Ask
 from hindsight.text.options import TextOptions
-from hindsight.text.server import create_app, running_app, running_world
+from hindsight.text.server import create_app, running_app
 from hindsight.text.tool_syntax import pieces, render_call, render_result, result_of, trailing_call
 from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
 from tests.conftest import assert_one_line_error, run_cli
@@ -30,24 +30,10 @@ NULL_TEXT = tw.RESTATE_TEXT + " "
 
 
 @pytest.fixture(scope="module")
-def tool_url():
-  with running_world(tools=True) as url:
-    yield url
-
-
-@pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
   """Prompt-only traces: the labeler samples each from the endpoint, tools executed."""
   path = tmp_path_factory.mktemp("tools") / "tasks.jsonl"
   write_traces(str(path), tw.prompt_traces(0, 8))
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def played(tmp_path_factory):
-  """Whole traces of the scripted agent, results as steps of role `tool`."""
-  path = tmp_path_factory.mktemp("tools") / "played.jsonl"
-  write_traces(str(path), tw.sample_traces(1, 4))
   return str(path)
 
 

@@ -144,7 +144,7 @@ def test_a_stopped_slot_is_released_on_the_device_before_its_caller_hears_of_it(
 CHILD = """
 import sys, threading
 import jax, numpy as np
-from hindsight.lm.engine import LENGTH, STOP, Row, SlotEngine
+from hindsight.lm.engine import Row, SlotEngine
 from hindsight.lm.train import load_lm
 
 lm = load_lm(sys.argv[1])

@@ -4,8 +4,8 @@ training on the user's own text traces (`--traces-file`)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
+import threading
 
 import jax
 import numpy as np
@@ -13,7 +13,7 @@ import pytest
 
 from hindsight.errors import HindsightError
 
-TINY = ["--width", "32", "--depth", "1", "--batch-size", "4", "--max-len", "128"]
+TINY = ["--width", "32", "--depth", "1", "--batch-size", "4"]
 
 
 def _serve_lines(path: str, monkeypatch, capsys) -> str:
@@ -86,9 +86,10 @@ def test_the_bundled_model_trains_on_a_users_own_traces_file(tmp_path):
                 {"steps": [{"text": "The café opens "}, {"text": "at 9.\n"}]})}
             for k in range(24)]  # fmt: skip
   work = str(tmp_path / "lm")
-  assert main(["lm", "train", "--workdir", work, "--traces-file",
-               _write(tmp_path / "mine.jsonl", traces), "--steps", "60", "--eval-every", "60",
-               "--learning-rate", "1e-2", "--warmup-steps", "5", *TINY, "--no-progress"]) == 0  # fmt: skip
+  mine = _write(tmp_path / "mine.jsonl", traces)
+  assert main(["lm", "train", "--workdir", work, "--traces-file", mine, "--steps", "60",
+               "--eval-every", "60", "--learning-rate", "1e-2", "--warmup-steps", "5",
+               "--max-len", "128", *TINY, "--no-progress"]) == 0  # fmt: skip
   lm = load_lm(work)
   assert lm.record["ascii"] is False
   engine = SlotEngine(lm, slots=1)
@@ -112,10 +113,16 @@ def test_a_traces_file_the_model_cannot_train_on_is_one_line(tmp_path):
   with pytest.raises(HindsightError, match=r"empty\.jsonl: trace b has no completion"):
     train_lm(config, str(tmp_path / "w1"), traces_file=empty)
   few = _write(tmp_path / "few.jsonl", [{"prompt": "Q", "text": f"A {k}.\n"} for k in range(6)])
-  pool = concurrent.futures.ThreadPoolExecutor(1)
-  future = pool.submit(train_lm, config, str(tmp_path / "w2"), few)
-  try:
-    with pytest.raises(HindsightError, match="5 training traces make no batch of 16 traces"):
-      future.result(timeout=120)
-  finally:
-    pool.shutdown(wait=False)
+  raised = []
+
+  def run():  # in a daemon thread: a run that never ends must not hold the test forever
+    try:
+      train_lm(config, str(tmp_path / "w2"), traces_file=few)
+    except HindsightError as e:
+      raised.append(str(e))
+
+  worker = threading.Thread(target=run, daemon=True)
+  worker.start()
+  worker.join(120)
+  assert not worker.is_alive(), "training on 5 traces in batches of 16 never ended"
+  assert len(raised) == 1 and "5 training traces make no batch of 16 traces" in raised[0], raised

@@ -21,8 +21,8 @@ One worker thread runs the loop
            (tokens, why it ended) and free their slot for the next admit. Stop strings are
            matched on the host after each decode call, on the text the choice has written:
            its tokens are cut after the one that completes the stop string (what it is billed
-           for), and the slot is released on the device at once, so the next call decodes
-           nothing more for it.
+           for), and the slot is released on the device at once (before the row's `done`
+           is called), so the next call decodes nothing more for it.
 
 What each slot's cache holds (`held`, `held_ids`): a slot's cache positions below its
 prompt's length keep that prompt's keys and values while its choice decodes and after it
