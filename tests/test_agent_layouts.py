@@ -9,17 +9,18 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 
 import pytest
 
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
-from hindsight.text.agent import AgentLabeler, agent_view
+from hindsight.text.agent import AgentLabeler, agent_steps, agent_view
 from hindsight.text.chat_log import from_messages, to_messages
 from hindsight.text.chat_template import load_chat_template
 from hindsight.text.options import TextOptions
 from hindsight.text.server import running_app
-from hindsight.text.tool_syntax import HERMES, ToolCall, layout_from_template
+from hindsight.text.tool_syntax import HERMES, ToolCall, ToolLayout, layout_from_template
 from hindsight.text.tools import ToolEnv, ToolError
 from hindsight.text.trace import TextStep, TextTrace, write_traces
 
@@ -132,6 +133,7 @@ def test_a_messages_trace_reads_as_the_template_renders_the_conversation(qwen):
     (lambda m: m[3].update(tool_call_id="z"), "the tool results answer"),
     (lambda m: m.pop(6), "an assistant turn before the results"),
     (lambda m: m.__delitem__(slice(6, None)), "makes calls and no `tool` message"),
+    (lambda m: m.insert(7, {"role": "assistant", "content": "More."}), "right after one that"),
     (lambda m: m[2]["tool_calls"].__setitem__(0, {"function": {"name": 3}}), "not a call"),
   ],
 )
@@ -160,6 +162,10 @@ def test_one_agent_step_is_one_turn_from_steps_and_from_text_alike():
   by_text = agent_view(TextTrace(prompt="p", text="".join(s.text for s in steps)), "t")
   assert [s.text for s in by_steps.trace.steps] == [s.text for s in by_text.trace.steps]
   assert len(by_steps.trace.steps) == 2 and [len(c) for c in by_steps.calls] == [1, 0]
+  # The turn's record is its call's (the thought before it merged in), as the tags read it.
+  for view in (by_steps, by_text):
+    assert view.trace.steps[0].tool_call == {"name": "add", "arguments": {"item": ITEM}}
+    assert view.trace.steps[1].tool_call is None
   chunks = agent_view(TextTrace(prompt="p", steps=steps), "t", unit="chunks")
   assert len(chunks.trace.steps) == 4
 
@@ -188,6 +194,10 @@ def test_to_messages_reads_a_prefix_back_as_the_chat_it_was(qwen):
   assert [c["function"]["name"] for c in back[2]["tool_calls"]] == ["add", "view"]
   assert [m["tool_call_id"] for m in back[3:5]] == [c["id"] for c in back[2]["tool_calls"]]
   assert back[4]["content"] == ITEM and back[5]["content"] == ""
+  # Every call has its own id across the turns: a result answers exactly one call.
+  ids = [c["id"] for m in back for c in m.get("tool_calls") or []]
+  assert len(ids) == len(set(ids)) == 3
+  assert back[6]["tool_call_id"] == back[5]["tool_calls"][0]["id"]
   cut = to_messages(head, written + "Bought", layout)  # a turn cut short: continued
   assert cut[-1] == {"role": "assistant", "content": "Bought"}
 
@@ -261,9 +271,9 @@ def _fake_chat(seen: list):
     body = await request.json()
     seen.append(body)
     tools = sum(m["role"] == "tool" for m in body["messages"])
-    if tools == 0:
+    if tools == 0:  # two parallel calls in one message
       message = {"role": "assistant", "content": "Adding.",
-                 "tool_calls": [_call("x", "add", item=ITEM)]}  # fmt: skip
+                 "tool_calls": [_call("x", "add", item=ITEM), _call("w", "view")]}  # fmt: skip
     elif tools < 3:
       message = {"role": "assistant", "content": None, "tool_calls": [_call("y", "checkout")]}
     else:
@@ -293,6 +303,14 @@ def test_the_chat_route_sends_messages_and_executes_structured_tool_calls(tmp_pa
         calls = next(x for x in reversed(body["messages"][:i]) if x["role"] == "assistant")
         assert m["tool_call_id"] in [c["id"] for c in calls["tool_calls"]]
   assert labeler.env.log.count("checkout") > 1  # continuations' structured calls ran
+  # A message's parallel calls all run, in order, though the inline layout has no end of turn.
+  log = labeler.env.log
+  assert log[:3] == ["add", "view", "checkout"] and log.count("add") > 1
+  assert all(log[i + 1 : i + 2] == ["view"] for i in range(3, len(log)) if log[i] == "add")
+  sent = [m for b in seen for m in b["messages"] if m.get("content") == "Adding."]
+  assert sent and all(len(m["tool_calls"]) == 2 for m in sent)  # the answer's calls sent back
+  # The chat route's token cap is its own field (OpenAI's: max_tokens is deprecated there).
+  assert all("max_completion_tokens" in b and "max_tokens" not in b for b in seen)
   assert float(row["return"]) == 1.0 and len(row["step_text"]) == 3
 
 
@@ -428,3 +446,183 @@ def test_a_traces_metadata_reaches_the_environments_reset(tmp_path):
 
   branches = Branches(StartedCart(), trace, 0, view.calls, view.observations, "t")
   assert branches.at(1)["cart"] == [ITEM] and branches.final["paid"]
+
+
+# -- turns, the chat route, the self-check: what a broken implementation would still pass ----------
+
+NOWHERE = "http://127.0.0.1:9/v1"  # never asked
+
+
+def test_a_call_that_ends_the_episode_is_its_turns_last(tmp_path, qwen):
+  """A turn of three calls whose second ends the episode (checkout): the call after it is cut
+  from the turn's text and never run; the results block holds the two that ran."""
+  from hindsight.text.agent import _Live
+  from hindsight.text.client import Completion
+  from hindsight.text.labeler import Ask
+
+  _, layout = qwen
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0")])
+  labeler = _labeler(path, NOWHERE, tmp_path / "c.sqlite", chat_template=QWEN)
+  ran = "Paying. " + layout.render_call("add", {"item": ITEM}) + layout.render_call("checkout", {})
+  live = _Live(Ask("p", 0, 0, 1, "t", 0, 0), 0, {"cart": [], "paid": False})
+  labeler._take(live, Completion(ran + layout.render_call("add", {"item": "tea"}), "stop", 9))
+  assert labeler.env.log == ["add", "checkout"]  # the call after checkout never reached it
+  assert live.text == ran + layout.render_results([f"added {ITEM}", "paid"])
+  assert (live.done, live.calls, live.turns) == (True, 2, 1)
+  assert live.state == {"cart": [ITEM], "paid": True}
+
+
+def test_a_turn_ends_at_its_end_of_turn_and_a_cut_call_is_no_call(qwen):
+  _, layout = qwen
+  call = layout.render_call("view", {})
+  # Text past the end-of-turn marker is never the model's turn (a server that kept the stop).
+  assert layout.end_turn("Bought.<|im_end|>\n<|im_start|>user\nmore", "stop") == ("Bought.", False)
+  assert layout.end_turn("Looking." + call + "<|im_end|>junk", "stop") == ("Looking." + call, True)
+  # A call cut by the token cap is no call; one left open at a stop is closed (malformed).
+  open_call = "Looking." + call[: -len(layout.call_suffix)]
+  assert layout.end_turn(open_call, "length") == ("Looking.\n", False)
+  assert layout.end_turn(open_call, "stop") == ("Looking." + call, True)
+  # Spacing a layout writes after its call's close tag is the call's, not the next turn's.
+  spaced = ToolLayout(call_suffix="</tool_call>\n", turn_end="<|eot_id|>", name="spaced")
+  made = spaced.render_call("view", {})
+  assert made.endswith("</tool_call>\n") and spaced.end_turn(made, "stop") == (made, True)
+
+
+def test_chunks_keep_a_turns_parallel_calls_in_one_step():
+  two = HERMES.render_call("add", {"item": ITEM}) + HERMES.render_call("view", {})
+  results = HERMES.render_results([f"added {ITEM}", ITEM])
+  steps = agent_steps("Both at once. " + two + results + "Done.", "sentences", unit="chunks")
+  assert [(s.text, s.role) for s in steps] == [("Both at once. ", None), (two, None),
+                                               (results, "tool"), ("Done.", None)]  # fmt: skip
+  view = agent_view(TextTrace(prompt="p", steps=steps), "t", unit="chunks")
+  assert [[c.name for c in calls] for calls in view.calls] == [[], ["add", "view"], []]
+
+
+def test_a_messages_prompt_without_a_template_joins_its_contents():
+  """Without a chat template the prompt is the prompt messages' contents, a blank line
+  between messages, a message's text parts one per line (its other parts dropped)."""
+  parts = [{"type": "text", "text": "Buy it."}, {"type": "image_url", "image_url": {"url": "x"}},
+           {"type": "text", "text": "Quickly."}]  # fmt: skip
+  messages = [MESSAGES[0], {"role": "user", "content": parts}, MESSAGES[-1]]
+  trace, head = from_messages(TextTrace(messages=messages), "t")
+  assert trace.prompt == "You shop.\n\nBuy it.\nQuickly." and head == messages[:2]
+  assert [s.text for s in trace.steps] == ["Bought."]
+
+
+def test_the_chat_route_continues_a_turn_cut_short_and_asks_for_one_after_results(qwen):
+  """A draw that ends inside an assistant turn asks the server to continue that message; one
+  that ends after a results block (or at the prompt) asks for a new turn. The prompt
+  messages are the trace's own, and a text that is not the trace's is refused."""
+  from hindsight.text.client import ChatRoute, Draw
+
+  template, layout = qwen
+  schema = [{"type": "function", "function": {"name": "add"}}]
+  trace, head = from_messages(TextTrace(messages=MESSAGES, tools=schema), "t", layout, template)
+  route = ChatRoute([head], [trace], layout)
+
+  def body(written: str) -> dict:
+    return route.body(Draw(trace.prompt + written, 0, 0, 1, None, "d", 0))
+
+  turns = "".join(s.text for s in trace.steps[:4])  # both calling turns and their results
+  for written, last in (("", "user"), (trace.steps[0].text + trace.steps[1].text, "tool"),
+                        (turns, "tool")):  # fmt: skip
+    b = body(written)
+    assert b["messages"][-1]["role"] == last and b["tools"] == schema
+    assert "continue_final_message" not in b and "add_generation_prompt" not in b
+    assert b["messages"][:2] == MESSAGES[:2]
+  for written, content in (("Adding", "Adding"), (turns + "Bou", "Bou")):
+    b = body(written)
+    assert b["messages"][-1] == {"role": "assistant", "content": content}
+    assert b["continue_final_message"] is True and b["add_generation_prompt"] is False
+  with pytest.raises(HindsightError, match="does not start with its trace's prompt"):
+    route.body(Draw("Another prompt." + turns, 0, 0, 1, None, "d", 0))
+
+
+def test_a_chat_answers_call_with_arguments_that_do_not_parse_is_a_malformed_call(qwen):
+  """An answer's `tool_calls` as the agent's text in the layout: arguments that are not JSON
+  are written as they came, so the agent reads the parse error, not a call it never made."""
+  from hindsight.text.client import ChatRoute
+  from hindsight.text.tool_syntax import Malformed
+
+  _, layout = qwen
+  route = ChatRoute([], [], layout)
+  good = {
+    "content": "Adding.",
+    "tool_calls": [_call("a", "add", item=ITEM), {"function": {"name": "view", "arguments": {}}}],
+  }
+  text = route.text_of(good)
+  assert text == "Adding." + layout.render_call("add", {"item": ITEM}) + layout.render_call(
+    "view", {})  # fmt: skip
+  bad = {"content": None, "tool_calls": [{"function": {"name": "add", "arguments": "{item"}}]}
+  (call,) = layout.trailing_calls(route.text_of(bad))
+  assert isinstance(call, Malformed) and "not JSON" in call.reason
+
+
+def _both_routes(seen: dict):
+  """/v1/completions and /v1/chat/completions answering "Bought." (no call), each request
+  counted by its route."""
+  from starlette.applications import Starlette
+  from starlette.responses import JSONResponse
+  from starlette.routing import Route
+
+  async def answer(request):
+    body = await request.json()
+    chat = request.url.path.endswith("/chat/completions")
+    seen["chat" if chat else "completions"] += 1
+    one = {"message": {"role": "assistant", "content": "Bought."}} if chat else {"text": "Bought."}
+    choices = [{"index": j, "finish_reason": "stop", **one} for j in range(body["n"])]
+    return JSONResponse({"choices": choices})
+
+  return Starlette(routes=[Route("/v1/completions", answer, methods=["POST"]),
+                           Route("/v1/chat/completions", answer, methods=["POST"])])  # fmt: skip
+
+
+def test_the_chat_routes_answers_are_cached_apart_from_the_completions(tmp_path):
+  """The same text continued through /v1/chat/completions is another sample than its
+  completion: a chat job on a completions job's cache (the same sampling) asks its server."""
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0")])
+  seen = {"chat": 0, "completions": 0}
+  with running_app(_both_routes(seen)) as url:
+    for api in ("completions", "chat"):
+      labeler = _labeler(path, url, tmp_path / "c.sqlite", api=api, stop=HERMES.stops())
+      labeler.label(0, 1, seed=0)
+      assert seen[api] > 0, api
+    asked = dict(seen)
+    _labeler(path, url, tmp_path / "c.sqlite", api="chat", stop=HERMES.stops()).label(0, 1, 0)
+    assert seen == asked  # and the chat route's own answers are cached
+
+
+def test_the_self_check_reruns_as_many_continuations_as_asked_each_on_its_steps_fork(tmp_path):
+  """--tool-check N reruns the calls of the first N continuations that made calls; a
+  deterministic environment passes however many, each rerun from the state before the
+  continuation's own step (the cart holds the dessert after the trace's first turn)."""
+  messages = [m for m in MESSAGES if m.get("tool_call_id") != "b"]
+  messages[2] = {**messages[2], "tool_calls": [_call("a", "add", item=ITEM)]}
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=messages, id="cart0")])
+  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
+  # By the results so far: a view from steps 0 and 1 (the cart empty, then holding the dessert),
+  # a checkout (refused from step 2: the trace paid), then a last word.
+  turns = [call.format("view"), call.format("view"), call.format("checkout"), "Bought."]
+  counts = {}
+  with running_app(_fake_completions(turns, [])) as url:
+    for check in (1, 100):
+      labeler = _labeler(path, url, tmp_path / f"{check}.sqlite", chat_template=QWEN,
+                         tool_check=check)  # fmt: skip
+      labeler.label(0, 1, seed=0)
+      counts[check] = labeler.checked[0]
+  assert counts == {1: 1, 100: 6}  # K = 2 continuations from each of the 3 steps make calls
+
+
+def test_a_replay_that_differs_names_which_of_a_turns_calls_it_was():
+  messages = copy.deepcopy(MESSAGES)
+  messages[4]["content"] = "empty"  # the view after the add: the cart holds the dessert
+  trace, _ = from_messages(TextTrace(messages=messages), "t")
+  view = agent_view(trace, "t")
+  from hindsight.text.tools import Branches
+
+  said = f"t, step 0 (call 2 of 2): the environment answers '{ITEM}' where the trace holds 'empty'"
+  with pytest.raises(HindsightError, match=re.escape(said)):
+    Branches(Cart(), trace, 0, view.calls, view.observations, "t")

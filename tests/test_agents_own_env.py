@@ -329,6 +329,27 @@ def test_agent_labels_fit_a_model_context_shorter_than_max_tokens(tmp_path, play
   assert len(rows) == len(traces)
   for row in rows:
     assert np.isfinite(row["credit"]).all() and row["completions"] > 0
+  # Each continuation that ended for a full context is counted in its trace's row, once.
+  assert sum(int(row["context_ends"]) for row in rows) == caps.count(0)
+
+
+def test_the_datasets_context_ends_sum_its_chunks(tmp_path, capsys):
+  """A label job (one trace a chunk) behind a context that leaves the longer trace's last
+  prefix 4 tokens: the dataset's metadata counts the continuations that ended because their
+  text filled the context, every chunk's, as the job's notes count them as it goes."""
+  traces = [tw.sample_traces(1, 4)[i] for i in (0, 3)]  # the two longest
+  path = tmp_path / "long.jsonl"
+  write_traces(str(path), traces)
+  labeler = _labeler(path, episodes=2)
+  views = [labeler.with_steps([t], range(1), 0)[0] for t in traces]
+  context = max(_words(v.prefix(len(v.steps) - 1)) for v in views) + 4
+  with running_app(_with_context(create_app(tools=True), context, [])) as url:
+    job = LabelJob(f"text:{path}", 2, LabelConfig(num_rollouts=8), chunk_size=1,
+                   options=_options(endpoint=url))  # fmt: skip
+    labels = open_labels(run_label_job(job, str(tmp_path / "labels"), progress=False))
+  notes = re.findall(r"(\d+) continuations so far ended because their text .* filled the "
+                     "model's context", capsys.readouterr().err)  # fmt: skip
+  assert len(notes) == 2 and labels.metadata.context_ends == int(notes[1]) > int(notes[0]), notes
 
 
 def test_check_context_refuses_a_prefix_that_fills_the_context_before_anything_is_spent(

@@ -91,3 +91,25 @@ def test_the_drift_tests_spend_their_budget_over_the_points(monkeypatch):
   np.testing.assert_allclose(shift[1:], ALPHA / 2 / ((i + 1) * (i + 2)), rtol=1e-12)
   np.testing.assert_allclose(np.cumsum(shift)[1:], ALPHA / 2 + ALPHA / 2 * (i + 1) / (i + 2))
   assert np.all(np.cumsum(shift) < ALPHA)
+
+
+def test_each_drift_point_hands_its_tests_their_share(monkeypatch):
+  """`rl.measure.drift_tests` at the index-th point of a run: its gap test's sequences get
+  alpha / ((i + 1)(i + 2)), and the per-tag sequences the shift test holds against update 0's
+  `shift_alpha` (alpha / 2 at update 0, the other half spent over the later points)."""
+  from types import SimpleNamespace
+
+  from hindsight.rl import measure, refresh
+
+  gap_alphas, tag_alphas = _recording(monkeypatch, refresh), _recording(monkeypatch, measure)
+  rng = np.random.default_rng(2)
+  pred, ref, slices = rng.normal(0, 1, 60), rng.normal(0, 1, 60), np.arange(60) % 2
+  probe, before = SimpleNamespace(warns=True, consequence="refresh"), None
+  for index in range(8):
+    out, _ = measure.drift_tests(pred, ref, slices, ("a", "b"), (0.5, ALPHA, "asymptotic"),
+                                 index, before, probe)  # fmt: skip
+    before = before or out["tags"]
+    assert ("shift" in out) == (index > 0)
+  i = np.arange(8)
+  np.testing.assert_allclose(gap_alphas, ALPHA / ((i + 1) * (i + 2)), rtol=1e-12)
+  np.testing.assert_allclose(tag_alphas, [ALPHA / 2, *(ALPHA / 2 / (i[1:] * (i[1:] + 1)))])

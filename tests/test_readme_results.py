@@ -154,6 +154,12 @@ def test_the_check_passes_the_same_figures_up_to_float_rounding(tmp_path):
   assert not readme_results.same_figure(FIG("0.5 [0.4, n/a]"), FIG("0.5 [n/a, n/a]"))
   assert readme_results.same_figure(FIG("**0.7** [0.9, 1.0]"), FIG("**0.7** [0.9, 1.0]"))
   assert not readme_results.same_figure(FIG("**0.95**"), FIG("0.95"))
+  # each value inside the other's interval, both ways: one inside is not enough
+  wide, off = FIG("0.890 [0.880, 0.900]"), FIG("0.905 [0.889, 0.915]")
+  assert not readme_results.same_figure(wide, off) and not readme_results.same_figure(off, wide)
+  # a figure with an interval is not one without it, whichever the README has
+  assert not readme_results.same_figure(FIG("0.5"), FIG("0.5 [0.4, 0.6]"))
+  assert not readme_results.same_figure(FIG("0.5 [0.4, 0.6]"), FIG("0.5"))
 
 
 @pytest.mark.parametrize(
@@ -191,3 +197,5 @@ def test_a_line_the_reports_do_not_give_fails(tmp_path):
   readme = readme_results.render(run, "runs/demo")
   assert _check(tmp_path, readme + "\n\nA line the reports do not give.") == 1
   assert _check(tmp_path, readme.rsplit("\n\n", 1)[0]) == 1  # the closing paragraph dropped
+  # a figure more at a paragraph's end, its words the same
+  assert readme.endswith("-0.20.") and _check(tmp_path, readme + "5") == 1

@@ -288,6 +288,36 @@ def test_an_agent_conversation_sent_to_pooling_is_refused_pointing_to_v1_credit(
   assert rows.shape == (2, 2)
 
 
+@pytest.mark.parametrize(
+  "turn",
+  [
+    {"role": "tool", "tool_call_id": "c", "content": "box 1 holds 3"},
+    {"role": "function", "name": "read", "content": "box 1 holds 3"},  # the legacy result
+    {"role": "assistant", "content": "Reading.", "tool_calls": [
+      {"id": "c", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+    {"role": "assistant", "content": None,
+     "function_call": {"name": "read", "arguments": "{}"}},  # the legacy call
+  ],
+)  # fmt: skip
+def test_every_form_of_a_tool_turn_makes_messages_an_agent_conversation(turn):
+  """OpenAI's tool calls and results, and their legacy `function` forms, each make a
+  /pooling conversation an agent's (refused before the model reads anything); an assistant
+  message whose `tool_calls` list is empty is a plain one."""
+  from hindsight.serving.formats import FormatError, read_pooling
+
+  def read(middle):
+    messages = [{"role": "user", "content": "How many?"}, middle,
+                {"role": "assistant", "content": f"Box 1 holds 3. {TAG}"}]  # fmt: skip
+    body = {"messages": messages, "outcome": 1}
+    return read_pooling(body, model=NAME, tokenizer=None, tag=TAG, tag_id=QWEN_STEP_TAG_ID,
+                        response_start="", outcome=None)  # fmt: skip
+
+  with pytest.raises(FormatError, match=r"^'messages' is an agent conversation"):
+    read(turn)
+  plain = read({"role": "assistant", "content": "Thinking.", "tool_calls": []})
+  assert [t["steps"] for t in plain.traces] == [["Box 1 holds 3. "]]
+
+
 # -- agent traces ------------------------------------------------------------------------------
 
 

@@ -7,7 +7,8 @@ prompt; each assistant message (`content`, and `tool_calls` with `function.name`
 the layout writes them (`tool_syntax.ToolLayout`); the `role: tool` messages that follow it
 are one step of role `tool`, its results in the order of its calls (by `tool_call_id` where
 every result carries one). Two calls in one assistant message (OpenAI's parallel calls) are
-one step whose calls run in order.
+one step whose calls run in order; two assistant messages in a row (the first without
+calls) are refused: a turn is one message.
 
 The prompt is the chat template's rendering of the prompt messages with the generation
 prompt (`--chat-template`), or, without a template, their contents joined by blank lines.
@@ -74,6 +75,9 @@ def from_messages(trace: TextTrace, where: str, layout: ToolLayout = HERMES, tem
       if pending:
         raise HindsightError(f"{here}: an assistant turn before the results of the calls "
                              "of the one before it")  # fmt: skip
+      if steps and steps[-1].role != "tool":
+        raise HindsightError(f"{here}: an assistant message right after one that made no call "
+                             "(a turn is one assistant message: join them)")  # fmt: skip
       calls = m.get("tool_calls") or []
       if not isinstance(calls, list):
         raise HindsightError(f"{here}: `tool_calls` must be a list")

@@ -121,6 +121,8 @@ class ChatRoute:
   def body(self, draw: Draw) -> dict:
     from hindsight.text.chat_log import to_messages
 
+    if not 0 <= draw.episode < len(self.traces):  # a draw of no trace: no prompt messages
+      raise HindsightError(f"{draw.where}: the chat route needs the trace a draw continues")
     trace = self.traces[draw.episode]
     if not draw.prompt.startswith(trace.prompt):
       raise HindsightError(f"{draw.where}: its text does not start with its trace's prompt")
@@ -132,6 +134,10 @@ class ChatRoute:
     if trace.tools:
       out["tools"] = trace.tools
     return out
+
+  def tools_of(self, draw: Draw) -> list | None:
+    """The tool schemas a draw's request offers (its trace's)."""
+    return self.traces[draw.episode].tools if 0 <= draw.episode < len(self.traces) else None
 
   def text_of(self, message: dict) -> str:
     """An answer's message as the agent's text: its content, then its calls."""
@@ -308,8 +314,11 @@ class CompletionClient:
 
   def _keys(self, draw: Draw) -> list[str]:
     sampling = self.sampling_of(draw)
-    # The chat route's answers are other samples than the same text's completions.
-    model = self.model + ("\x00chat" if self.chat else "")
+    # The chat route's answers are other samples than the same text's completions, and
+    # depend on the tools the request offers.
+    model = self.model
+    if self.chat is not None:
+      model += "\x00chat" + json.dumps(self.chat.tools_of(draw), sort_keys=True)
     return [
       CompletionCache.key(model, draw.prompt, sampling, draw.seed, draw.start + j)
       for j in range(draw.n)
