@@ -123,6 +123,13 @@ def test_a_messages_trace_reads_as_the_template_renders_the_conversation(qwen):
   assert view.observations[:2] == [(f"added {ITEM}", ITEM), ("paid",)]
   assert view.trace.steps[0].tool_call == {"parallel": [
     {"name": "add", "arguments": {"item": ITEM}}, {"name": "view", "arguments": {}}]}  # fmt: skip
+  # A trace that offers tools: the template writes them into its prompt, as it would for the
+  # model (Qwen2.5's: in the system message).
+  schema = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+  offered, _ = from_messages(TextTrace(messages=MESSAGES, tools=schema), "t", layout, template)
+  assert offered.prompt + offered.completion() + "<|im_end|>\n" == template.render(
+    as_objects, add_generation_prompt=False, tools=schema)  # fmt: skip
+  assert '"name": "add"' in offered.prompt and offered.prompt != trace.prompt
 
 
 @pytest.mark.parametrize(
@@ -611,8 +618,8 @@ def test_the_self_check_reruns_as_many_continuations_as_asked_each_on_its_steps_
     for check in (1, 100):
       labeler = _labeler(path, url, tmp_path / f"{check}.sqlite", chat_template=QWEN,
                          tool_check=check)  # fmt: skip
-      labeler.label(0, 1, seed=0)
-      counts[check] = labeler.checked[0]
+      (row,) = labeler.label(0, 1, seed=0)
+      counts[check] = row["tool_checked"]  # what the dataset's tool_checked sums
   assert counts == {1: 1, 100: 6}  # K = 2 continuations from each of the 3 steps make calls
 
 
@@ -626,3 +633,44 @@ def test_a_replay_that_differs_names_which_of_a_turns_calls_it_was():
   said = f"t, step 0 (call 2 of 2): the environment answers '{ITEM}' where the trace holds 'empty'"
   with pytest.raises(HindsightError, match=re.escape(said)):
     Branches(Cart(), trace, 0, view.calls, view.observations, "t")
+
+
+def test_continuations_cut_at_max_turns_are_counted_apart(tmp_path):
+  """A turn budget that ends continuations before the model or the environment does is
+  counted per trace (the dataset's turn_ends), as the context's ends are."""
+  path = tmp_path / "cart.jsonl"
+  write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0")])
+  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
+  turns = [call.format("view"), call.format("view"), call.format("checkout"), "Bought."]
+  rows = {}
+  with running_app(_fake_completions(turns, [])) as url:
+    for most in (1, 32):
+      labeler = _labeler(path, url, tmp_path / f"{most}.sqlite", chat_template=QWEN,
+                         max_turns=most)  # fmt: skip
+      (rows[most],) = labeler.label(0, 1, seed=0)
+  # Every continuation of steps 0 and 1 views first: at one turn, each is cut there.
+  assert rows[1]["turn_ends"] >= 4 and rows[32]["turn_ends"] == 0
+
+
+def test_a_step_of_an_unknown_role_is_refused_naming_it():
+  steps = [TextStep(HERMES.render_call("view", {})),
+           TextStep(HERMES.render_results(["x"]), role="tools")]  # fmt: skip
+  with pytest.raises(HindsightError, match="role 'tools': an agent trace's step is the agent"):
+    agent_view(TextTrace(prompt="p", steps=steps), "t")
+  bad = [TextStep(HERMES.render_call("view", {})), TextStep("<tool_response>x", role="tool")]
+  with pytest.raises(HindsightError, match="it holds '<tool_response>x'"):
+    agent_view(TextTrace(prompt="p", steps=bad), "t")
+
+
+def test_an_interrupted_workers_keyboard_interrupt_is_not_logged_again():
+  """Ctrl-C lands in a worker task: the job says it in one line, and the task's exception is
+  not printed again as 'Task exception was never retrieved'."""
+  from hindsight.text.client import _quiet_on_interrupt
+
+  seen = []
+  loop = type("Loop", (), {"default_exception_handler": lambda self, c: seen.append(c)})()
+  _quiet_on_interrupt(loop, {"exception": KeyboardInterrupt()})
+  assert seen == []
+  other = {"exception": ValueError("boom")}
+  _quiet_on_interrupt(loop, other)
+  assert seen == [other]

@@ -37,7 +37,8 @@ class LabelMetadata:
   completions: the completions a text job or import spent;
   text: a text job's options as JSON.
   tool_calls: the tool calls an agent-trace job's environment executed (`--tools`).
-  context_ends: its continuations that ended because their text filled the model's context.
+  context_ends, turn_ends: its continuations that ended because their text filled the
+  model's context, or at --max-turns; tool_checked: those --tool-check ran again.
   extra: keys of other writers, kept as they are.
   """
 
@@ -68,6 +69,8 @@ class LabelMetadata:
   text: str | None = None
   tool_calls: int | None = None
   context_ends: int | None = None
+  turn_ends: int | None = None
+  tool_checked: int | None = None
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
@@ -105,7 +108,8 @@ class LabelMetadata:
         values[name] = tuple(str(x) for x in value)
       elif name in ("partial",):
         values[name] = bool(value)
-      elif name in ("audited_steps", "completions", "tool_calls", "context_ends"):
+      elif name in ("audited_steps", "completions", "tool_calls", "context_ends", "turn_ends",
+                    "tool_checked"):  # fmt: skip
         values[name] = int(value)
       elif isinstance(default, bool):
         values[name] = bool(value)

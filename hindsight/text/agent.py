@@ -163,12 +163,15 @@ def agent_view(trace: TextTrace, where: str, chunking: str = "sentences",
   open_turn = False  # the last merged step has no calls yet: a turn still being written
   for k, step in enumerate(steps):
     here = f"{where}, step {k}" + (f" (agent step {len(merged)})" if len(merged) != k else "")
+    if step.role not in (None, "assistant", "tool"):
+      raise HindsightError(f"{here}: role '{step.role}': an agent trace's step is the agent's "
+                           "(no role, or assistant) or the environment's (tool)")  # fmt: skip
     if step.role == "tool":
       found = layout.observations(step.text)
       if found is None:
-        example = layout.render_results(["..."])
+        example, found = layout.render_results(["..."]), step.text[:80]
         raise HindsightError(f"{here}: a `tool` step holds the results of the calls before "
-                             f"it, written {example!r}")  # fmt: skip
+                             f"it, written {example!r}; it holds {found!r}")  # fmt: skip
       if not merged or not calls[-1] or observations[-1] is not None:
         raise HindsightError(f"{here}: a tool result that follows no call")
       if len(found) != len(calls[-1]):
@@ -299,6 +302,7 @@ class AgentLabeler(TextLabeler):
     self.spent: collections.Counter = collections.Counter()
     self.tool_calls: collections.Counter = collections.Counter()
     self.context_ends: collections.Counter = collections.Counter()
+    self.turn_ends: collections.Counter = collections.Counter()
     self.checked: collections.Counter = collections.Counter()  # re-run (--tool-check)
 
   def check_tools(self) -> None:
@@ -448,6 +452,8 @@ class AgentLabeler(TextLabeler):
         break
     r.text += text + self.layout.render_results(observations)
     r.done = done or r.turns >= self.options.max_turns
+    if not done and r.done:  # cut by --max-turns: scored as written, counted apart
+      self.turn_ends[r.ask.episode] += 1
 
   # -- outcomes -----------------------------------------------------------------------------
   def _env_outcome(self, state, where: str) -> float:
@@ -482,6 +488,8 @@ class AgentLabeler(TextLabeler):
     # Continuations ended because the text (a long tool result, say) filled the model's
     # context: scored as they stand, counted apart so a user sees the bias they bring.
     out["context_ends"] = self.context_ends.pop(episode, 0)
+    out["turn_ends"] = self.turn_ends.pop(episode, 0)  # ... and by --max-turns
+    out["tool_checked"] = self.checked.pop(episode, 0)  # continuations --tool-check re-ran
     return out
 
 

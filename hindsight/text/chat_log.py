@@ -11,7 +11,8 @@ one step whose calls run in order; two assistant messages in a row (the first wi
 calls) are refused: a turn is one message.
 
 The prompt is the chat template's rendering of the prompt messages with the generation
-prompt (`--chat-template`), or, without a template, their contents joined by blank lines.
+prompt and the trace's `tools` (`--chat-template`), or, without a template, their contents
+joined by blank lines.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ def content_text(content) -> str:
   raise HindsightError("a message's content must be a string or a list of parts")
 
 
-def prompt_text(messages: list[dict], template=None) -> str:
-  """The prompt of the messages before the first assistant turn (module docstring)."""
+def prompt_text(messages: list[dict], template=None, tools: list | None = None) -> str:
+  """The prompt of the messages before the first assistant turn (module docstring), the
+  template offering `tools` as it writes them (Qwen2.5's: in its system message)."""
   if template is not None:
-    return template.render(messages, add_generation_prompt=True)
+    return template.render(messages, add_generation_prompt=True, tools=tools)
   return "\n\n".join(content_text(m.get("content")) for m in messages)
 
 
@@ -109,7 +111,7 @@ def from_messages(trace: TextTrace, where: str, layout: ToolLayout = HERMES, tem
   if pending:
     raise HindsightError(f"{where}: its last assistant turn makes calls and no `tool` "
                          "message answers them")  # fmt: skip
-  prompt = prompt_text(head, template)
+  prompt = prompt_text(head, template, trace.tools)
   return TextTrace(prompt=prompt, steps=steps or None, id=trace.id, answer=trace.answer,
                    reference=trace.reference, outcome=trace.outcome, metadata=trace.metadata,
                    tools=trace.tools), head  # fmt: skip

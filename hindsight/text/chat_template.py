@@ -37,17 +37,23 @@ class ChatTemplate:
       return None
     return cls(str(record["source"]), tuple(sorted(record.get("tokens", {}).items())))
 
-  def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """The prompt of a conversation; a template that refuses it (its `raise_exception`, a
-    malformed message) is a one-line HindsightError."""
+  def render(self, messages: list[dict], add_generation_prompt: bool = True,
+             tools: list | None = None) -> str:  # fmt: skip
+    """The prompt of a conversation (offering `tools`, OpenAI tool schemas, where given); a
+    template that refuses it (its `raise_exception`, a malformed message) is a one-line
+    HindsightError."""
     try:
       import jinja2
     except ImportError:
       raise HindsightError("a chat template needs jinja2 (pip install 'hindsight[llm]')") from None
 
     try:
+      extra = {"tools": tools} if tools else {}
       return _compiled(self.source).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, **dict(self.tokens)
+        messages=messages,
+        add_generation_prompt=add_generation_prompt,
+        **extra,
+        **dict(self.tokens),
       )
     except jinja2.TemplateError as e:
       raise HindsightError(f"the chat template refused the messages ({e})") from None

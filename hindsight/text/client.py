@@ -394,6 +394,9 @@ class CompletionClient:
   async def _gather(self, items: list, fetch) -> list:
     import httpx
 
+    # Ctrl-C raises KeyboardInterrupt in whichever worker runs then: the job reports it in
+    # one line, and the worker's task, never awaited after it, stays quiet.
+    asyncio.get_running_loop().set_exception_handler(_quiet_on_interrupt)
     # One TLS context for every worker (each would load the CA bundle again, 30 ms apiece).
     verify = _tls_context() if self.url.startswith("https://") else False
     todo = collections.deque(enumerate(items))
@@ -517,6 +520,14 @@ class CompletionClient:
       return parse(response.json())
     except (ValueError, KeyError, TypeError, AttributeError):
       raise _Retry("malformed response (not a JSON answer of the route)") from None
+
+
+def _quiet_on_interrupt(loop, context: dict) -> None:
+  """The event loop's exception handler: an interrupted task's KeyboardInterrupt is the job's
+  to report; anything else goes to asyncio's default handler."""
+  if isinstance(context.get("exception"), KeyboardInterrupt):
+    return
+  loop.default_exception_handler(context)
 
 
 def _count_key(model: str, prompt: str) -> str:

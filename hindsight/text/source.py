@@ -18,6 +18,16 @@ from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 CACHE_FILE = "completions.sqlite"
 
+# What an agent-trace job counts beside its labels (per trace, summed in its metadata): the
+# calls its environment executed, the continuations that ended before the model or the
+# environment ended them, and those --tool-check ran again.
+AGENT_ENDS = {
+  "context_ends": "because their text (a long tool result, say) filled the model's context "
+  "(an environment's max_result_chars cuts long results: docs/agents-text.md)",
+  "turn_ends": "at --max-turns",
+}
+AGENT_COUNTS = ("tool_calls", *AGENT_ENDS, "tool_checked")
+
 
 class TextSource:
   """The job's chunks from `TextLabeler` (a `hindsight.labeling.source.LabelSource`)."""
@@ -52,6 +62,7 @@ class TextSource:
       compiles=False,
     )
     self._truncated = 0
+    self._ends = dict.fromkeys(AGENT_ENDS, 0)
 
   def chunk_multiple(self) -> int:
     return 1
@@ -73,29 +84,29 @@ class TextSource:
       note(f"{stats.truncated} continuations so far ended at their token cap (--max-tokens "
            f"{cap}{less}; finish_reason length): the verifier scored them as written")  # fmt: skip
       self._truncated = stats.truncated
-    ended = int(np.sum(arrays.get("context_ends", 0)))
-    if ended:
-      self._context_ends = getattr(self, "_context_ends", 0) + ended
-      note(f"{self._context_ends} continuations so far ended because their text (a long tool "
-           "result, say) filled the model's context: scored as written, counted in the "
-           "dataset's context_ends; an environment's max_result_chars cuts long results "
-           "(docs/agents-text.md)")  # fmt: skip
+    for name, why in AGENT_ENDS.items():
+      ended = int(np.sum(arrays.get(name, 0)))
+      if ended:
+        self._ends[name] += ended
+        note(f"{self._ends[name]} continuations so far ended {why}: scored as written, "
+             f"counted in the dataset's {name}")  # fmt: skip
     return arrays
 
   def finish(self, chunk_paths: list[str]) -> dict:
     """The horizon is the longest trace, and the cost is in completions (and, for agent
     traces, in the tool calls the environment executed)."""
     agents = bool(self.labeler.options.tools)
-    names = ("length", "completions", *("tool_calls", "context_ends") * agents)
-    totals = chunk_totals(chunk_paths, names)
+    totals = chunk_totals(chunk_paths, ("length", "completions", *AGENT_COUNTS * agents))
     out = {
       "horizon": int(totals["length"].max()),
       "completions": int(totals["completions"].sum()),
       "text": json.dumps(self.labeler.options.describe(), sort_keys=True),
     }
     if agents:
-      out["tool_calls"] = int(totals["tool_calls"].sum())
-      out["context_ends"] = int(totals["context_ends"].sum())
+      out.update({name: int(totals[name].sum()) for name in AGENT_COUNTS})
+      if out["tool_checked"]:
+        note(f"--tool-check: {out['tool_checked']} continuations' calls run again on fresh "
+             "forks gave the same results")  # fmt: skip
     return out
 
 

@@ -76,8 +76,8 @@ class ToolLayout:
                        turn, the stop being the call's close tag)
 
   Reading is tolerant of the whitespace around each piece of markup (a call's JSON is
-  parsed, its spacing free); writing is exact. `ensure_ascii`: how call JSON is written
-  (Python's default, or a template's `tojson`, which keeps non-ASCII text as it is)."""
+  parsed, its spacing free); writing is exact, call JSON as templates' `tojson` writes it
+  (non-ASCII text kept as it is)."""
 
   call_prefix: str = CALL_OPEN
   call_suffix: str = CALL_CLOSE
@@ -86,7 +86,6 @@ class ToolLayout:
   result_suffix: str = RESULT_CLOSE + "\n"
   results_close: str = ""
   turn_end: str = ""
-  ensure_ascii: bool = True
   name: str = "hermes"
 
   def __post_init__(self):
@@ -96,7 +95,7 @@ class ToolLayout:
 
   # -- writing --------------------------------------------------------------------------------
   def render_call(self, name: str, arguments: dict) -> str:
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=self.ensure_ascii)
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return self.call_prefix + body + self.call_suffix
 
   def render_results(self, observations) -> str:
@@ -109,7 +108,10 @@ class ToolLayout:
 
   @classmethod
   def from_json(cls, record: dict | None) -> ToolLayout:
-    return cls(**record) if record else HERMES
+    if not record:
+      return HERMES
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in record.items() if k in known})
 
   # -- reading --------------------------------------------------------------------------------
   @property
@@ -300,7 +302,6 @@ def layout_from_template(template, name: str = "template") -> ToolLayout:
     result_suffix=result_suffix,
     results_close=tail[len(result_suffix) :],
     turn_end=end_of_turn.split()[0] if end_of_turn else "",
-    ensure_ascii=False,
     name=name,
   )
   expected = (layout.render_call(**_PROBE_CALLS[0]) + layout.render_results(_RESULTS[:1])
