@@ -95,7 +95,13 @@ def test_trace_files_bad_lines_are_named(tmp_path):
   with pytest.raises(HindsightError, match=r"t.jsonl:2: not a trace"):
     read_traces(str(path))
   path.write_text('{"prompt": "p", "text": "x", "steps": [{"text": "y"}]}\n')
-  with pytest.raises(HindsightError, match="not both"):
+  with pytest.raises(HindsightError, match="one of `steps`, `text` or `messages`, not steps and"):
+    read_traces(str(path))
+  path.write_text('{"prompt": "p", "messages": [{"role": "user", "content": "q"}]}\n')
+  with pytest.raises(HindsightError, match=r"holds its prompt in its messages.*drop `prompt`"):
+    read_traces(str(path))
+  path.write_text('{"id": "q", "text": "a."}\n')
+  with pytest.raises(HindsightError, match=r"t.jsonl:1: a trace needs `prompt` \(or `messages`\)"):
     read_traces(str(path))
   path.write_text('{"prompt": "p", "steps": []}\n')
   with pytest.raises(HindsightError, match="`steps` is empty"):
