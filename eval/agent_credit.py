@@ -35,8 +35,8 @@ from hindsight.credit.names import KLASS_NAMES
 from hindsight.data import open_labels
 from hindsight.data.labels import as_text
 from hindsight.metrics.drift import bootstrap
-from hindsight.text import tool_world as tw
-from hindsight.text.agent import agent_view
+from hindsight.text.agent_trace import agent_view
+from hindsight.worlds import tool_world as tw
 
 CALL_TAGS = ("search", "read", "lookup", "write", "write_double", "submit")
 RESAMPLES = 2000  # of the traces, for every interval

@@ -39,7 +39,7 @@ from hindsight.serving import Client
 def _trajectory(spec, steps: int, rng) -> dict:
   enc = spec.encoder
   if enc.episode_format == "text":  # a text model: the text world's sentences, as traces
-    from hindsight.text import world
+    from hindsight.worlds import world
 
     traces = world.sample_traces(int(rng.integers(1 << 30)), 8)
     sentences = [s.text for t in traces for s in t.steps]

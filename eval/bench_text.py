@@ -38,11 +38,11 @@ import numpy as np
 
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
-from hindsight.text import world
 from hindsight.text.client import CompletionCache, CompletionClient, Draw, Sampling
-from hindsight.text.exact import compare_to_exact
 from hindsight.text.options import TextOptions
 from hindsight.text.trace import write_traces
+from hindsight.worlds import world
+from hindsight.worlds.exact import compare_to_exact
 
 
 def _start_server(port: int) -> subprocess.Popen:
@@ -253,9 +253,9 @@ def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:
   the cache): a redraw of step t that repeats it verbatim continues exactly as the trace
   does, so with w the share of verbatim redraws, Delta_t = (1 - w) (Q(step t) - E[Q | a
   different step]); the verbatim redraws' outcomes join the keep arm."""
-  from hindsight.text.exact import exact_labels
   from hindsight.text.labeler import TextLabeler
   from hindsight.text.trace import chunk_text
+  from hindsight.worlds.exact import exact_labels
 
   options = TextOptions(endpoint=url, model=world.MODEL_NAME)
   labeler = TextLabeler(f"text:{prompts}", traces, LabelConfig(num_rollouts=16), options)
@@ -291,7 +291,7 @@ def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:
 
 
 def _errors(labels) -> np.ndarray:
-  from hindsight.text.exact import exact_labels
+  from hindsight.worlds.exact import exact_labels
 
   out = []
   for example in labels:

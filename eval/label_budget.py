@@ -104,9 +104,9 @@ def _labeler(url: str, model: str, max_tokens: int, counts):
   from hindsight.data import open_labels
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
-  from hindsight.text import world
   from hindsight.text.options import TextOptions
   from hindsight.text.trace import write_traces
+  from hindsight.worlds import world
 
   def label(out: str, seed: int, traces: int, k: int):
     os.makedirs(out, exist_ok=True)

@@ -58,9 +58,9 @@ def _job(family: str, root: str, stack: contextlib.ExitStack) -> hindsight.Label
   config = {k: kw.pop(k) for k in CONFIG_FIELDS if k in kw}
   K = 1 if config.get("exact") else 4
   if family == "text":
-    from hindsight.text import world
-    from hindsight.text.server import running_world
     from hindsight.text.trace import write_traces
+    from hindsight.worlds import world
+    from hindsight.worlds.server import running_world
 
     url = stack.enter_context(running_world())
     path = os.path.join(root, "prompts.jsonl")

@@ -24,9 +24,9 @@ from hindsight.data import open_labels
 from hindsight.data.episode import Episode
 from hindsight.metrics.drift import EpisodeSteps, bootstrap, equivalent_rollouts, point_metrics
 from hindsight.model.predictor import Predictor, training_run
-from hindsight.text import world
-from hindsight.text.exact import exact_labels
 from hindsight.training import run_training
+from hindsight.worlds import world
+from hindsight.worlds.exact import exact_labels
 
 
 def write_twin(src, out_dir: str) -> str:

@@ -217,10 +217,10 @@ def text_run(tmp_path_factory):
   "text_model" xdist group's: test_text_model.py, test_serving_text.py)."""
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
-  from hindsight.text import world
   from hindsight.text.options import TextOptions
-  from hindsight.text.server import running_world
   from hindsight.text.trace import write_traces
+  from hindsight.worlds import world
+  from hindsight.worlds.server import running_world
 
   root = tmp_path_factory.mktemp("text_model")
   prompts = root / "prompts.jsonl"
@@ -239,7 +239,7 @@ def text_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tool_url():
   """The tool world's scripted agent served on loopback (`text-world serve --tools`)."""
-  from hindsight.text.server import running_world
+  from hindsight.worlds.server import running_world
 
   with running_world(tools=True) as url:
     yield url
@@ -248,8 +248,8 @@ def tool_url():
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
   """Whole traces of the tool world's scripted agent, results as steps of role `tool`."""
-  from hindsight.text import tool_world as tw
   from hindsight.text.trace import write_traces
+  from hindsight.worlds import tool_world as tw
 
   path = tmp_path_factory.mktemp("tools") / "played.jsonl"
   write_traces(str(path), tw.sample_traces(1, 4))

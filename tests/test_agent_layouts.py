@@ -13,15 +13,16 @@ import re
 
 import pytest
 
+from hindsight.agentic.labeler import AgentLabeler
+from hindsight.agentic.tools import ToolEnv, ToolError
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig
-from hindsight.text.agent import AgentLabeler, agent_steps, agent_view
+from hindsight.serving.openai_protocol import running_app
+from hindsight.text.agent_trace import agent_steps, agent_view
 from hindsight.text.chat_log import from_messages, to_messages
 from hindsight.text.chat_template import load_chat_template
 from hindsight.text.options import TextOptions
-from hindsight.text.server import running_app
 from hindsight.text.tool_syntax import HERMES, ToolCall, ToolLayout, layout_from_template
-from hindsight.text.tools import ToolEnv, ToolError
 from hindsight.text.trace import TextStep, TextTrace, write_traces
 
 QWEN = os.path.join(os.path.dirname(__file__), "data", "qwen2_5_chat_template.jinja")
@@ -420,7 +421,7 @@ class LongCart(Cart):
 
 
 def test_an_environment_cuts_its_long_results_everywhere_it_runs():
-  from hindsight.text.tools import Branches, cut_result, execute
+  from hindsight.agentic.tools import Branches, cut_result, execute
 
   env = LongCart()
   _, seen, done = execute(env, env.reset(None, 0), ToolCall("view", {}))
@@ -449,7 +450,7 @@ def test_a_traces_metadata_reaches_the_environments_reset(tmp_path):
   messages[2] = {**messages[2], "tool_calls": [_call("b", "view")]}
   trace, _ = from_messages(TextTrace(messages=messages, metadata={"cart": [ITEM]}), "t")
   view = agent_view(trace, "t")
-  from hindsight.text.tools import Branches
+  from hindsight.agentic.tools import Branches
 
   branches = Branches(StartedCart(), trace, 0, view.calls, view.observations, "t")
   assert branches.at(1)["cart"] == [ITEM] and branches.final["paid"]
@@ -463,7 +464,7 @@ NOWHERE = "http://127.0.0.1:9/v1"  # never asked
 def test_a_call_that_ends_the_episode_is_its_turns_last(tmp_path, qwen):
   """A turn of three calls whose second ends the episode (checkout): the call after it is cut
   from the turn's text and never run; the results block holds the two that ran."""
-  from hindsight.text.agent import _Live
+  from hindsight.agentic.labeler import _Live
   from hindsight.text.client import Completion
   from hindsight.text.labeler import Ask
 
@@ -628,7 +629,7 @@ def test_a_replay_that_differs_names_which_of_a_turns_calls_it_was():
   messages[4]["content"] = "empty"  # the view after the add: the cart holds the dessert
   trace, _ = from_messages(TextTrace(messages=messages), "t")
   view = agent_view(trace, "t")
-  from hindsight.text.tools import Branches
+  from hindsight.agentic.tools import Branches
 
   said = f"t, step 0 (call 2 of 2): the environment answers '{ITEM}' where the trace holds 'empty'"
   with pytest.raises(HindsightError, match=re.escape(said)):

@@ -15,18 +15,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hindsight.agentic.labeler import AgentLabeler
 from hindsight.data import open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
-from hindsight.text import tool_world as tw
-from hindsight.text.agent import AgentLabeler
+from hindsight.serving.openai_protocol import running_app
 from hindsight.text.client import CompletionCache, CompletionClient, Sampling
 from hindsight.text.labeler import Ask
 from hindsight.text.options import TextOptions
-from hindsight.text.server import create_app, running_app
 from hindsight.text.tool_syntax import Malformed, render_call, render_result
 from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
+from hindsight.worlds import tool_world as tw
+from hindsight.worlds.server import create_app
 from tests.conftest import ROOT, assert_one_line_error, run_cli
 
 NULL_TEXT = tw.RESTATE_TEXT + " "
@@ -135,7 +136,7 @@ def test_tools_without_verifier_env_suggest_it_where_the_environment_scores(play
 
 @pytest.mark.parametrize(
   "tools",
-  ["tool-world", "hindsight.text.tool_world:replayed", "hindsight.text.tool_world:snapshotted"],
+  ["tool-world", "hindsight.worlds.tool_world:replayed", "hindsight.worlds.tool_world:snapshotted"],
 )
 def test_a_malformed_call_keeps_the_error_its_trace_recorded(tmp_path, tools):
   """The framework that recorded the trace worded its parse error its own way: any `error:
@@ -178,7 +179,7 @@ def test_a_replay_that_differs_names_who_answered(tmp_path):
           f"the trace holds 'box 1 holds {counts[0] + 1} apples'") in str(e.value)  # fmt: skip
 
 
-@pytest.mark.parametrize("tools", ["tool-world", "hindsight.text.tool_world:replayed"])
+@pytest.mark.parametrize("tools", ["tool-world", "hindsight.worlds.tool_world:replayed"])
 def test_calls_after_the_episode_ended_are_labeled_with_one_note_per_trace(tmp_path, capsys,
                                                                            tools):  # fmt: skip
   _, counts = _task()

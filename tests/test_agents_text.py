@@ -11,18 +11,20 @@ import httpx
 import numpy as np
 import pytest
 
+from hindsight.agentic.labeler import AgentLabeler
 from hindsight.data import open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
-from hindsight.text import tool_world as tw
-from hindsight.text.agent import AgentLabeler, agent_steps, agent_view, unmerged
-from hindsight.text.exact import compare_to_exact
+from hindsight.serving.openai_protocol import running_app
+from hindsight.text.agent_trace import agent_steps, agent_view, unmerged
 from hindsight.text.labeler import Ask
 from hindsight.text.options import TextOptions
-from hindsight.text.server import create_app, running_app
 from hindsight.text.tool_syntax import pieces, render_call, render_result, result_of, trailing_call
 from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
+from hindsight.worlds import tool_world as tw
+from hindsight.worlds.exact import compare_to_exact
+from hindsight.worlds.server import create_app
 from tests.conftest import assert_one_line_error, run_cli
 from tests.tool_envs import Recording
 
@@ -183,8 +185,8 @@ def test_agent_labels_match_the_tool_worlds_exact_credit(tmp_path, tool_url, tas
 
 def test_forked_replayed_and_snapshot_branching_give_identical_labels(tmp_path, tool_url, played):
   out = {}
-  for name, tools in [("fork", "tool-world"), ("replay", "hindsight.text.tool_world:replayed"),
-                      ("snapshot", "hindsight.text.tool_world:snapshotted")]:  # fmt: skip
+  for name, tools in [("fork", "tool-world"), ("replay", "hindsight.worlds.tool_world:replayed"),
+                      ("snapshot", "hindsight.worlds.tool_world:snapshotted")]:  # fmt: skip
     job = _job(played, 3, tool_url, 8, tools=tools)
     out[name] = open_labels(run_label_job(job, str(tmp_path / name), progress=False))
   for other in ("replay", "snapshot"):

@@ -169,7 +169,7 @@ def test_bench_text_smoke(tmp_path):
   from hindsight.lm import backbone, hf
   from hindsight.lm.config import BackboneConfig
   from hindsight.model.encoders.tokenizer import train_bpe
-  from hindsight.text import world
+  from hindsight.worlds import world
 
   texts = [t.prompt + t.completion() for t in world.sample_traces(0, 50)]
   cfg = BackboneConfig("qwen2", 300, 32, 1, 4, 2, 8, 48, max_len=1024)

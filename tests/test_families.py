@@ -138,12 +138,12 @@ def test_an_installed_plugin_is_found_through_its_entry_point(tmp_path, monkeypa
   import importlib.metadata
 
   from hindsight import plugins
+  from hindsight.agentic import tools
   from hindsight.errors import HindsightError
-  from hindsight.text import tools
 
   (tmp_path / "my_plugin_tools.py").write_text(
-    "from hindsight.text.tools import register_tool_env\n"
-    "from hindsight.text.tool_world import ToolWorldEnv\n"
+    "from hindsight.agentic.tools import register_tool_env\n"
+    "from hindsight.worlds.tool_world import ToolWorldEnv\n"
     "register_tool_env('my-tools', lambda: ToolWorldEnv('replay'))\n"
   )
   (tmp_path / "my_broken_plugin.py").write_text("raise RuntimeError('half installed')\n")

@@ -11,10 +11,10 @@ from tqdm import tqdm
 from hindsight.envs.families import family_of
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.source import source_entry
-from hindsight.text import world
 from hindsight.text.options import TextOptions
-from hindsight.text.server import running_world
 from hindsight.text.trace import write_traces
+from hindsight.worlds import world
+from hindsight.worlds.server import running_world
 
 # Fields drawn at random by every source: the credit from branch rollouts, and the episode
 # itself where the source samples it (the JAX engine and the adapters; the text labeler
@@ -55,7 +55,7 @@ def test_the_python_adapters_honour_the_seed(tmp_path):
 def test_the_text_labeler_honours_the_seed(tmp_path, tools):
   """On traces whose steps are given (a trace sampled under the seed would differ by itself):
   only the branch pools can follow the seed, for text and for agent traces (tools run)."""
-  from hindsight.text import tool_world
+  from hindsight.worlds import tool_world
 
   traces = tool_world.sample_traces(0, 3) if tools else world.sample_traces(0, 3)
   path = tmp_path / "traces.jsonl"

@@ -23,7 +23,7 @@ from hindsight.errors import HindsightError
 from hindsight.lm import backbone, hf
 from hindsight.lm.config import BackboneConfig
 from hindsight.model.encoders.tokenizer import train_bpe
-from hindsight.text import world
+from hindsight.worlds import world
 from tests.conftest import FAST_COMPILE, HINDSIGHT, ROOT
 
 SERVER = pytest.mark.xdist_group("lm_server")

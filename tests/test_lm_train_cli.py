@@ -19,7 +19,7 @@ TINY = ["--width", "32", "--depth", "1", "--batch-size", "4"]
 def _serve_lines(path: str, monkeypatch, capsys) -> str:
   """What `serve_lm` says while it starts (the server itself is not run)."""
   from hindsight.lm.server import serve_lm
-  from hindsight.text import server
+  from hindsight.worlds import server
 
   monkeypatch.setattr(server, "serve_until_stopped", lambda app, host, port, listening: None)
   capsys.readouterr()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hindsight.data import open_labels
-from hindsight.text import world
 from hindsight.text.trace import chunk_text
+from hindsight.worlds import world
 from tests.conftest import assert_one_line_error, run_cli
 from tests.test_lm_server import write_folder
 

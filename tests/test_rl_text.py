@@ -18,8 +18,8 @@ from scipy import stats
 
 from hindsight.config_io import load_config
 from hindsight.model.encoders.tokenizer import bytes_tokenizer, train_bpe
-from hindsight.text import world
 from hindsight.text.trace import chunk_text
+from hindsight.worlds import world
 from tests.conftest import assert_one_line_error, page_module, run_cli
 
 # One worker holds the small policy LM and the experiment trained from it.
@@ -673,7 +673,7 @@ def test_pp_credits_alarm_checks_are_exactly_the_steps_it_labels():
 def _simulated_records(rng, updates: int, shift_from: int | None, shift: float, n: int = 16):
   """An update's checks of n steps over the sentence classes: gaps N(0, 0.3) per step,
   the 'restate' steps' gaps moved by `shift` from update `shift_from` on."""
-  from hindsight.text.world import SENTENCE_TAGS
+  from hindsight.worlds.world import SENTENCE_TAGS
 
   records = []
   for u in range(updates):
@@ -687,7 +687,7 @@ def _simulated_records(rng, updates: int, shift_from: int | None, shift: float, 
 
 def _first_alarm(records, baseline=5, window=5):
   from hindsight.lm.rl.alarm import alarm_test
-  from hindsight.text.world import SENTENCE_TAGS
+  from hindsight.worlds.world import SENTENCE_TAGS
 
   for u in range(len(records)):
     test = alarm_test(records[: u + 1], SENTENCE_TAGS, baseline, window, 0.05, 0.05)

@@ -232,7 +232,7 @@ def test_openrlhfs_remote_reward_request_gets_the_outcome_and_the_steps_credit(s
   """{"query": prompt + response, "prompts", "labels"} -> rewards: the verifier's outcome of
   the response against its label; the steps (cut by the model's rule) and their credit are
   /v1/credit's for the same trace."""
-  from hindsight.text import world
+  from hindsight.worlds import world
 
   client, _, _ = served
   traces = [t for t in world.sample_traces(5, 12) if len(t.steps) <= 12][:3]

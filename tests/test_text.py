@@ -21,15 +21,15 @@ from hindsight.data import open_labels
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.job import run_label_job
-from hindsight.text import world
 from hindsight.text.client import Budget, CompletionCache, CompletionClient, Draw, Sampling
-from hindsight.text.exact import compare_to_exact
 from hindsight.text.options import TextOptions
-from hindsight.text.server import running_world
 from hindsight.text.similarity import Similarity
 from hindsight.text.thought_anchors import import_thought_anchors
 from hindsight.text.trace import TextStep, TextTrace, chunk_text, read_traces, write_traces
 from hindsight.text.verify import boxed, last_boxed, load_verifier
+from hindsight.worlds import world
+from hindsight.worlds.exact import compare_to_exact
+from hindsight.worlds.server import running_world
 from tests.conftest import HINDSIGHT, ROOT, run_cli
 
 NULL_TEXT = world.render(world.Problem(0, (1, 1, 1)), 0, 0) + " "

@@ -20,9 +20,9 @@ from hindsight.data.episode import Episode
 from hindsight.errors import HindsightError
 from hindsight.model.encoders import TextEncoder
 from hindsight.model.encoders.tokenizer import Tokenizer, bytes_tokenizer, train_bpe
-from hindsight.text import world
-from hindsight.text.server import running_world
 from hindsight.text.trace import write_traces
+from hindsight.worlds import world
+from hindsight.worlds.server import running_world
 from tests.conftest import run_cli
 
 # Two groups, each on one worker with its module fixture: the credit model on text, and the
@@ -168,7 +168,7 @@ def test_score_and_serve_take_text_traces(text_run, tmp_path):
 def test_the_text_eval_against_the_exact_credit(text_run):
   from hindsight.drift import DriftConfig, run_drift
   from hindsight.model.predictor import training_run
-  from hindsight.text.exact import exact_labels
+  from hindsight.worlds.exact import exact_labels
 
   # One drift report for every run: the harness, with the text plug-in's reference.
   report = run_drift(DriftConfig(checkpoint=text_run["workdir"], bootstrap=50, progress=False))
@@ -346,7 +346,7 @@ def test_a_bf16_backbone_computes_in_bf16_from_float32_weights():
 def test_the_eval_sets_the_lm_backbone_beside_the_step_encoder(lm_run, text_run):
   from hindsight.drift import DriftConfig, run_drift
   from hindsight.model.predictor import Predictor, training_run
-  from hindsight.text.exact import exact_labels
+  from hindsight.worlds.exact import exact_labels
 
   report = run_drift(DriftConfig(checkpoint=lm_run["workdir"], versus=text_run["workdir"],
                                  bootstrap=50, baseline_steps=0, progress=False))  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from hindsight.text.tool_world import ToolWorldEnv
-from hindsight.text.tools import ToolEnv
+from hindsight.agentic.tools import ToolEnv
+from hindsight.worlds.tool_world import ToolWorldEnv
 
 
 class Unbranchable(ToolWorldEnv):

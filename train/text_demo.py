@@ -68,10 +68,10 @@ def run(args) -> int:
   from hindsight.lm.config import LMTrainConfig
   from hindsight.lm.server import MAX_BATCH, running_lm
   from hindsight.lm.train import train_lm
-  from hindsight.text import world
   from hindsight.text.options import TextOptions
   from hindsight.text.trace import write_traces
   from hindsight.training import run_training
+  from hindsight.worlds import world
 
   W = args.workdir
   os.makedirs(W, exist_ok=True)

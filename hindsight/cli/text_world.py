@@ -37,10 +37,10 @@ def interrupted(args) -> str:
 
 
 def run(args) -> int:
-  from hindsight.text import world
+  from hindsight.worlds import world
 
   if args.world_command == "serve":
-    from hindsight.text.server import serve_world
+    from hindsight.worlds.server import serve_world
 
     serve_world(args.host, args.port, args.tools)
     return 0
@@ -53,7 +53,7 @@ def run(args) -> int:
     if args.max_count < 0:
       raise HindsightError(f"--max-count must be >= 0, got {args.max_count}")
     if args.tools:
-      from hindsight.text import tool_world
+      from hindsight.worlds import tool_world
 
       most = args.max_count or tool_world.MOST
       write_traces(args.out, tool_world.prompt_traces(args.seed, args.episodes, most))
@@ -64,7 +64,7 @@ def run(args) -> int:
     print(f"prompts: {args.out}")
     return 0
   from hindsight.files import write_json
-  from hindsight.text.exact import compare_to_exact, exact_summary_text
+  from hindsight.worlds.exact import compare_to_exact, exact_summary_text
 
   report = compare_to_exact(args.dir)
   write_json(args.out, report)

@@ -118,7 +118,7 @@ class LMTrainConfig:
 
   @property
   def counts(self) -> tuple[int, int]:
-    """The [lo, hi) of its problems' box counts (`text.world.problems`)."""
+    """The [lo, hi) of its problems' box counts (`worlds.world.problems`)."""
     return (1, self.max_count + 1)
 
   def backbone(self, vocab_size: int) -> BackboneConfig:

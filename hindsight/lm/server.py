@@ -3,7 +3,7 @@ for what a labeler or an RL loop asks of it.
 
 The model is a `hindsight lm train` workdir or a Hugging Face Qwen2 / Llama 3 folder
 (`--lm PATH`, `train.load_lm`), served under its folder's name or `--served-model-name`.
-Routes (the protocol and its refusals: `text.protocol`):
+Routes (the protocol and its refusals: `serving.openai_protocol`):
 
   POST /v1/completions       `prompt` (a string, a list of strings, token ids or lists of
                              them; choices come back prompt-major), `n`, `max_tokens`
@@ -48,7 +48,7 @@ import numpy as np
 
 from hindsight.errors import HindsightError
 from hindsight.lm.engine import EOS, STOP, Row, SlotEngine, failed
-from hindsight.text.protocol import (
+from hindsight.serving.openai_protocol import (
   DEFAULT_MAX_TOKENS,
   CompletionRequest,
   Refusal,
@@ -295,7 +295,7 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
   """Serves the model at `path` until SIGTERM/SIGINT, saying what it does while it starts
   (which checkpoint of a workdir it serves, the address once it listens)."""
   from hindsight.lm.backbone import parameter_count
-  from hindsight.text.server import serve_until_stopped
+  from hindsight.serving.openai_protocol import serve_until_stopped
 
   def say(text: str) -> None:
     print(f"hindsight: {text}", flush=True)
@@ -329,7 +329,7 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
 def running_lm(path: str, host: str = "127.0.0.1", port: int = 0, warmup: bool = False,
                max_batch: int = MAX_BATCH, name: str | None = None):  # fmt: skip
   """The model served from a thread: yields (base URL http://HOST:PORT/v1, model name)."""
-  from hindsight.text.server import running_app
+  from hindsight.serving.openai_protocol import running_app
 
   engine = open_engine(path, max_batch)
   if warmup:

@@ -91,7 +91,7 @@ def training_sequences(config: LMTrainConfig, tok: Tokenizer | None = None, eos:
   as [N, S] with the last column 0, held-out row mask bool [N]). `tok` None: a BPE trained
   on the traces (EOS id 1). `texts`: (prompts, completions) to train on
   (`read_training_traces`) instead of traces the world samples."""
-  from hindsight.text import tool_world, world
+  from hindsight.worlds import tool_world, world
 
   if texts is not None:
     prompts, completions = texts

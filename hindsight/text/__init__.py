@@ -6,10 +6,11 @@ completions endpoint (docs/text.md).
   hindsight text-world serve | prompts | exact        (a local model with exact credit)
 
 From Python: `read_traces` / `write_traces` and `chunk_text` (the format), `load_verifier`,
-`CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, the text
-world (`hindsight.text.world`, `running_world` serves it from a thread), the tokenizer
+`CompletionClient` (async, cached, retried, budgeted), `import_thought_anchors`, the tokenizer
 (`Tokenizer`, `train_bpe`), a trace as the credit model reads it (`parse_text_episode`) and
-the drift harness's backend of text runs (`open_text`: `hindsight eval` on a text run).
+the drift harness's backend of text runs (`open_text`: `hindsight eval` on a text run). The
+text world and the tool world (`running_world`, `compare_to_exact`) are `hindsight.worlds`;
+agents that call tools, `hindsight.agentic`.
 """
 
 from hindsight._lazy import lazy_exports
@@ -28,8 +29,6 @@ _HOMES = {
   "Sampling": "hindsight.text.client",
   "TextLabeler": "hindsight.text.labeler",
   "import_thought_anchors": "hindsight.text.thought_anchors",
-  "compare_to_exact": "hindsight.text.exact",
-  "running_world": "hindsight.text.server",
   "Tokenizer": "hindsight.model.encoders.tokenizer",
   "train_bpe": "hindsight.model.encoders.tokenizer",
   "parse_text_episode": "hindsight.text.episodes",

@@ -11,7 +11,7 @@ The T steps become an Episode of T steps: rewards 0 but the last (the outcome), 
 (text has no action ids), observations t / T (the position feature of text datasets), tags
 "step" or "tool_call", and the trace's `prompt` (read by an LM-backbone credit model). An
 agent trace's tool results (steps of role `tool`, or `<tool_response>` markup in `text`) join
-the call before them, as its labels merge them (`text.agent`).
+the call before them, as its labels merge them (`text.agent_trace`).
 
 Every step must hold visible text, be valid UTF-8 and fit the model's text encoder
 (`TextEncoder.check_steps`: at most its `max_step_tokens`); otherwise a one-line
@@ -55,7 +55,7 @@ def _steps_of(episode: dict, chunking: str, where: str, unit: str = "turn",
               layout=None) -> tuple[list[str], list[str], list[str] | None]:  # fmt: skip
   """(the steps' texts, their tags, their names in errors where not "step i") of a trace in
   any of the accepted layouts; an agent trace's steps as its labels cut them (`unit`,
-  `layout`: `agent.agent_view`), named by their entries in `steps` too."""
+  `layout`: `agent_trace.agent_view`), named by their entries in `steps` too."""
   from hindsight.text.tool_syntax import HERMES
 
   layout = layout or HERMES
@@ -91,7 +91,7 @@ def _steps_of(episode: dict, chunking: str, where: str, unit: str = "turn",
       raise HindsightError(f"{where}: step {i} is empty")
   agent = _agent_trace(episode, given, layout)
   if agent is not None:  # the agent's steps, each result in its call's, as its labels cut them
-    from hindsight.text.agent import agent_view
+    from hindsight.text.agent_trace import agent_view
 
     view = agent_view(agent, where, chunking, layout, unit)
     texts = [s.text for s in view.trace.steps]

@@ -6,8 +6,8 @@ signal come from here.
 Episodes: the run's test split (the first `--episodes` of it), as the model reads them.
 
 Reference (`--reference`):
-  exact     the text world's dynamic programme (`world.exact_credit`), or the tool world's
-            (`tool_world.exact_credit`, agent traces), stderr 0;
+  exact     the text world's dynamic programme (`worlds.world.exact_credit`), or the tool
+            world's (`worlds.tool_world.exact_credit`, agent traces), stderr 0;
   resample  the same traces relabeled through `--endpoint` at K_ref completions per prefix
             (`--reference-rollouts`, default 256) with a seed of their own (the labels' seed +
             REFERENCE_SEED_OFFSET), cached in the report's cache (`--cache`, default
@@ -19,8 +19,8 @@ Reference (`--reference`):
 
 Signals beside the harness's (the model, the training labels, the outcome, the labels' MC
 progress, a learned PRM reading the text, trained on outcomes only): with the exact reference
-a **Bayes observer of the text** (`world.observer_credit`: the best any reader of the trace can
-do, as the world's competence is hidden from it); with a resampled reference of another
+a **Bayes observer of the text** (`worlds.world.observer_credit`: the best any reader of the
+trace can do, as the world's competence is hidden from it); with a resampled reference of another
 model's traces of the world's problems (the small LM's), the credit the scripted world gives
 the same sentences (`text world's exact credit` and `text world's Bayes observer`: how far
 that model's credit is from the world's). The report adds the equivalent completions per step
@@ -48,39 +48,28 @@ TOP_K = 3
 DEFAULT_ROLLOUTS = 256  # K_ref of a resampled reference
 
 
-def _is_world(examples) -> bool:
-  """Every trace is a text-world problem's."""
-  from hindsight.text import world
+# The bundled worlds' exact credit lives above the text library (`hindsight.worlds.exact`):
+# named here, imported when a run is evaluated.
+BUNDLED_WORLD = "hindsight.worlds.exact:bundled_world"
+EXACT_REFERENCE = "hindsight.worlds.exact:exact_reference"
 
-  return all(world.parse_problem(as_text(e["prompt"])) is not None for e in examples)
+
+def _named(spec: str):
+  from hindsight.plugins import import_function
+
+  return import_function(spec, "the exact reference")[1]
 
 
-def _is_tool_world(examples) -> bool:
-  """Every trace is a tool-world task's."""
-  from hindsight.text import tool_world
-
-  return all(tool_world.parse_task(as_text(e["prompt"])) is not None for e in examples)
+def _world(examples) -> tuple[str, str] | None:
+  """(the bundled world every trace is a problem of, "text world" or "tool world"; its
+  model's name), else None."""
+  return _named(BUNDLED_WORLD)(examples)
 
 
 def exact_reference(examples, replacement: str) -> tuple[list[dict], list[np.ndarray]]:
   """(the world's exact labels of each trace, [T] fields each; the Bayes observer's credit
-  [T] per trace): the text world's, or the tool world's (`tool_world.observer`)."""
-  from hindsight.text import tool_world, world
-  from hindsight.text.exact import exact_labels
-
-  truth, observer = [], []
-  for e in examples:
-    truth.append(exact_labels(e, replacement))
-    prompt, steps = as_text(e["prompt"]), [as_text(s) for s in e["step_text"]]
-    task = tool_world.parse_task(prompt)
-    if task is not None:
-      actions = tool_world.parse_steps(task, steps).actions
-      observer.append(tool_world.observer(task, actions, replacement)[0])
-      continue
-    problem = world.parse_problem(prompt)
-    actions = [world.parse_action(problem, s) for s in steps]
-    observer.append(world.observer_credit(problem, actions, replacement))
-  return truth, observer
+  [T] per trace): `hindsight.worlds.exact.exact_reference`."""
+  return _named(EXACT_REFERENCE)(examples, replacement)
 
 
 def trace_file(recorded: str, labels_dir: str | None) -> str | None:
@@ -119,7 +108,7 @@ def resampled_reference(
   from hindsight.data import open_labels
   from hindsight.labeling.config import LabelConfig
   from hindsight.labeling.job import LabelJob, run_label_job
-  from hindsight.text.agent import unmerged
+  from hindsight.text.agent_trace import unmerged
   from hindsight.text.labeler import name_of
   from hindsight.text.options import TextOptions
   from hindsight.text.trace import TextStep, TextTrace, read_traces, write_traces
@@ -239,7 +228,7 @@ class TextEvaluation:
     main = sets[0]
     if self.observer is not None:
       main.add_row("Bayes observer of the text", "observer", self.observer)
-    elif _is_world(self.examples):
+    elif (_world(self.examples) or ("",))[0] == "text world":
       # Another model's traces of the world's problems: how far its credit is from the credit
       # the scripted world would give the same sentences.
       truth, observer = exact_reference(self.examples, self.run.labels.metadata.replacement)
@@ -259,20 +248,17 @@ class TextEvaluation:
 def open_text(cfg: DriftConfig, run: Run, predictor, out: str) -> TextEvaluation:
   """The evaluation of a run trained on text traces (module docstring)."""
   del predictor
-  from hindsight.text import tool_world, world
-
   if cfg.env is not None:
     raise HindsightError("--env: a text run is evaluated on its test split (no fresh episodes)")
   labels, meta = run.labels, run.labels.metadata
   ids = run.test_ids[: cfg.episodes] if cfg.episodes else run.test_ids
   examples = [labels[int(i)] for i in ids]
-  own = (meta.policy == world.MODEL_NAME and _is_world(examples)) or (
-    meta.policy == tool_world.MODEL_NAME and _is_tool_world(examples)
-  )
+  bundled = _world(examples)
+  own = bundled is not None and meta.policy == bundled[1]
   kind = cfg.reference
   if kind == "auto":  # exact where the traces are a scripted world's own
     kind = "exact" if own else "resample"
-  if kind == "exact" and not (_is_world(examples) or _is_tool_world(examples)):
+  if kind == "exact" and bundled is None:
     raise HindsightError("reference exact: the traces are not the text or tool world's")
   if kind == "resample" and not cfg.endpoint:
     raise HindsightError("reference resample needs --endpoint URL (the model's server)")

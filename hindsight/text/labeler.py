@@ -53,6 +53,7 @@ from hindsight.text.trace import (
   check_chunking,
   chunk_text,
   chunked,
+  name_of,
   read_traces,
 )
 from hindsight.text.verify import load_verifier
@@ -80,11 +81,6 @@ def text_path(env: str) -> str:
   if not path:
     raise HindsightError("env text needs a trace file: text:FILE.jsonl")
   return path
-
-
-def name_of(trace: TextTrace, episode: int) -> str:
-  """The trace's name: its `id`, else trace_<its index in the file>."""
-  return trace.id or f"trace_{episode}"
 
 
 def prompt_name(trace: TextTrace, episode: int) -> str:
@@ -190,9 +186,9 @@ class TextLabeler:
     self.client: CompletionClient | None = None
 
   def check_tools(self) -> None:
-    """A trace that calls tools is refused (`agent.refuse_tool_traces`): without --tools
+    """A trace that calls tools is refused (`agent_trace.refuse_tool_traces`): without --tools
     the model would write the tools' results itself."""
-    from hindsight.text.agent import refuse_tool_traces
+    from hindsight.text.agent_trace import refuse_tool_traces
 
     refuse_tool_traces(self.traces, self.path, self.layout)
 

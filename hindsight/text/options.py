@@ -37,7 +37,7 @@ class TextOptions:
   samples_per_request: `n` of each request; concurrency: requests in flight.
   budget_completions, budget_tokens: most a run may request (0: no limit).
   cache: the completion cache (default OUT/completions.sqlite).
-  tools, max_turns: agent traces (hindsight.text.agent): the environment that executes their
+  tools, max_turns: agent traces (hindsight.agentic.labeler): the environment that executes their
     tool calls in every continuation, and the most model turns a continuation may take.
   agent_steps: what one agent step is: `turn` (one assistant turn: its text, its calls and
     their results) or `chunks` (every thought chunk and every call its own step); "": the
@@ -49,7 +49,7 @@ class TextOptions:
   api: `completions` (/v1/completions, the text continued as it stands) or `chat`
     (/v1/chat/completions, the text read back as messages with structured tool calls).
   tool_check: the self-check of agent traces: this many continuations per trace have their
-    calls run again on a fresh fork and their results compared (`tools.recheck`).
+    calls run again on a fresh fork and their results compared (`agentic.tools.recheck`).
   timeout, retries: per request.
   """
 

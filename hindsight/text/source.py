@@ -27,13 +27,14 @@ AGENT_ENDS = {
   "turn_ends": "at --max-turns",
 }
 AGENT_COUNTS = ("tool_calls", *AGENT_ENDS, "tool_checked")
+# The labeler of `--tools` (agent traces), imported when asked for.
+AGENT_LABELER = "hindsight.agentic.labeler:AgentLabeler"
 
 
 class TextSource:
   """The job's chunks from `TextLabeler` (a `hindsight.labeling.source.LabelSource`)."""
 
   def __init__(self, job: LabelJob, out_dir: str):
-    from hindsight.text.agent import AgentLabeler
     from hindsight.text.labeler import TextLabeler
 
     if job.options is None:
@@ -44,7 +45,11 @@ class TextSource:
         "--concurrency instead of --num-processes)"
       )
     options = job.options
-    labeler = AgentLabeler if options.tools else TextLabeler
+    labeler = TextLabeler
+    if options.tools:  # the agent labeler sits above the text library: named, not imported
+      from hindsight.plugins import import_function
+
+      labeler = import_function(AGENT_LABELER, "--tools")[1]
     self.labeler = labeler(job.env, job.episodes, job.config, options)
     self.cache_path = options.cache or os.path.join(out_dir, CACHE_FILE)
     self.info = SourceInfo(

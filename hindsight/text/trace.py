@@ -80,6 +80,11 @@ class TextTrace(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     return self.prompt + "".join(s.text for s in self.steps[:t])
 
 
+def name_of(trace: TextTrace, episode: int) -> str:
+  """The trace's name: its `id`, else trace_<its index in the file>."""
+  return trace.id or f"trace_{episode}"
+
+
 def _spans(text: str, cuts) -> list[str]:
   """text cut at the ends of the matches of `cuts` (each match stays with the span before)."""
   out, start = [], 0

@@ -48,7 +48,7 @@ class Prompts:
     self.digest = hashlib.sha256(json.dumps(drawn).encode()).hexdigest()
 
   def draw(self, key, n: int) -> list[Prompt]:
-    from hindsight.text import world
+    from hindsight.worlds import world
 
     tok = self.lm.tokenizer
     if self.file is not None:

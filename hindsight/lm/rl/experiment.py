@@ -32,7 +32,7 @@ from hindsight.rl.experiment import (
   own_label_lines,
   warning_lead,
 )
-from hindsight.text.world import SENTENCE_TAGS
+from hindsight.worlds.world import SENTENCE_TAGS
 
 MEASURES = ("success", "tokens", "length", "decorative", "recovered")
 

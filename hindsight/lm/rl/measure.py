@@ -5,7 +5,7 @@ drawn with keys of the point's own stream):
   length       steps per trace (sentences, `text.trace.chunk_text`)
   tokens       generated tokens per trace, EOS included
   tag_share    the share of steps of each sentence class of the text world
-               (`text.world.sentence_tag`; "other" for a sentence the world never writes)
+               (`worlds.world.sentence_tag`; "other" for a sentence the world never writes)
   decorative   the share of restatements, empty checks and unused searches
   recovered    harmful-but-recovered pairs per trace: a wrong idea later corrected
   drift        sources with a model: their predicted credit on the first eval.reference
@@ -23,7 +23,7 @@ from hindsight.lm.rl.credit import all_prefixes, trace_fields
 from hindsight.lm.rl.rollout import Rollouts
 from hindsight.rl.measure import drift_tests
 from hindsight.rl.sources.base import Probe
-from hindsight.text.world import DECORATIVE_TAGS, SENTENCE_TAGS, sentence_tag
+from hindsight.worlds.world import DECORATIVE_TAGS, SENTENCE_TAGS, sentence_tag
 
 
 def step_tags(rollouts: Rollouts) -> list[list[str]]:

@@ -37,7 +37,7 @@ from hindsight.lm.rl.credit import Spend
 from hindsight.lm.rl.grpo import batch_arrays, token_advantages
 from hindsight.lm.rl.measure import evaluate_point, step_tags
 from hindsight.lm.rl.sources import source_class
-from hindsight.text.world import SENTENCE_TAGS
+from hindsight.worlds.world import SENTENCE_TAGS
 
 LOG_FILE = "log.json"
 

@@ -18,7 +18,7 @@ The world has no hidden randomness beyond the text: facts are never forgotten (`
 with forget = 0) and the answer's correctness is written in the answer itself, so the state
 after any prefix is a function of the prefix. That is what makes the credit exact
 (`TextWorld.exact_credit`, dynamic programming over the 64 configurations x 20 times), and
-what lets a server continue any prefix by parsing it back (`hindsight.text.server`).
+what lets a server continue any prefix by parsing it back (`hindsight.worlds.server`).
 
 The answer sentence is one content class whether it is right or wrong (the two renderings
 differ in one number, and the lexical similarity calls them the same content), so

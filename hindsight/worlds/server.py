@@ -7,7 +7,7 @@ choices are one turn each, `tool_world`); `running_world()` starts it in a threa
 problem header and whole sentences); every choice continues it by parsing it back to the
 state (`world.parse_prefix`) and sampling the scripted policy to the end of the episode.
 
-The protocol is `text.protocol`'s (the fields vLLM and SGLang take that matter here, the
+The protocol is `serving.openai_protocol`'s (the fields vLLM and SGLang take that matter here, the
 same refusals and error bodies as `hindsight lm serve`): `prompt` (a string or a list:
 choices come back flattened, prompt-major; token ids are refused, the world has no
 tokenizer), `n`, `max_tokens` (tokens are words here, default WORLD_MAX_TOKENS; a
@@ -20,15 +20,12 @@ and completions served (what a rerun from the cache must leave unchanged).
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 
 import msgspec
 import numpy as np
 
 from hindsight.errors import HindsightError
-from hindsight.text import world
-from hindsight.text.protocol import (
+from hindsight.serving.openai_protocol import (
   CompletionRequest,
   Refusal,
   check_request,
@@ -36,7 +33,10 @@ from hindsight.text.protocol import (
   prompts_of,
   protocol_app,
   read_request,
+  running_app,
+  serve_until_stopped,
 )
+from hindsight.worlds import world
 
 # A whole continuation: the world's episodes are far shorter than this many words.
 WORLD_MAX_TOKENS = 512
@@ -84,7 +84,7 @@ def complete_one(
 def complete_turn(prompt: str, state, rng: np.random.Generator, req: CompletionRequest):
   """The tool world's choice: the agent's next turn (`tool_world.continue_turn`), up to and
   including its next call (which the stop sequence </tool_call> cuts, as it would a model's)."""
-  from hindsight.text import tool_world
+  from hindsight.worlds import tool_world
 
   return _cut(_lead(prompt, tool_world.continue_turn(state, rng, req.temperature, req.top_p)), req)
 
@@ -94,7 +94,7 @@ def create_app(tools: bool = False):
   model, or with `tools` the tool world's agent (`tool_world`: one turn per choice)."""
   import copy
 
-  from hindsight.text import tool_world
+  from hindsight.worlds import tool_world
 
   model = tool_world.MODEL_NAME if tools else world.MODEL_NAME
   parse = tool_world.parse_prefix if tools else world.parse_prefix
@@ -131,23 +131,9 @@ def create_app(tools: bool = False):
   return protocol_app({"/v1/completions": completions}, model, stats)
 
 
-def serve_until_stopped(app, host: str, port: int, listening: str) -> None:
-  """Serves the ASGI `app` with uvicorn until SIGTERM/SIGINT, printing `listening` once its
-  socket accepts connections (not before: a client that reads the line can connect)."""
-  import uvicorn
-
-  class Narrated(uvicorn.Server):
-    async def startup(self, sockets=None):
-      await super().startup(sockets=sockets)
-      if self.started:
-        print(listening, flush=True)
-
-  Narrated(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
-
-
 def serve_world(host: str = "127.0.0.1", port: int = 8100, tools: bool = False) -> None:
   """Serves the text world (or, `tools`, the tool world's agent) until SIGTERM/SIGINT."""
-  from hindsight.text import tool_world
+  from hindsight.worlds import tool_world
 
   if tools:
     name, model = "tool world", tool_world.MODEL_NAME
@@ -164,24 +150,3 @@ def running_world(host: str = "127.0.0.1", port: int = 0, tools: bool = False):
   URL (http://HOST:PORT/v1)."""
   with running_app(create_app(tools), host, port) as url:
     yield url
-
-
-@contextlib.contextmanager
-def running_app(app, host: str = "127.0.0.1", port: int = 0):
-  """An ASGI app served by uvicorn from a thread: yields its base URL (http://HOST:PORT/v1)."""
-  import uvicorn
-
-  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-  thread = threading.Thread(target=server.run, daemon=True)
-  thread.start()
-  deadline = time.monotonic() + 30
-  while not server.started:
-    if not thread.is_alive() or time.monotonic() > deadline:
-      raise HindsightError(f"the server did not start on {host}:{port}")
-    time.sleep(0.01)
-  bound = server.servers[0].sockets[0].getsockname()[1]
-  try:
-    yield f"http://{host}:{bound}/v1"
-  finally:
-    server.should_exit = True
-    thread.join(timeout=10)

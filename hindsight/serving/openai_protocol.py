@@ -1,4 +1,4 @@
-"""The OpenAI completions protocol both local servers speak (the text world, `hindsight.text.
+"""The OpenAI completions protocol both local servers speak (the text world, `hindsight.worlds.
 server`; a language model, `hindsight.lm.server`), as vLLM serves it for the fields that
 matter to a labeler or an RL loop:
 
@@ -15,16 +15,22 @@ neither server implements), another model (404), n outside [1, MAX_N], a bad max
 temperature or top_p, `stream`, `logprobs`, and the vLLM sampling options left at anything
 but their neutral value (`NEUTRAL`). Nothing is ignored silently.
 
-JAX-free: the text world imports it, and so does the language model's server.
+Beside them, how either is served: `serve_until_stopped` (uvicorn until SIGTERM/SIGINT) and
+`running_app` (from a thread, for tests and benchmarks).
+
+JAX-free: the text world imports it, and so does the language model's server; it lives below
+both (as vLLM's `entrypoints/openai/protocol.py` does), so neither reaches into the other.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import msgspec
 
-from hindsight.errors import error_body
+from hindsight.errors import HindsightError, error_body
 
 MAX_N = 256
 # OpenAI's and vLLM's default max_tokens of /v1/completions.
@@ -241,3 +247,38 @@ def protocol_app(routes: dict, model: str, stats: dict, max_model_len: int | Non
     ],
     exception_handlers={HTTPException: http_error},
   )
+
+
+def serve_until_stopped(app, host: str, port: int, listening: str) -> None:
+  """Serves the ASGI `app` with uvicorn until SIGTERM/SIGINT, printing `listening` once its
+  socket accepts connections (not before: a client that reads the line can connect)."""
+  import uvicorn
+
+  class Narrated(uvicorn.Server):
+    async def startup(self, sockets=None):
+      await super().startup(sockets=sockets)
+      if self.started:
+        print(listening, flush=True)
+
+  Narrated(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+
+
+@contextlib.contextmanager
+def running_app(app, host: str = "127.0.0.1", port: int = 0):
+  """An ASGI app served by uvicorn from a thread: yields its base URL (http://HOST:PORT/v1)."""
+  import uvicorn
+
+  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+  thread = threading.Thread(target=server.run, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while not server.started:
+    if not thread.is_alive() or time.monotonic() > deadline:
+      raise HindsightError(f"the server did not start on {host}:{port}")
+    time.sleep(0.01)
+  bound = server.servers[0].sockets[0].getsockname()[1]
+  try:
+    yield f"http://{host}:{bound}/v1"
+  finally:
+    server.should_exit = True
+    thread.join(timeout=10)

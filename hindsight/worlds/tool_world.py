@@ -21,7 +21,7 @@ The environment (`ToolWorldEnv`) executes the calls on a state of its own (the l
 agent knows what the observations told it. The state after any prefix is a function of the
 prefix, (facts read, the last sum's class, the ledger's class): 72 configurations x 12 steps,
 which makes the credit exact by dynamic programming (`exact_credit`), and lets the server
-(`text.server`, `create_app(tools=True)`) continue any prefix by parsing it back.
+(`worlds.server`, `create_app(tools=True)`) continue any prefix by parsing it back.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import re
 
 import numpy as np
 
+from hindsight.agentic.tools import ToolEnv, ToolError
 from hindsight.errors import HindsightError
 from hindsight.text.tool_syntax import (
   ToolCall,
@@ -42,8 +43,7 @@ from hindsight.text.tool_syntax import (
   render_call,
   render_result,
 )
-from hindsight.text.tools import ToolEnv, ToolError
-from hindsight.text.world import sampling_probs
+from hindsight.worlds.world import sampling_probs
 
 MODEL_NAME = "hindsight-tool-world"
 HORIZON = 12
@@ -275,7 +275,7 @@ def parse_prefix(prompt: str) -> AgentState:
   """The state after a prompt: the task header and the agent's text after it, cut into the
   agent's steps as the labels cut it (`agent.agent_steps`: thoughts by sentences, calls;
   the results between them are the environment's)."""
-  from hindsight.text.agent import agent_steps
+  from hindsight.text.agent_trace import agent_steps
 
   task = parse_task(prompt)
   if task is None:
@@ -367,7 +367,7 @@ class ToolWorldEnv(ToolEnv):
 
 def replayed() -> ToolWorldEnv:
   """The tool world branched by replaying its (deterministic) tools (`--tools
-  hindsight.text.tool_world:replayed`)."""
+  hindsight.worlds.tool_world:replayed`)."""
   return ToolWorldEnv("replay")
 
 

@@ -72,8 +72,9 @@ class ToolEnv:
     return None
 
 
-def register_tool_env(name: str, factory: Callable[[], object]) -> None:
-  """Makes `--tools NAME` build the environment `factory()`."""
+def register_tool_env(name: str, factory: Callable[[], object] | str) -> None:
+  """Makes `--tools NAME` build the environment `factory()`; a "MODULE:FACTORY" string is
+  imported only when NAME is asked for."""
   _TOOL_ENVS[name] = factory
 
 
@@ -85,9 +86,11 @@ def load_tool_env(spec: str):
       known = ", ".join(sorted(_TOOL_ENVS)) or "none"
       raise HindsightError(f"--tools {spec}: no such environment (registered: {known}; or "
                            "MODULE:ENV)")  # fmt: skip
+    factory = spec
+  if isinstance(factory, str):  # MODULE:ENV, given or registered by name
     from hindsight.plugins import import_function
 
-    factory = import_function(spec, "--tools")[1]
+    factory = import_function(factory, "--tools")[1]
   try:
     env = factory()
   except Exception as e:  # user code: its failure named in one line
@@ -250,10 +253,5 @@ class Branches:
     return state
 
 
-def _tool_world():
-  from hindsight.text.tool_world import ToolWorldEnv
-
-  return ToolWorldEnv()
-
-
-register_tool_env("tool-world", _tool_world)
+# The built-ins, by name: imported when named (the registry never imports what fills it).
+register_tool_env("tool-world", "hindsight.worlds.tool_world:ToolWorldEnv")

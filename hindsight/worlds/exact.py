@@ -20,7 +20,7 @@ FIELDS = ("credit", "credit_realized", "progress", "phi")
 def exact_labels(example: dict, replacement: str) -> dict[str, np.ndarray]:
   """The world's exact labels of one dataset example ([T] each): the text world's, or the
   tool world's where the prompt is one of its tasks."""
-  from hindsight.text import tool_world, world
+  from hindsight.worlds import tool_world, world
 
   prompt = as_text(example["prompt"])
   if tool_world.parse_task(prompt) is not None:
@@ -31,6 +31,40 @@ def exact_labels(example: dict, replacement: str) -> dict[str, np.ndarray]:
     raise HindsightError("not a text-world or tool-world dataset: a prompt lacks its header")
   actions = [world.parse_action(problem, as_text(s)) for s in example["step_text"]]
   return world.exact_credit(problem, actions, replacement)
+
+
+def bundled_world(examples) -> tuple[str, str] | None:
+  """(the bundled world every example's prompt is a problem of, "text world" or "tool
+  world"; its model's name), else None: what `hindsight eval`'s exact reference reads
+  (`text.evaluate`)."""
+  from hindsight.worlds import tool_world, world
+
+  prompts = [as_text(e["prompt"]) for e in examples]
+  if all(world.parse_problem(p) is not None for p in prompts):
+    return "text world", world.MODEL_NAME
+  if all(tool_world.parse_task(p) is not None for p in prompts):
+    return "tool world", tool_world.MODEL_NAME
+  return None
+
+
+def exact_reference(examples, replacement: str) -> tuple[list[dict], list[np.ndarray]]:
+  """(the world's exact labels of each trace, [T] fields each; the Bayes observer's credit
+  [T] per trace): the text world's, or the tool world's (`tool_world.observer`)."""
+  from hindsight.worlds import tool_world, world
+
+  truth, observer = [], []
+  for e in examples:
+    truth.append(exact_labels(e, replacement))
+    prompt, steps = as_text(e["prompt"]), [as_text(s) for s in e["step_text"]]
+    task = tool_world.parse_task(prompt)
+    if task is not None:
+      actions = tool_world.parse_steps(task, steps).actions
+      observer.append(tool_world.observer(task, actions, replacement)[0])
+      continue
+    problem = world.parse_problem(prompt)
+    actions = [world.parse_action(problem, s) for s in steps]
+    observer.append(world.observer_credit(problem, actions, replacement))
+  return truth, observer
 
 
 def compare_to_exact(path: str) -> dict:
