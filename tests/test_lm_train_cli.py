@@ -19,9 +19,11 @@ TINY = ["--width", "32", "--depth", "1", "--batch-size", "4"]
 def _serve_lines(path: str, monkeypatch, capsys) -> str:
   """What `serve_lm` says while it starts (the server itself is not run)."""
   from hindsight.lm.server import serve_lm
-  from hindsight.worlds import server
+  from hindsight.serving import openai_protocol
 
-  monkeypatch.setattr(server, "serve_until_stopped", lambda app, host, port, listening: None)
+  monkeypatch.setattr(
+    openai_protocol, "serve_until_stopped", lambda app, host, port, listening: None
+  )
   capsys.readouterr()
   serve_lm(path, warmup=False, max_batch=1)
   return capsys.readouterr().out
