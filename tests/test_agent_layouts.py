@@ -27,6 +27,8 @@ from hindsight.text.trace import TextStep, TextTrace, write_traces
 
 QWEN = os.path.join(os.path.dirname(__file__), "data", "qwen2_5_chat_template.jinja")
 ITEM = "Crème brûlée"
+# A call without arguments as Qwen2.5's template writes it (`.format(name)`).
+QWEN_CALL = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -343,8 +345,7 @@ def test_the_self_check_catches_a_tool_the_trace_never_called(tmp_path):
   messages[2] = {**messages[2], "tool_calls": [_call("a", "add", item=ITEM)]}
   path = tmp_path / "cart.jsonl"
   write_traces(str(path), [TextTrace(messages=messages, id="cart0")])
-  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
-  turns = [call.format("view"), call.format("checkout"), "Bought."]
+  turns = [QWEN_CALL.format("view"), QWEN_CALL.format("checkout"), "Bought."]
   with running_app(_fake_completions(turns, [])) as url:
     for check, cache in ((0, "a"), (2, "b")):
       env = "tests.test_agent_layouts:ClockCart"
@@ -610,10 +611,14 @@ def test_the_self_check_reruns_as_many_continuations_as_asked_each_on_its_steps_
   messages[2] = {**messages[2], "tool_calls": [_call("a", "add", item=ITEM)]}
   path = tmp_path / "cart.jsonl"
   write_traces(str(path), [TextTrace(messages=messages, id="cart0")])
-  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
   # By the results so far: a view from steps 0 and 1 (the cart empty, then holding the dessert),
   # a checkout (refused from step 2: the trace paid), then a last word.
-  turns = [call.format("view"), call.format("view"), call.format("checkout"), "Bought."]
+  turns = [
+    QWEN_CALL.format("view"),
+    QWEN_CALL.format("view"),
+    QWEN_CALL.format("checkout"),
+    "Bought.",
+  ]
   counts = {}
   with running_app(_fake_completions(turns, [])) as url:
     for check in (1, 100):
@@ -641,8 +646,12 @@ def test_continuations_cut_at_max_turns_are_counted_apart(tmp_path):
   counted per trace (the dataset's turn_ends), as the context's ends are."""
   path = tmp_path / "cart.jsonl"
   write_traces(str(path), [TextTrace(messages=MESSAGES, id="cart0")])
-  call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
-  turns = [call.format("view"), call.format("view"), call.format("checkout"), "Bought."]
+  turns = [
+    QWEN_CALL.format("view"),
+    QWEN_CALL.format("view"),
+    QWEN_CALL.format("checkout"),
+    "Bought.",
+  ]
   rows = {}
   with running_app(_fake_completions(turns, [])) as url:
     for most in (1, 32):
