@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15 tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 --durations=15 tests
 
 # The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
 # while working. CI runs `make test`, everything.
@@ -40,7 +40,7 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/python eval/bench_labeler.py

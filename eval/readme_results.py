@@ -13,8 +13,9 @@ is rendered here from those two files and nothing else: the labels' size and K, 
 trained and the step scored, the drift table (Spearman, MAE, within-episode Spearman with
 their 95% bootstrap intervals), the reference's noise ceiling, the model's equivalent
 rollouts K*, its coverage and the decorative-versus-fact contrast. Without `--write` it
-checks, and exits 1 with the first figure or word that differs, so a README that no longer
-matches its command fails (tests/test_drift_harness.py runs it on the :smoke run).
+checks (`--check`, the default): it prints each figure whose text differs but counts as the
+same, and why, and exits 1 with the first figure or word that differs, so a README that no
+longer matches its command fails (tests/test_drift_harness.py runs it on the :smoke run).
 
 The check holds the README to the same figures up to float rounding, as the README promises
 of another machine, and no further (`same_figure`):
@@ -188,31 +189,39 @@ def _unit(text: str) -> float:
   return 10.0 ** -len(decimals) if dot else 1.0
 
 
-def same_figure(have: re.Match, want: re.Match) -> bool:
-  """Whether two figures (`FIGURE` matches) are the same up to float rounding (module
-  docstring)."""
+# Why two figures count as the same (`same_figure`), as `check` reports it.
+EXACT = "the same text"
+ROUNDED = "within float rounding"
+INSIDE = "each inside the other's interval"
+
+
+def same_figure(have: re.Match, want: re.Match) -> str | None:
+  """Why two figures (`FIGURE` matches) are the same up to float rounding (module docstring):
+  EXACT, ROUNDED or INSIDE; None when they are not."""
   if have[0] == want[0]:  # a point estimate may lie outside its own bootstrap interval
-    return True
+    return EXACT
   a, b = have["value"], want["value"]
   if a.startswith("**") != b.startswith("**"):
-    return False
+    return None
   a, b = a.strip("*"), b.strip("*")
   if "n/a" in (a, b) or (have["lo"] is None) != (want["lo"] is None):
-    return False
+    return None
   if have["lo"] is None:
     if "." not in a + b and "%" not in a + b:  # a count
-      return a == b
-    return abs(_number(a) - _number(b)) <= ROUNDING * max(_unit(a), _unit(b)) * (1 + 1e-9)
+      return EXACT if a == b else None
+    near = abs(_number(a) - _number(b)) <= ROUNDING * max(_unit(a), _unit(b)) * (1 + 1e-9)
+    return ROUNDED if near else None
   bounds = (have["lo"], have["hi"], want["lo"], want["hi"])
   if "n/a" in bounds:  # no interval to hold it to: every defined number to rounding
     pairs = [(a, b), (have["lo"], want["lo"]), (have["hi"], want["hi"])]
-    return all(
+    near = all(
       (x == "n/a") == (y == "n/a")
       and (x == "n/a" or abs(_number(x) - _number(y)) <= ROUNDING * _unit(x) * (1 + 1e-9))
       for x, y in pairs
     )
+    return ROUNDED if near else None
   lo_a, hi_a, lo_b, hi_b = map(_number, bounds)
-  return lo_b <= _number(a) <= hi_b and lo_a <= _number(b) <= hi_a
+  return INSIDE if lo_b <= _number(a) <= hi_b and lo_a <= _number(b) <= hi_a else None
 
 
 def _pieces(block: str) -> list:
@@ -234,31 +243,45 @@ def _blocks(text: str) -> list[str]:
   return blocks
 
 
-def check(readme: str, rendered: str) -> str | None:
-  """None when the README's section is `rendered` up to float rounding (module docstring),
-  else the first figure or words that differ, and where."""
+def check(readme: str, rendered: str) -> tuple[str | None, list[str]]:
+  """(None when the README's section is `rendered` up to float rounding (module docstring),
+  else the first figure or words that differ, and where; one line for each figure whose
+  text differs but counts as the same, saying why)."""
   _, start, end = section(readme)
   have, want = _blocks(readme[start:end]), _blocks(rendered)
+  accepted = []
   for a, b in zip(have, want, strict=False):
     pa, pb, before = _pieces(a), _pieces(b), ""
     for x, y in zip(pa, pb, strict=False):
-      same = same_figure(x, y) if isinstance(x, re.Match) and isinstance(y, re.Match) else x == y
-      if not same:
+      figures = isinstance(x, re.Match) and isinstance(y, re.Match)
+      why = same_figure(x, y) if figures else (EXACT if x == y else None)
+      if why is None:
         x, y = (v[0] if isinstance(v, re.Match) else repr(v) for v in (x, y))
-        return f"after '...{before[-60:]}' the section has\n  {x}\nbut the reports give\n  {y}"
+        problem = f"after '...{before[-60:]}' the section has\n  {x}\nbut the reports give\n  {y}"
+        return problem, accepted
+      if why != EXACT:
+        accepted.append(f"{x[0]} (README) and {y[0]} (reports): {why}")
       before += x if isinstance(x, str) else x[0]
     if len(pa) != len(pb):
-      return f"the section's\n  {' '.join(a.split())}\nhas other figures than the reports'"
+      return (
+        f"the section's\n  {' '.join(a.split())}\nhas other figures than the reports'",
+        accepted,
+      )
   if len(have) != len(want):
-    return f"the section has {len(have)} lines and paragraphs, the reports give {len(want)}"
-  return None
+    return (
+      f"the section has {len(have)} lines and paragraphs, the reports give {len(want)}",
+      accepted,
+    )
+  return None, accepted
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--run", help="the run's directory (default: the one the section names)")
   parser.add_argument("--readme", default="README.md", help="the page to check")
-  parser.add_argument("--write", action="store_true", help="rewrite the section instead")
+  how = parser.add_mutually_exclusive_group()
+  how.add_argument("--check", action="store_true", help="check the section (the default)")
+  how.add_argument("--write", action="store_true", help="rewrite the section instead")
   args = parser.parse_args(argv)
   with open(args.readme) as f:
     readme = f.read()
@@ -269,11 +292,14 @@ def main(argv=None) -> int:
       f.write(readme[:start] + rendered + "\n" + readme[end:])
     print(f"{args.readme}: results section written from {args.run or named}")
     return 0
-  problem = check(readme, rendered)
+  problem, accepted = check(readme, rendered)
+  for line in accepted:
+    print(f"  {line}")
   if problem is not None:
     print(f"readme_results: {args.readme} does not match its reports: {problem}", file=sys.stderr)
     return 1
-  print(f"{args.readme}: the results section matches {args.run or named}'s reports")
+  how = f" ({len(accepted)} figures up to rounding or inside their intervals)" if accepted else ""
+  print(f"{args.readme}: the results section matches {args.run or named}'s reports{how}")
   return 0
 
 

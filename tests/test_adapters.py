@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from hindsight.envs.adapters import make_py_env
+from hindsight.envs.families import make_py_env
 from hindsight.errors import HindsightError
 from hindsight.labeling import LabelConfig
 from hindsight.labeling.config import LabelJob

@@ -108,7 +108,7 @@ def test_a_label_source_of_ones_own_serves_a_family(user_module, tmp_path):
   drives it through the LabelSource protocol alone: one timing per chunk, and the labels are
   key_corridor's bit for bit."""
   import hindsight
-  from hindsight.labeling.source import LabelSource
+  from hindsight.labeling.label_source import LabelSource
 
   user_module("my_sources", "labeling.md", "## Your own label source")
   import my_sources

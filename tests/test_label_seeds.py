@@ -1,4 +1,4 @@
-"""Every label source honours the seed (`labeling.source.LabelSource.label`): the same seed
+"""Every label source honours the seed (`labeling.label_source.LabelSource.label`): the same seed
 gives the same labels, built by a fresh source, and another seed other labels, for the JAX
 engine, the Python adapters (Gymnasium) and the text labeler (the text world's endpoint)."""
 

@@ -117,7 +117,7 @@ def _check(tmp_path, readme_section, **drift_changes):
   return readme_results.main(["--run", run, "--readme", _page(tmp_path, readme_section)])
 
 
-def test_the_check_passes_the_same_figures_up_to_float_rounding(tmp_path):
+def test_the_check_passes_the_same_figures_up_to_float_rounding(tmp_path, capsys):
   """A README written from one machine's reports passes against another's that differ by
   float rounding: each value inside the other's interval (0.890 [0.878, 0.898] against
   0.891 [0.880, 0.899], K* 151.3 against 151.1), a figure without an interval by one unit of
@@ -137,7 +137,16 @@ def test_the_check_passes_the_same_figures_up_to_float_rounding(tmp_path):
     reference={"rollouts": 1024, "check": check},
   )
   assert readme != readme_results.render(_reports(tmp_path, **other)[0], "runs/demo")
+  capsys.readouterr()
   assert _check(tmp_path, readme, **other) == 0
+  # ... and it says which figures differ and why each still counts as the same
+  said = capsys.readouterr().out
+  assert "**0.890** [0.878, 0.898] (README) and **0.891** [0.880, 0.899] (reports): each " \
+         "inside the other's interval" in said  # fmt: skip
+  assert "151.3 [126.4, 176.4] (README) and 151.1 [126.0, 176.9] (reports): each inside" in said
+  assert "**0.900** (README) and **0.901** (reports): within float rounding" in said
+  assert "[0.945, 0.962] (README)" not in said  # a figure printed alike is not listed
+  assert "(3 figures up to rounding or inside their intervals)" in said
   # the closing paragraph rewrapped, as a wider figure would: still the same section
   paragraphs = readme.split("\n\n")
   rewrapped = "\n\n".join([*paragraphs[:-1], " ".join(paragraphs[-1].split())])
@@ -146,13 +155,16 @@ def test_the_check_passes_the_same_figures_up_to_float_rounding(tmp_path):
   # the check's own tolerance: one unit of the last digit for a figure without an interval
   assert readme_results.ROUNDING == 1
   FIG = readme_results.FIGURE.fullmatch
-  assert readme_results.same_figure(FIG("94%"), FIG("95%"))
+  assert readme_results.same_figure(FIG("94%"), FIG("95%")) == readme_results.ROUNDED
   assert not readme_results.same_figure(FIG("94%"), FIG("96%"))
   assert readme_results.same_figure(FIG("-0.49"), FIG("-0.48"))
   assert readme_results.same_figure(FIG("0.5 [n/a, n/a]"), FIG("0.6 [n/a, n/a]"))
   assert not readme_results.same_figure(FIG("0.5 [n/a, n/a]"), FIG("0.7 [n/a, n/a]"))
   assert not readme_results.same_figure(FIG("0.5 [0.4, n/a]"), FIG("0.5 [n/a, n/a]"))
-  assert readme_results.same_figure(FIG("**0.7** [0.9, 1.0]"), FIG("**0.7** [0.9, 1.0]"))
+  assert (
+    readme_results.same_figure(FIG("**0.7** [0.9, 1.0]"), FIG("**0.7** [0.9, 1.0]"))
+    == "the same text"
+  )
   assert not readme_results.same_figure(FIG("**0.95**"), FIG("0.95"))
   # each value inside the other's interval, both ways: one inside is not enough
   wide, off = FIG("0.890 [0.880, 0.900]"), FIG("0.905 [0.889, 0.915]")

@@ -155,18 +155,6 @@ class DmEnv(PyEnv):
     )
 
 
-def make_py_env(spec: str, horizon: int | None = None) -> PyEnv:
-  """The stateful Python environment of a `gymnasium:` / `dm_env:` spec (any family with a
-  `make_python`, hindsight.envs.families)."""
-  from hindsight.envs.families import family_of, known_specs, split_spec
-
-  family = family_of(spec)
-  if family.make_python is None:
-    known = known_specs(where=lambda f: f.make_python is not None)
-    raise HindsightError(f"env {spec}: expected a Python environment ({known})")
-  return family.make_python(split_spec(spec)[1], horizon)
-
-
 def import_policy(spec: str):
   """(module, FN) of a `--policy MODULE:FN`; a one-line error if either cannot be had."""
   return import_function(spec, "--policy")

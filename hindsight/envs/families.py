@@ -169,6 +169,16 @@ def family_of(spec: str) -> EnvFamily:
   return _FAMILIES[name]
 
 
+def make_py_env(spec: str, horizon: int | None = None):
+  """The stateful Python environment of a `gymnasium:` / `dm_env:` spec (any family with a
+  `make_python`): an `adapters.PyEnv`."""
+  family = family_of(spec)
+  if family.make_python is None:
+    known = known_specs(where=lambda f: f.make_python is not None)
+    raise HindsightError(f"env {spec}: expected a Python environment ({known})")
+  return family.make_python(split_spec(spec)[1], horizon)
+
+
 def check_env_options(family: EnvFamily, given: Mapping[str, bool]) -> None:
   """Refuses (one line) an environment option the family does not take; `given` says, for
   each of ENV_OPTIONS, whether the job set it."""

@@ -1,4 +1,4 @@
-"""The JAX engine as a label source (`hindsight.labeling.source.LabelSource`): chunks of
+"""The JAX engine as a label source (`hindsight.labeling.label_source.LabelSource`): chunks of
 episodes sampled and labeled by `Labeler`'s compiled program, sharded over the devices, with
 agent-level credit (Shapley values) for multi-agent environments."""
 
@@ -15,8 +15,8 @@ from hindsight.labeling import trajectories as tr
 from hindsight.labeling.agents import MAX_ENUMERATED_AGENTS, agent_credit
 from hindsight.labeling.config import LabelJob
 from hindsight.labeling.engine import Labeler, episode_key, to_numpy
+from hindsight.labeling.label_source import SourceInfo
 from hindsight.labeling.rollout import Trajectory
-from hindsight.labeling.source import SourceInfo
 
 AGENT_KEY_SALT = 0x0A6E7  # folds the coalition-rollout keys off an episode's root key
 DEFAULT_PERMUTATIONS = 64  # sampled Shapley values, beyond MAX_ENUMERATED_AGENTS agents
@@ -51,7 +51,7 @@ def fitted_horizon(job: LabelJob) -> int | None:
 
 
 class JaxSource:
-  """Chunks from the JAX engine (sharded over devices): a `labeling.source.LabelSource`."""
+  """Chunks from the JAX engine (sharded over devices): a `labeling.label_source.LabelSource`."""
 
   def __init__(self, job: LabelJob):
     self.env, self.policy = make(job.env, job.policy, fitted_horizon(job), job.return_range)

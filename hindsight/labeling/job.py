@@ -28,7 +28,8 @@ from hindsight.envs.families import EnvFamily, check_env_options, family_of
 from hindsight.errors import HindsightError, make_dir, note
 from hindsight.files import atomic_savez, atomic_write_text
 from hindsight.labeling.config import LabelJob
-from hindsight.labeling.source import LabelSource, SourceEntry, source_entry
+from hindsight.labeling.label_source import LabelSource
+from hindsight.labeling.source import SourceEntry, source_entry
 from hindsight.progress import CompileAwareBar
 
 CHUNKS = "_chunks"

@@ -35,11 +35,12 @@ import numpy as np
 from hindsight.credit.estimators import tie_upper_rates, z_value
 from hindsight.credit.fields import continuation_totals, step_fields
 from hindsight.credit.replacement import check_replacement
-from hindsight.envs.adapters import PyEnv, make_py_env, python_policy
+from hindsight.envs.adapters import PyEnv, python_policy
+from hindsight.envs.families import make_py_env
 from hindsight.errors import HindsightError
 from hindsight.labeling.config import LabelConfig, LabelJob
 from hindsight.labeling.engine import episode_key
-from hindsight.labeling.source import SourceInfo
+from hindsight.labeling.label_source import SourceInfo
 
 TRAJ, REPLACE, PHI, CONTINUE, ENV_NOISE = range(5)  # random streams
 log = logging.getLogger(__name__)
@@ -279,7 +280,7 @@ def label_episodes(
 
 class PySource:
   """Chunks from Gymnasium / dm_env environments over a process pool (a
-  `hindsight.labeling.source.LabelSource`)."""
+  `hindsight.labeling.label_source.LabelSource`)."""
 
   def __init__(self, job: LabelJob):
     env = make_py_env(job.env, job.horizon)

@@ -13,7 +13,7 @@ import numpy as np
 
 from hindsight.errors import HindsightError, note
 from hindsight.labeling.config import LabelJob
-from hindsight.labeling.source import SourceInfo, chunk_totals
+from hindsight.labeling.label_source import SourceInfo, chunk_totals
 from hindsight.text.estimate import SUCCESS_THRESHOLD
 
 CACHE_FILE = "completions.sqlite"
@@ -32,7 +32,7 @@ AGENT_LABELER = "hindsight.agentic.labeler:AgentLabeler"
 
 
 class TextSource:
-  """The job's chunks from `TextLabeler` (a `hindsight.labeling.source.LabelSource`)."""
+  """The job's chunks from `TextLabeler` (a `hindsight.labeling.label_source.LabelSource`)."""
 
   def __init__(self, job: LabelJob, out_dir: str):
     from hindsight.text.labeler import TextLabeler

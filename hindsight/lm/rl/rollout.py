@@ -104,6 +104,13 @@ class PolicySampler:
       self._engine.set_state(state)
     return self._engine
 
+  def close(self) -> None:
+    """Stops the engine's worker thread (a sampler left open keeps a thread and its KV cache
+    for the life of the process); the next call builds a fresh engine."""
+    if self._engine is not None:
+      self._engine.close()
+      self._engine = None
+
   def complete(self, state, prompts: list[np.ndarray], budgets, keys) -> list[np.ndarray]:
     """Completions int32 [c_i] (EOS included when drawn) of `prompts` (ids each) within
     `budgets` tokens (ints, cut to what the context leaves), row i drawn with keys[i] (a

@@ -103,6 +103,7 @@ def seed_learner(ctx, source, seed_index: int):
 
   learner = CreditGRPOLearner(make_cluster(ctx.lm, ctx.config.grpo),
                               algo_config(ctx.config.grpo), make_batch)  # fmt: skip
+  ctx.sampler.close()  # the sampler it replaces (the setup's, or the last seed's)
   ctx.sampler = learner.rollout
   return learner
 
@@ -288,8 +289,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
   total = int(config.num_seeds) * int(config.grpo.updates)
   bar = CompileAwareBar(total=total, desc=f"rl {source.name}", unit="update",
                         disable=not config.progress)  # fmt: skip
-  logs = [SeedRun(ctx, source, i, workdir).run(bar) for i in range(int(config.num_seeds))]
-  bar.close()
+  logs = []
+  try:
+    for i in range(int(config.num_seeds)):
+      logs.append(SeedRun(ctx, source, i, workdir).run(bar))
+  finally:
+    ctx.sampler.close()
+    bar.close()
   wall = sum(log.get("seconds", 0.0) for log in logs)
   results = assemble(config, source, logs, setup, wall, setup_seconds)
   write_json(os.path.join(workdir, "results.json"), results)
