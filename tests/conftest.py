@@ -17,13 +17,21 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 CLI_FLAGS = os.environ["XLA_FLAGS"]  # a subprocess's flags where its device count is not tested
-# One persistent XLA cache for the session's processes: the training tests start several
-# subprocesses that compile the same programs (results do not depend on it).
+# One persistent XLA cache for the subprocesses the tests start: the training tests start several
+# that compile the same programs (results do not depend on it) ...
 _CACHE = os.path.join(ROOT, ".pytest_cache", "jax-compilation-cache")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("HINDSIGHT_COMPILATION_CACHE", _CACHE)  # the CLI's own setting
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 HINDSIGHT = [sys.executable, "-m", "hindsight.cli"]
+# ... but not in the pytest processes themselves: a worker that lives through the whole suite
+# (thousands of executables) has crashed inside XLA's CPU executable (de)serialization
+# (`compilation_cache.put_executable_and_time` / `get_executable_and_time`, a segfault that
+# takes the worker down). In-process CLI runs (`enable_compilation_cache` sets only the
+# directory) compile instead: about 10% slower on the CLI-heavy modules, and that code never runs.
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)
 
 
 def pytest_configure(config):
