@@ -46,6 +46,74 @@ def pytest_configure(config):
                   ignore_errors=True)  # fmt: skip
 
 
+# -- workers balanced by measured durations ---------------------------------------------------
+# `--dist loadgroup` hands each worker one unit at a time (an xdist_group's tests, or one test)
+# in collection order. Ordered longest first (groups, and modules kept whole) by the seconds
+# each test took in a recorded run (tests/durations.json, `make durations`), the last unit to
+# start is a short one, and no worker idles while the other finishes a long group (Makefile:
+# --no-loadscope-reorder keeps this order; xdist's own orders by test count).
+DURATIONS = os.path.join(ROOT, "tests", "durations.json")
+_UNKNOWN_SECONDS = 5.0  # a test the record does not know yet (a new one): about the median
+
+
+def pytest_addoption(parser):
+  parser.addoption("--record-durations", metavar="PATH",
+                   help="write each test's seconds (setup, call and teardown) to PATH")  # fmt: skip
+
+
+def _test_id(nodeid: str) -> str:
+  """The node id without the `@group` suffix xdist's loadgroup adds."""
+  at = nodeid.rfind("@")
+  return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
+def _unit(item) -> str:
+  """What `item` is ordered with: its xdist_group (scheduled as one), else its module (kept
+  together, so a worker that runs several of its tests builds its module fixtures once)."""
+  groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                   for m in item.iter_markers("xdist_group")})  # fmt: skip
+  return "@" + "_".join(groups) if groups else item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config, items):
+  """Groups and modules longest first by the recorded seconds (a stable sort: their tests
+  keep their order, and every worker collects the same order, as xdist requires)."""
+  import json
+
+  try:
+    with open(DURATIONS) as f:
+      seconds = json.load(f)
+  except (OSError, ValueError):
+    return
+  total: dict[str, float] = {}
+  for item in items:
+    unit = _unit(item)
+    total[unit] = total.get(unit, 0.0) + seconds.get(_test_id(item.nodeid), _UNKNOWN_SECONDS)
+  first = {}
+  for i, item in enumerate(items):
+    first.setdefault(_unit(item), i)
+  items.sort(key=lambda item: (-total[_unit(item)], first[_unit(item)]))
+
+
+_RECORDED: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+  if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports
+    test = _test_id(report.nodeid)
+    _RECORDED[test] = _RECORDED.get(test, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+  path = session.config.getoption("--record-durations", None)
+  if path and not os.environ.get("PYTEST_XDIST_WORKER") and _RECORDED:
+    import json
+
+    with open(path, "w") as f:
+      json.dump({k: round(v, 1) for k, v in sorted(_RECORDED.items())}, f, indent=0)
+      f.write("\n")
+
+
 def page_file(page: str, name: str) -> str:
   """The Python block of `page` (README.md, docs/X.md) that starts with the comment `# NAME`:
   a file the page asks its reader to write (docs/rl.md's my_catch.py), that line dropped."""
