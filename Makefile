@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-text test test-fast durations bench lint format clean
+.PHONY: demo demo-text test test-fast bench lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0 --durations=15 tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 --durations=15 tests
 
 # The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
 # while working. CI runs `make test`, everything.
@@ -40,13 +40,7 @@ test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0 -m "not slow" tests
-
-# Each test's seconds on this machine into tests/durations.json: `make test` orders groups and
-# modules longest first by them (tests/conftest.py), so both workers finish together.
-durations: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0 \
-		--record-durations tests/durations.json tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 -m "not slow" tests
 
 bench: $(STAMP)
 	$(BIN)/python eval/bench_labeler.py
