@@ -84,9 +84,9 @@ def run_cli(*args, timeout=300, env=None, process=False):
   interpreter costs a JAX start and a compile of every program the command runs, and the
   command is what these tests are about. `process=True` or an `env` runs
   `python -m hindsight.cli ARGS` in a subprocess, for tests of the process boundary itself:
-  at this session's device count and XLA flags (CLI_FLAGS), so its programs are the ones the
-  session compiled already and come from the persistent cache, unless `env` sets its own
-  XLA_FLAGS (a test of the device count itself)."""
+  at this session's device count and XLA flags (CLI_FLAGS), so the programs such processes
+  compile are shared through the persistent cache, unless `env` sets its own XLA_FLAGS (a
+  test of the device count itself)."""
   import subprocess
 
   argv = [str(a) for a in args]
