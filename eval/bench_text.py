@@ -15,11 +15,14 @@ Starts `hindsight text-world serve` in a subprocess and prints:
      thread with continuous batching and shared prefixes): completions/s at concurrency 1,
      16 and 64 with n = 16 per request, continuing prefixes of 12-step world traces, the
      most slots live, and the prompt tokens the engine computed and read from its cache;
+     then a fresh server whose engine decodes over one window (`SlotEngine(by_length=
+     False)`: every live slot over the furthest one's) on the same requests at 1 and 16,
+     and the ratio of the two;
   7. the same model in process (`PolicySampler`, as LM RL's credit pools sample): K = 8
      continuations of every prefix of --completions / 64 of those traces on the slot engine
      (continuous batching; a trace's prefixes cost one prefill of the trace: each runs only
-     its new step against the one before it) against static batches of 64 rows, each
-     prefilled on its own (`lm.sample.generate`).
+     its new step against the one before it), decoding by length and over one window,
+     against static batches of 64 rows, each prefilled on its own (`lm.sample.generate`).
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
 """
@@ -27,6 +30,7 @@ Starts `hindsight text-world serve` in a subprocess and prints:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -155,42 +159,71 @@ def _small_lm(workdir: str, completions: int, work: str, warmup: bool = True) ->
   ):
     print(f"  skipped: no model in {workdir} (hindsight lm train --workdir {workdir})")
     return
-  from hindsight.lm.server import running_lm
-
   traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
   prefixes = [t.prefix(j) for t in traces for j in range(12)]
-  with running_lm(workdir, warmup=warmup) as (url, model):
-    print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}"
-          f"{'prompt tokens computed':>24}{'reused':>9}")  # fmt: skip
-    before = httpx.get(url.removesuffix("/v1") + "/stats").json()
-    for c in (1, 16, 64):
-      client = CompletionClient(url, model, Sampling(max_tokens=320),
-                                CompletionCache(os.path.join(work, f"lm{c}.sqlite")),
-                                concurrency=c)  # fmt: skip
-      # Each prefix asks for at most what it leaves of the context (a request over it is a
-      # 400, as from vLLM), measured by the server's /tokenize as the labeler measures it.
-      room = [client.context - n for n in client.count_tokens(prefixes)]
-      draws = [Draw(prefixes[i % len(prefixes)], 7000 * c + i, 0, 16,
-                    min(320, room[i % len(prefixes)]))
-               for i in range(max(1, completions // 16))]  # fmt: skip
-      tic = time.perf_counter()
-      got = client.sample(draws)
-      rate = sum(len(x) for x in got) / (time.perf_counter() - tic)
-      tokens = client.stats.tokens / max(1, sum(len(x) for x in got))
-      stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
-      computed, reused = (stats[k] - before[k] for k in ("prefill_tokens", "reused_tokens"))
-      before = stats
-      print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{stats['max_live']:>12}{computed:>24}{reused:>9}")
+  print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}"
+        f"{'prompt tokens computed':>24}{'reused':>9}")  # fmt: skip
+  rates = {}
+  for by_length, levels in ((True, (1, 16, 64)), (False, (1, 16))):
+    with _served(workdir, warmup, by_length) as (url, model):
+      before = httpx.get(url.removesuffix("/v1") + "/stats").json()
+      for c in levels:
+        tag = "" if by_length else "-one-window"
+        client = CompletionClient(url, model, Sampling(max_tokens=320),
+                                  CompletionCache(os.path.join(work, f"lm{c}{tag}.sqlite")),
+                                  concurrency=c)  # fmt: skip
+        # Each prefix asks for at most what it leaves of the context (a request over it is a
+        # 400, as from vLLM), measured by the server's /tokenize as the labeler measures it.
+        room = [client.context - n for n in client.count_tokens(prefixes)]
+        draws = [Draw(prefixes[i % len(prefixes)], 7000 * c + i, 0, 16,
+                      min(320, room[i % len(prefixes)]))
+                 for i in range(max(1, completions // 16))]  # fmt: skip
+        tic = time.perf_counter()
+        got = client.sample(draws)
+        rates[by_length, c] = rate = sum(len(x) for x in got) / (time.perf_counter() - tic)
+        if not by_length:
+          continue
+        tokens = client.stats.tokens / max(1, sum(len(x) for x in got))
+        stats = httpx.get(url.removesuffix("/v1") + "/stats").json()
+        computed, reused = (stats[k] - before[k] for k in ("prefill_tokens", "reused_tokens"))
+        before = stats
+        print(f"{c:>12}{rate:>15.1f}{tokens:>19.1f}{stats['max_live']:>12}{computed:>24}"
+              f"{reused:>9}")  # fmt: skip
   print("  (the text world's scripted server above writes no tokens: it is the ceiling of the "
         "client, not a model)")  # fmt: skip
-  _pools(workdir, traces[: max(1, completions // 64)])
+  print(f"  one window (every live slot over the furthest one's: a fresh server, the same "
+        f"requests at 1 then 16): {rates[False, 16]:.1f} completions/s at 16; by length / one "
+        f"window: {rates[True, 16] / rates[False, 16]:.2f}x at 16, "
+        f"{rates[True, 1] / rates[False, 1]:.2f}x at 1")  # fmt: skip
+  _pools(workdir, traces[: max(1, completions // 64)], warmup)
 
 
-def _pools(workdir: str, traces: list) -> None:
+@contextlib.contextmanager
+def _served(workdir: str, warmup: bool, by_length: bool):
+  """`lm.server.running_lm` with the engine's decode chosen (`SlotEngine.by_length`): yields
+  (base URL, model name)."""
+  from hindsight.lm.engine import SlotEngine
+  from hindsight.lm.server import MAX_BATCH, create_app
+  from hindsight.lm.train import load_lm
+  from hindsight.serving.openai_protocol import running_app
+
+  engine = SlotEngine(load_lm(workdir), slots=MAX_BATCH, by_length=by_length)
+  if warmup:
+    engine.warmup()
+  try:
+    with running_app(create_app(engine), "127.0.0.1", 0) as url:
+      yield url, engine.lm.name
+  finally:
+    engine.close()
+
+
+def _pools(workdir: str, traces: list, warmup: bool = True) -> None:
   """7. The in-process pools (module docstring): `PolicySampler` (the slot engine: continuous
-  batching, each prefix prefilled once for its K rows) against static batches of 64 rows
-  each prefilled on its own (`lm.sample.generate`), timed on a second pass (the first
-  compiles)."""
+  batching, each prefix prefilled once for its K rows), decoding by length and over one
+  window, against static batches of 64 rows each prefilled on its own
+  (`lm.sample.generate`), timed on a second pass (the first compiles; with `warmup` each
+  engine compiles all its programs first, so a program the second pass alone needs is not
+  compiled while it is timed)."""
   import jax
 
   from hindsight.lm import sample
@@ -221,31 +254,55 @@ def _pools(workdir: str, traces: list) -> None:
         out[i] = np.asarray(tokens[r, : int(count[r])])
     return out
 
-  engine = PolicySampler(lm.graphdef, lm.cfg)
+  engines = {"engine, by length": PolicySampler(lm.graphdef, lm.cfg),
+             "engine, one window": PolicySampler(lm.graphdef, lm.cfg, by_length=False)}  # fmt: skip
   print(f"\n7. in-process pools: K = {K} continuations of each of {len(prefixes)} prefixes "
         f"({len(traces)} traces), {len(rows)} completions")  # fmt: skip
+  if warmup:
+    for sampler in engines.values():
+      sampler.engine(lm.state).warmup()
+  # What the engines counted before the passes (warmup's own rows), left out of the figures.
+  before = {name: _counts(sampler.engine(lm.state).stats) for name, sampler in engines.items()}
   print(f"{'sampler':>24}{'completions/s':>15}{'tokens/completion':>19}{'seconds':>9}")
-  rates = {}
-
-  def on_the_engine(keys) -> list:
-    return engine.complete(lm.state, rows, budgets, keys)
-
-  for name, run in (("static, every row", in_static_batches), ("engine, shared", on_the_engine)):
+  rates, drawn = {}, {}
+  runs = {"static, every row": in_static_batches}
+  for name, engine in engines.items():
+    runs[name] = lambda keys, engine=engine: engine.complete(lm.state, rows, budgets, keys)
+  for name, run in runs.items():
     for attempt in range(2):  # the first pass compiles
       keys = jax.random.split(jax.random.key(attempt), len(rows))
       tic = time.perf_counter()
       got = run(keys)
       seconds = time.perf_counter() - tic
-    rates[name] = len(rows) / seconds
+    rates[name], drawn[name] = len(rows) / seconds, got
     tokens = sum(len(x) for x in got) / len(rows)
     print(f"{name:>24}{rates[name]:>15.1f}{tokens:>19.1f}{seconds:>9.1f}")
-  print(f"  engine / static: {rates['engine, shared'] / rates['static, every row']:.2f}x")
-  stats = engine.engine(lm.state).stats
+  print(f"  engine / static: {rates['engine, by length'] / rates['static, every row']:.2f}x; "
+        f"by length / one window: "
+        f"{rates['engine, by length'] / rates['engine, one window']:.2f}x")  # fmt: skip
+  same = sum(np.array_equal(a, b) for a, b in zip(*(drawn[n] for n in engines), strict=True))
+  print(f"  the two decodes drew the same tokens for {same} of {len(rows)} completions")
+  counts = {}
+  for name, sampler in engines.items():
+    now = _counts(sampler.engine(lm.state).stats)
+    counts[name] = {k: n - before[name].get(k, 0) for k, n in now.items()}
+    by_window = sorted((k[1], n) for k, n in counts[name].items() if isinstance(k, tuple) and n)
+    windows = ", ".join(f"{w}: {n}" for w, n in by_window)
+    print(f"  {name}: decode calls by window over both passes {{{windows}}}")
+  stats = counts["engine, by length"]
   print(
     f"  the engine's prompt tokens over both passes: {stats['prefill_tokens']} computed, "
     f"{stats['reused_tokens']} reused ({sum(len(p) for p in prefixes)} in the prefixes, "
     f"{sum(len(p) for p in rows)} in the rows)"
   )
+  for sampler in engines.values():
+    sampler.close()
+
+
+def _counts(stats: dict) -> dict:
+  """An engine's counters, flat: decode calls by window as ("window", w)."""
+  flat = {k: v for k, v in stats.items() if isinstance(v, int)}
+  return flat | {("window", w): n for w, n in stats["decode_windows"].items()}
 
 
 def _stratified(prompts: str, traces: int, url: str, cache: str) -> None:

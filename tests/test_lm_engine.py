@@ -85,13 +85,15 @@ def test_a_stop_string_two_decode_calls_write_between_them_stops_the_choice(lm, 
 def test_a_stopped_slot_is_released_on_the_device_before_its_caller_hears_of_it(lm, folder):
   """A choice that meets its stop string in the first decode call, in slot 0 beside a long
   choice in slot 1 (so every later call still runs over slot 0): its slot is marked done on
-  the device before its `done` runs, and it draws nothing in any later call."""
+  the device before its `done` runs, and it draws nothing in any later call. One window
+  (`by_length=False`): a call runs over a prefix of the slots, so the mark on the device is
+  what keeps a freed slot 0 from drawing (by length, a call gathers only live slots)."""
   import threading
 
   from hindsight.lm.engine import LENGTH, STOP, SlotEngine
 
   ids = tok_ids(folder, PROMPT)
-  engine = SlotEngine(lm, slots=2)
+  engine = SlotEngine(lm, slots=2, by_length=False)
   calls = []  # per decode call: (the slots of rows with stop strings, tokens [width, chunk])
   decoder = engine._decoder
 
@@ -215,5 +217,89 @@ def test_warmup_compiles_every_program_an_engine_of_several_slots_runs(folder):
       assert len(got) == len(load) and all(t.size for t, _ in got)
     assert engine.stats["extends"] > 0 and engine.stats["forks"] > 0
     assert programs() == warm
+  finally:
+    engine.close()
+
+
+def _mixed(folder) -> list[np.ndarray]:
+  """Four short prompts (10 tokens: window 32 through their decode) and four long ones (300
+  tokens: window 384), each distinct, so a row's tokens swapped with another's show. (Four
+  rows of 10 tokens save more in a call of their own than the call costs: `_plan`.)"""
+  from hindsight.worlds import world
+
+  texts = [t.prompt + t.completion() for t in world.sample_traces(3, 8)]
+  long = [tok_ids(folder, a + " " + b)[:300] for a, b in zip(texts[0::2], texts[1::2], strict=True)]
+  short = [tok_ids(folder, f"Problem {k}: two boxes.")[:10] for k in range(4)]
+  assert all(len(x) == 300 for x in long) and all(len(x) == 10 for x in short)
+  return [np.asarray(x, np.int32) for pair in zip(short, long, strict=True) for x in pair]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_of_mixed_lengths_each_attend_over_their_own_window_and_draw_what_they_draw_alone(
+  lm, folder, temperature
+):
+  """Short and long rows interleaved in one batch (slots 0, 2, 4, 6 short, 1, 3, 5, 7 long):
+  by length, the short rows' calls attend over 32 positions and the long rows' over 384,
+  and every row draws, token for token, what the one-window decode (`by_length=False`, all
+  rows over the prompt bucket 512) and the row decoded alone draw, greedy and sampled. A
+  window that misses a row's own keys (every row over 32) changes what each long row draws:
+  the comparison sees a wrong window. The weights are the tiny model's x4: at its N(0,
+  0.02^2) start its logits hardly depend on the context (greedy repeats one token whatever
+  it attends to)."""
+  import dataclasses
+
+  from hindsight.lm.engine import SlotEngine
+
+  sharp = dataclasses.replace(lm, state=jax.tree.map(lambda x: 4 * x, lm.state))
+  prompts = _mixed(folder)
+  rows = [_row(x, 40 + j, 16, temperature=temperature) for j, x in enumerate(prompts)]
+
+  def run(slots, by_length, batches, window=None):
+    engine = SlotEngine(sharp, slots=slots, by_length=by_length)
+    if window is not None:
+      engine._window = lambda pos: window
+    try:
+      got = [tokens.tolist() for batch in batches for tokens, _ in engine.complete(batch)]
+      return got, engine.stats["decode_windows"]
+    finally:
+      engine.close()
+
+  by_length, windows = run(8, True, [rows])
+  assert sorted(windows) == [32, 384], windows  # the two lengths went to different calls
+  one_window, wide = run(8, False, [rows])
+  assert sorted(wide) == [512], wide
+  alone, _ = run(1, True, [[row] for row in rows])
+  assert all(len(tokens) == 16 for tokens in by_length)
+  assert by_length == one_window == alone
+  assert len({tuple(tokens) for tokens in alone}) == 8  # every row draws its own tokens
+  wrong, _ = run(8, True, [rows], window=32)
+  assert wrong[0::2] == alone[0::2]  # the short rows' keys all lie below 32 ...
+  # ... the long rows' do not
+  assert all(w != a for w, a in zip(wrong[1::2], alone[1::2], strict=True))
+
+
+def test_the_plan_groups_slots_by_their_own_window_where_that_costs_less(lm):
+  """`_plan` on positions alone (nothing runs): 16 short and 16 long live slots at 64 slots
+  are two calls of 16 rows, one over 32 positions and one over 256 (the short rows over 256
+  would read 16 x 224 positions more each step, more than a call costs); a lone short slot
+  beside 63 long ones rides in their call of 64, which it would pad anyway; a row near the
+  context's end attends over all of it. The windows are the prompt buckets and, from 128 on,
+  the points halfway between them."""
+  from hindsight.lm.engine import SlotEngine, decode_windows
+
+  assert decode_windows(384) == (32, 64, 128, 192, 256, 384)
+  assert decode_windows(1024) == (32, 64, 128, 192, 256, 384, 512, 768, 1024)
+  engine = SlotEngine(lm, slots=64)
+  try:
+    assert engine.windows() == decode_windows(lm.cfg.max_len)
+    engine.pos[:16], engine.pos[16:32] = 10, 200
+    assert engine._plan(list(range(32))) == [
+      (32, 16, list(range(16))),
+      (256, 16, list(range(16, 32))),
+    ]
+    engine.pos[0], engine.pos[1:] = 10, 200
+    assert engine._plan(list(range(64))) == [(256, 64, list(range(64)))]
+    engine.pos[0] = lm.cfg.max_len - 3
+    assert engine._plan([0]) == [(lm.cfg.max_len, 1, [0])]
   finally:
     engine.close()

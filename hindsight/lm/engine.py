@@ -14,9 +14,18 @@ One worker thread runs the loop
            prefill otherwise the whole prompt is run (one program per row bucket and prompt
                    bucket) and written into its slot's row of the KV cache [depth, R, S, K, H],
                    its next-token logits into `last` [R, V] and `prompt_logits` [R, V];
-  decode   `chunk` one-token steps of every slot in the shortest prefix of slots (1, 4, 16 or
-           all R) that holds every live one (rows take the lowest free slots), one program per
-           (attention window: the prompt bucket above the furthest live position, prefix);
+  decode   `chunk` one-token steps of every live slot, each attending over the window of its
+           own length: w(p), the smallest of `decode_windows` (the prompt buckets, and from
+           128 on the points halfway between them) that holds its position p through the call.
+           The live slots are grouped by w(p) and each group is gathered into calls of a row
+           bucket's width (1, 4, 16, 64 or all R; padding rows name slot R, read as done and
+           written nowhere), which copy in and back only the group's first w positions, so
+           a step reads sum over calls of (width x w) cache positions: a batch of short rows
+           does not pay for a long one's window (with `by_length=False`, kept for the
+           benchmark, every live slot attends over the furthest one's). Adjacent windows
+           share a call, and a group is split over several, where a call's cost (a fixed
+           part, a part per row and one per row and position read: `ROW_COST`, `CALL_COST`)
+           says that is cheaper. One program per (window, width);
   finish   slots whose choice hit EOS, its budget or one of its stop strings hand back
            (tokens, why it ended) and free their slot for the next admit. Stop strings are
            matched on the host after each decode call, on the text the choice has written:
@@ -60,6 +69,12 @@ CHUNK = 8  # tokens per decode call: host round trips against slots idle after t
 # The shortest held prefix a prompt extends rather than being prefilled whole: below it the
 # copy of a cache row costs about what the prefix's prefill does.
 MIN_SHARED = 16
+# What a decode call costs, in cache positions read per step (`SlotEngine._plan`): a row
+# attends over the call's window and does about ROW_COST positions' worth of other work (its
+# projections, MLP and draw); the call costs CALL_COST more (its launch, its loop's start,
+# the host's round trip). Fitted to 8-step calls of the small LM (width 128, depth 2) on 2
+# CPU cores: about 1.4 ms a call, 0.11 ms a row and 1.4 us a row's cache position.
+ROW_COST, CALL_COST = 80, 1000
 
 
 # Why a choice ended: the model's end-of-sequence token, a stop string, the token budget.
@@ -138,15 +153,37 @@ def _fork(cache, rows, prompt_logits, src, dst, lengths, new):
 
 
 def _decode(
-  graphdef, cfg: BackboneConfig, steps: int, window: int, width: int, state, cache, rows, bias
+  graphdef, cfg: BackboneConfig, steps: int, window: int, width: int, state, cache, rows, bias,
+  slots=None,
 ):  # fmt: skip
-  """Up to `steps` tokens of every live slot among the first `width` (the rest are left as
-  they are: free slots cost nothing). rows: last [R, V], pos, count, budget int [R], done,
-  eos bool [R], temperature, top_p [R], keys [R]. Returns (cache, rows, tokens int
-  [width, steps], -1 where a slot drew nothing)."""
+  """Up to `steps` tokens of every live slot of a call of `width` rows, attending over the
+  first `window` cache positions. rows: last [R, V], pos, count, budget int [R], done, eos
+  bool [R], temperature, top_p [R], keys [R]. Returns (cache, rows, tokens int [width, steps],
+  -1 where a row drew nothing).
+
+  slots None: the call's rows are the first `width` slots, cache rows whole (the rest are
+  left as they are: free slots cost nothing). slots int [width]: the call's rows are those
+  slots (R where the call is padded: such a row draws nothing and is written nowhere); their
+  first `window` positions are copied in (`window` >= every live row's position after the
+  call) and only the `steps` positions from each row's position at the start are copied
+  back, all the call can have written."""
   model = nnx.merge(graphdef, state)
-  own = {name: x[:width] for name, x in rows.items()}
-  own_cache = (cache[0][:, :width], cache[1][:, :width])
+  if slots is None:
+    own = {name: x[:width] for name, x in rows.items()}
+    own_cache = (cache[0][:, :width], cache[1][:, :width])
+  else:
+    R = rows["done"].shape[0]
+    pad = slots >= R
+    at = jnp.minimum(slots, R - 1)  # a padded row reads a real slot's row and is dropped
+    own = {name: x[at] for name, x in rows.items()}
+    # Done, and at top_p 1 (a stale nucleus there would make every row's draw take the sort).
+    own["done"] = own["done"] | pad
+    own["top_p"] = jnp.where(pad, 1.0, own["top_p"])
+    own_cache = (cache[0][:, at, :window], cache[1][:, at, :window])
+    # Where each row's writes start, moved back to fit the window (a row done or padded may
+    # sit past it: it writes nothing the copy back does not already hold).
+    n = min(steps, window)
+    start = jnp.clip(own["pos"], 0, window - n)
 
   def body(carry):
     i, c, r, out = carry
@@ -159,9 +196,31 @@ def _decode(
 
   out = jnp.full((width, steps), -1, jnp.int32)
   _, own_cache, own, out = jax.lax.while_loop(cond, body, (0, own_cache, own, out))
-  cache = tuple(full.at[:, :width].set(part) for full, part in zip(cache, own_cache, strict=True))
-  rows = {name: rows[name].at[:width].set(own[name]) for name in rows}
+  if slots is None:
+    cache = tuple(full.at[:, :width].set(part) for full, part in zip(cache, own_cache, strict=True))
+    rows = {name: rows[name].at[:width].set(own[name]) for name in rows}
+  else:  # slots R are out of range: "drop" writes nothing for them
+    written = start[:, None] + jnp.arange(n)  # [width, n]
+    ids = jnp.arange(width)[:, None]
+    cache = tuple(full.at[:, slots[:, None], written].set(part[:, ids, written], mode="drop")
+                  for full, part in zip(cache, own_cache, strict=True))  # fmt: skip
+    rows = {name: rows[name].at[slots].set(own[name], mode="drop") for name in rows}
   return cache, rows, out
+
+
+def decode_windows(max_len: int) -> tuple[int, ...]:
+  """The windows a decode call by length attends over: the prompt buckets (`prompt_buckets`)
+  and, from 128 on, the point halfway between two of them (192 between 128 and 256, 384
+  between 256 and 512), so a row reads at most half as many positions again as it holds,
+  not twice as many, for one more program per row bucket an octave. Below 128 a row's other
+  work (`ROW_COST`) outweighs what a finer window would save."""
+  buckets = prompt_buckets(max_len)
+  out = []
+  for bucket, above in zip(buckets, (*buckets[1:], max_len), strict=True):
+    out.append(bucket)
+    if bucket >= 128 and bucket + bucket // 2 < above:
+      out.append(bucket + bucket // 2)
+  return tuple(out)
 
 
 def failed(results: list) -> None:
@@ -172,17 +231,22 @@ def failed(results: list) -> None:
 
 class SlotEngine:
   """The slots and their worker (module docstring). `submit(rows)` queues rows; each row's
-  `done` is called when it ends. `stats` counts decode calls, prefills, extends and forks
-  (program calls), prompt tokens computed and reused, choices stopped by a stop string, and
-  the most slots ever live at once (never above `slots`)."""
+  `done` is called when it ends. `stats` counts decode calls (and, in `decode_windows`, how
+  many attended over each window), prefills, extends and forks (program calls), prompt tokens
+  computed and reused, choices stopped by a stop string, and the most slots ever live at once
+  (never above `slots`)."""
 
   def __init__(self, lm, slots: int = 64, chunk: int = CHUNK, ascii_only: bool | None = None,
-               min_shared: int = MIN_SHARED):  # fmt: skip
+               min_shared: int = MIN_SHARED, by_length: bool = True):  # fmt: skip
     """lm: a LoadedLM (graphdef, cfg, state, tokenizer, record); ascii_only: restrict draws
     to ASCII tokens (`sample.ascii_bias`; default: what the model's record says);
     min_shared: the shortest held prefix a prompt extends (`MIN_SHARED`; at most half the
-    smallest prompt bucket)."""
+    smallest prompt bucket); by_length: each live slot attends over the window of its own
+    position (module docstring). by_length=False decodes a prefix of the slots over the
+    furthest live position's window, the scheme it replaced: it is kept only so that
+    eval/bench_text.py can hold the two against each other in one run (the same tokens)."""
     self.lm, self.cfg = lm, lm.cfg
+    self.by_length = bool(by_length)
     # One device: the slots' arrays split over several CPU devices made every call that
     # reads a prefix of them move the cache between devices (27 against 111 completions/s at
     # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
@@ -233,7 +297,9 @@ class SlotEngine:
     self.waiting: deque[Row] = deque()
     self.wake = threading.Condition()
     self.stats = {"decode_calls": 0, "prefills": 0, "extends": 0, "forks": 0, "max_live": 0,
-                  "stopped": 0, "prefill_tokens": 0, "reused_tokens": 0}  # fmt: skip
+                  "stopped": 0, "prefill_tokens": 0, "reused_tokens": 0,
+                  "decode_windows": {}}  # fmt: skip
+    self._costs: dict[tuple[int, int], tuple[int, list[int]]] = {}  # `_split`'s answers
     self._thread: threading.Thread | None = None
     self._stop = False
 
@@ -307,11 +373,12 @@ class SlotEngine:
     """How many programs `warmup` compiles."""
     buckets = len(prompt_buckets(self.cfg.max_len))
     row_buckets = len([r for r in ROW_BUCKETS if r <= self.slots])
-    return buckets * (2 * row_buckets + len(self.widths())) + row_buckets
+    decodes = len(self.windows()) * len(self.widths())
+    return buckets * 2 * row_buckets + row_buckets + decodes
 
   def warmup(self) -> int:
     """Compiles every prefill and extend (row bucket x prompt bucket), fork (row bucket) and
-    decode (window x width) program: one token of prompts of each shape, then each decode
+    decode (`windows` x `widths`) program: one token of prompts of each shape, then each decode
     program on idle slots (every row done: it draws nothing). Returns how many programs."""
     count = 0
     S = self.cfg.max_len
@@ -334,10 +401,13 @@ class SlotEngine:
       self.complete([Row(ids, 1, 1.0, 1.0, jax.random.key(0)) for _ in range(rows + 1)])
       count += 1
     with self.wake:  # the worker is idle (every row above has ended): its state is ours
-      for window in prompt_buckets(S):
+      for window in self.windows():
         for width in self.widths():
           program = self._decoder(window, width)
-          self.cache, self.rows, _ = program(self.state, self.cache, self.rows, self.bias)
+          # By length: a call of padding only (slot R everywhere), which draws nothing.
+          slots = (np.full(width, self.slots, np.int32),) if self.by_length else ()
+          self.cache, self.rows, _ = program(self.state, self.cache, self.rows, self.bias,
+                                             *slots)  # fmt: skip
           count += 1
     return count
 
@@ -535,23 +605,89 @@ class SlotEngine:
     return self._decode[window, width]
 
   def widths(self) -> list[int]:
-    """The slot prefixes a decode call runs over: the row buckets below the slots, and all."""
+    """The rows a decode call runs over: the row buckets below the slots, and all."""
     return [*(b for b in ROW_BUCKETS if b < self.slots), self.slots]
+
+  def windows(self) -> tuple[int, ...]:
+    """The windows a decode call attends over: `decode_windows` by length, else the prompt
+    buckets."""
+    S = self.cfg.max_len
+    return decode_windows(S) if self.by_length else prompt_buckets(S)
+
+  def _window(self, pos: int) -> int:
+    """The smallest window holding a slot at position `pos` through a decode call."""
+    return next((w for w in self.windows() if w >= pos + self.chunk), self.cfg.max_len)
+
+  def _split(self, n: int, window: int) -> tuple[int, list[int]]:
+    """(cost, widths): the cheapest calls (`ROW_COST`, `CALL_COST`) that decode n rows over
+    `window`, widths from `widths()` summing to at least n: 32 rows at 64 slots are two
+    calls of 16, not one of 64 half padding."""
+    if (n, window) not in self._costs:
+      best: list[tuple[int, list[int]]] = [(0, [])]  # best[m]: m rows
+      for m in range(1, n + 1):
+        options = []
+        for w in self.widths():
+          cost, widths = best[max(0, m - w)]
+          options.append((cost + w * (window + ROW_COST) + CALL_COST, [*widths, w]))
+        best.append(min(options, key=lambda option: option[0]))
+      self._costs[n, window] = best[n]
+    return self._costs[n, window]
+
+  def _plan(self, live: list[int]) -> list[tuple[int, int, list[int]]]:
+    """The decode calls of the live slots by length: [(window, width, slots)]. Each slot's
+    window is the smallest that holds its own position (`_window`); slots of adjacent windows
+    are decoded together at the larger one where that costs less (a lone short row beside
+    63 long ones rides in their call's padding rather than paying a call of its own):
+    windows w_1 < ... < w_m split into runs, each run at its largest window, the split of
+    least total cost (`_split`), found in O(m^2) over the runs' ends."""
+    by_window: dict[int, list[int]] = {}
+    for slot in live:
+      by_window.setdefault(self._window(int(self.pos[slot])), []).append(slot)
+    windows = sorted(by_window)
+    best: list[tuple[int, list]] = [(0, [])]  # best[j]: windows[:j]
+    for j in range(1, len(windows) + 1):
+      options = []
+      for i in range(j):
+        group = [slot for w in windows[i:j] for slot in by_window[w]]
+        cost, widths = self._split(len(group), windows[j - 1])
+        options.append((best[i][0] + cost, [*best[i][1], (windows[j - 1], widths, group)]))
+      best.append(min(options, key=lambda option: option[0]))
+    calls = []
+    for window, widths, group in best[-1][1]:
+      for width in widths:
+        calls.append((window, width, group[:width]))
+        group = group[width:]
+    return calls
 
   def _step(self) -> None:
     live = [s for s, o in enumerate(self.owner) if o is not None]
     if not live:
       return
     self.stats["max_live"] = max(self.stats["max_live"], len(live))
-    furthest = int(self.pos[live].max()) + self.chunk
-    window = next((b for b in prompt_buckets(self.cfg.max_len) if b >= furthest),
-                  self.cfg.max_len)  # fmt: skip
-    # Rows are admitted into the lowest free slots: the live ones sit in a short prefix.
-    width = next(w for w in self.widths() if w > max(live))
-    self.cache, self.rows, out = self._decoder(window, width)(self.state, self.cache,
-                                                              self.rows, self.bias)  # fmt: skip
-    self.stats["decode_calls"] += 1
-    out, done, eos = jax.device_get((out, self.rows["done"], self.rows["eos"]))
+    if self.by_length:
+      calls = self._plan(live)
+    else:  # one window: the furthest live slot's, over the prefix of slots holding them all
+      window = self._window(int(self.pos[live].max()))
+      # Rows are admitted into the lowest free slots: the live ones sit in a short prefix.
+      calls = [(window, next(w for w in self.widths() if w > max(live)), None)]
+    outs = []
+    for window, width, slots in calls:
+      # Padding rows name slot R: out of range, so they are read as done and written nowhere.
+      pad = () if slots is None else (np.array(slots + [self.slots] * (width - len(slots)),
+                                               np.int32),)  # fmt: skip
+      program = self._decoder(window, width)
+      self.cache, self.rows, got = program(self.state, self.cache, self.rows, self.bias, *pad)
+      outs.append(got)
+      self.stats["decode_calls"] += 1
+      windows = self.stats["decode_windows"]
+      windows[window] = windows.get(window, 0) + 1
+    outs, done, eos = jax.device_get((outs, self.rows["done"], self.rows["eos"]))
+    out = np.full((self.slots, self.chunk), -1, np.int32)  # tokens each slot drew
+    for (_, width, slots), got in zip(calls, outs, strict=True):
+      if slots is None:
+        out[:width] = got
+      else:
+        out[slots] = got[: len(slots)]
     released = np.zeros(self.slots, bool)
     ended = []
     for slot in live:

@@ -82,12 +82,15 @@ class PolicySampler:
   j) as `lm.sample.generate` does, so a completion depends on its prompt, budget and key
   only, not on what it shared a call with (up to float rounding); each call starts from an
   empty engine (`SlotEngine.set_state`), so a call's schedule, and its rounding, depend on
-  its rows alone."""
+  its rows alone. `by_length` is the engine's (False only for eval/bench_text.py's
+  comparison of its two decodes)."""
 
-  def __init__(self, graphdef, cfg, temperature: float = 1.0, slots: int = ROWS):
+  def __init__(self, graphdef, cfg, temperature: float = 1.0, slots: int = ROWS,
+               by_length: bool = True):  # fmt: skip
     self.graphdef, self.cfg = graphdef, cfg
     self.temperature = float(temperature)
     self.slots = int(slots)
+    self.by_length = bool(by_length)
     self._engine = None
 
   def engine(self, state):
@@ -99,7 +102,7 @@ class PolicySampler:
     if self._engine is None:
       lm = types.SimpleNamespace(graphdef=self.graphdef, cfg=self.cfg, state=state,
                                  tokenizer=None, record={})  # fmt: skip
-      self._engine = SlotEngine(lm, self.slots, ascii_only=False)
+      self._engine = SlotEngine(lm, self.slots, ascii_only=False, by_length=self.by_length)
     else:
       self._engine.set_state(state)
     return self._engine
