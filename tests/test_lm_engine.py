@@ -181,18 +181,23 @@ def test_warmup_compiles_every_program_an_engine_of_several_slots_runs(folder):
   """At 5 slots (row buckets 1 and 4, decode widths 1, 4 and 5) `warmup` compiles one
   prefill and one extend per (row bucket, prompt bucket), a fork per row bucket and a decode
   per (window, width); a mixed load after it (prefills of 1 to 5 rows, extends, forks, 1 to
-  5 live slots, prompts in both buckets) compiles nothing more."""
+  5 live slots, prompts in both buckets) compiles nothing more. The programs are the
+  architecture's, shared: a second engine of the same model compiles none."""
   from hindsight.lm.engine import SlotEngine
   from hindsight.lm.sample import prompt_buckets
   from hindsight.lm.train import load_lm
 
-  engine = SlotEngine(load_lm(folder, max_len=64), slots=5)
+  lm = load_lm(folder, max_len=64)  # an architecture no other test of the module compiles
+  engine = SlotEngine(lm, slots=5)
   try:
     assert engine.widths() == [1, 4, 5]
     buckets = len(prompt_buckets(64))
     assert buckets == 2
+    fork_before = engine._fork._cache_size()  # a module-level function's: shared by all
+    assert engine._prefill._cache_size() == engine._extend._cache_size() == 0
     assert engine.warmup() == engine.program_count() == buckets * (2 * 2 + 3) + 2
     assert engine._prefill._cache_size() == engine._extend._cache_size() == 2 * buckets
+    assert engine._fork._cache_size() <= fork_before + 2
     assert sorted(engine._decode) == [(w, r) for w in (32, 64) for r in (1, 4, 5)]
 
     def programs():
@@ -201,6 +206,23 @@ def test_warmup_compiles_every_program_an_engine_of_several_slots_runs(folder):
               [p._cache_size() for p in engine._decode.values()])  # fmt: skip
 
     warm = programs()
+    assert all(p._cache_size() == 1 for p in engine._decode.values())
+    # A second engine of the same model runs every program and compiles none.
+    compiled = []
+
+    def listen(event, seconds, **_):
+      if event == "/jax/core/compile/backend_compile_duration":
+        compiled.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    other = SlotEngine(lm, slots=5)
+    try:
+      assert other.warmup() == engine.program_count()
+      assert other.complete([_row(tok_ids(folder, "Problem 4: boxes hold 4."), 3, 6)])
+    finally:
+      other.close()
+      jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiled == [] and programs() == warm
     text = "Problem 3: three boxes hold 1, 2 and 3 apples. Box one holds 1. Box two holds 2."
     long = tok_ids(folder, text)[:40]  # the 64-token prompt bucket
     short = [tok_ids(folder, f"Problem {k}: boxes hold {k}.") for k in range(4, 9)]

@@ -208,6 +208,25 @@ def _decode(
   return cache, rows, out
 
 
+@functools.cache
+def _programs(graphdef, cfg: BackboneConfig):
+  """(prefill, extend, fork, release) jitted for one architecture: shared by its engines.
+  release marks slots done on the device (a choice that met a stop string)."""
+  prefill = jax.jit(functools.partial(_prefill, graphdef, cfg), donate_argnums=(1, 2, 3))
+  extend = jax.jit(functools.partial(_extend, graphdef, cfg), donate_argnums=(1, 2, 3))
+  fork = jax.jit(_fork, donate_argnums=(0, 1, 2))
+  release = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask}, donate_argnums=0)
+  return prefill, extend, fork, release
+
+
+@functools.cache
+def _decoder(graphdef, cfg: BackboneConfig, chunk: int, window: int, width: int):
+  """The decode program of `chunk` steps over `window` positions and `width` rows, jitted once
+  per architecture and shared by its engines."""
+  fn = functools.partial(_decode, graphdef, cfg, chunk, window, width)
+  return jax.jit(fn, donate_argnums=(1, 2))
+
+
 def decode_windows(max_len: int) -> tuple[int, ...]:
   """The windows a decode call by length attends over: the prompt buckets (`prompt_buckets`)
   and, from 128 on, the point halfway between two of them (192 between 128 and 256, 384
@@ -259,17 +278,11 @@ class SlotEngine:
     ascii_only = lm.record.get("ascii") if ascii_only is None else ascii_only
     bias = ascii_bias(lm.tokenizer, self.cfg) if ascii_only else None
     self.bias = jnp.zeros(self.cfg.vocab_size) if bias is None else jnp.asarray(bias)
-    self._prefill = jax.jit(
-      functools.partial(_prefill, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
-    )
-    self._extend = jax.jit(
-      functools.partial(_extend, lm.graphdef, self.cfg), donate_argnums=(1, 2, 3)
-    )
-    self._fork = jax.jit(_fork, donate_argnums=(0, 1, 2))
-    self._decode = {}  # (window, width) -> program
-    # Marks slots done on the device (a choice that met a stop string): no more decoding.
-    self._release = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask},
-                            donate_argnums=0)  # fmt: skip
+    # The programs are shared by every engine of one architecture in this process (jitted once
+    # per (graphdef, cfg), `_programs`): an RL run builds an engine per seed, and each would
+    # otherwise compile every program again.
+    self._prefill, self._extend, self._fork, self._release = _programs(lm.graphdef, self.cfg)
+    self._decode = {}  # (window, width) -> the shared program, for those this engine ran
     self.tokenizer = lm.tokenizer
     R = self.slots
     self.cache = jax.device_put(empty_cache(self.cfg, R), device)
@@ -599,9 +612,10 @@ class SlotEngine:
       self.stats["reused_tokens"] += int(sum(row.ids.size for _, _, row in part))
 
   def _decoder(self, window: int, width: int):
+    """The (window, width) decode program, recorded in `_decode` as one this engine runs."""
     if (window, width) not in self._decode:
-      fn = functools.partial(_decode, self.lm.graphdef, self.cfg, self.chunk, window, width)
-      self._decode[window, width] = jax.jit(fn, donate_argnums=(1, 2))
+      self._decode[window, width] = _decoder(self.lm.graphdef, self.cfg, self.chunk, window,
+                                             width)  # fmt: skip
     return self._decode[window, width]
 
   def widths(self) -> list[int]:

@@ -383,7 +383,10 @@ def tasks(seed: int, count: int, most: int = MOST) -> list[Task]:
 
   if most < 1:
     raise HindsightError(f"the most apples a box holds must be >= 1, got {most}")
-  numbers = np.asarray(jax.random.choice(jax.random.key(seed), 10**6, (count,), replace=False))
+  from hindsight.draws import distinct_integers
+
+  # jax.random.choice without replacement, bit for bit
+  numbers = distinct_integers(jax.random.key(seed), 10**6, count)
   return [Task(int(n), most) for n in numbers]
 
 

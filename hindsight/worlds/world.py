@@ -312,8 +312,10 @@ def problems(seed: int, count: int, counts: tuple[int, int] = COUNTS) -> list[Pr
   jax.random key."""
   import jax
 
+  from hindsight.draws import distinct_integers
+
   key = jax.random.key(seed)
-  numbers = np.asarray(jax.random.choice(key, 10**6, (count,), replace=False))
+  numbers = distinct_integers(key, 10**6, count)  # jax.random.choice without replacement
   lo, hi = counts
   counts = np.asarray(jax.random.randint(jax.random.fold_in(key, 1), (count, 3), lo, hi))
   return [Problem(int(n), tuple(int(x) for x in c)) for n, c in zip(numbers, counts, strict=True)]
