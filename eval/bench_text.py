@@ -25,6 +25,7 @@ Starts `hindsight text-world serve` in a subprocess and prints:
      against static batches of 64 rows, each prefilled on its own (`lm.sample.generate`).
 
   python eval/bench_text.py [--traces 16] [--completions 512] [--lm runs/text-demo/lm]
+                            [--only-lm]  (parts 6 and 7 alone)
 """
 
 from __future__ import annotations
@@ -85,9 +86,18 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--no-warmup", action="store_true",
                  help="part 6 compiles only the programs its requests need, as they arrive "
                       "(its rates then include compiling: for a smoke run)")  # fmt: skip
+  p.add_argument("--only-lm", action="store_true", help="parts 6 and 7 alone (the language model)")
   args = p.parse_args(argv)
-  url = f"http://127.0.0.1:{args.port}/v1"
   work = tempfile.mkdtemp(prefix="bench_text_")
+  if not args.only_lm:
+    _text_world(args, work)
+  _small_lm(args.lm, args.completions, work, warmup=not args.no_warmup)
+  return 0
+
+
+def _text_world(args, work: str) -> None:
+  """Parts 1-5 (module docstring): the text world's server, the client and the labels."""
+  url = f"http://127.0.0.1:{args.port}/v1"
   server = _start_server(args.port)
   try:
     print("1. completions/s against the text world (n = 1 per request; server: one process)")
@@ -147,8 +157,6 @@ def main(argv: list[str] | None = None) -> int:
   finally:
     server.terminate()
     server.wait(timeout=10)
-  _small_lm(args.lm, args.completions, work, warmup=not args.no_warmup)
-  return 0
 
 
 def _small_lm(workdir: str, completions: int, work: str, warmup: bool = True) -> None:
