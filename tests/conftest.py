@@ -33,6 +33,21 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
 
+# Where the suite's time goes: the seconds this process spent in XLA compiles (JAX's backend
+# compile event; tracing and lowering, whose events nest, are not counted), summed over the
+# workers and printed beside the tests' own seconds at the end of the run
+# (`pytest_terminal_summary`). The CLI subprocesses the tests start are not counted.
+_SPENT = {"compile_seconds": 0.0, "backend_compiles": 0, "test_seconds": 0.0}
+
+
+def _count_compile(event: str, seconds: float, **_) -> None:
+  if event == "/jax/core/compile/backend_compile_duration":
+    _SPENT["compile_seconds"] += seconds
+    _SPENT["backend_compiles"] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
 
 def pytest_configure(config):
   """The XLA cache persists across runs (its key is the compiled module itself), but the
@@ -44,6 +59,36 @@ def pytest_configure(config):
   if not os.environ.get("PYTEST_XDIST_WORKER"):
     shutil.rmtree(os.path.join(os.environ["HINDSIGHT_COMPILATION_CACHE"], "programs"),
                   ignore_errors=True)  # fmt: skip
+
+
+def pytest_runtest_logreport(report):
+  """The tests' own seconds (setup, call and teardown), as the controller hears of them."""
+  if not os.environ.get("PYTEST_XDIST_WORKER"):
+    _SPENT["test_seconds"] += report.duration
+
+
+def pytest_sessionfinish(session):
+  """A worker hands its compile seconds to the controller (`pytest_testnodedown`)."""
+  if hasattr(session.config, "workeroutput"):
+    session.config.workeroutput["spent"] = {k: _SPENT[k] for k in ("compile_seconds",
+                                                                   "backend_compiles")}  # fmt: skip
+
+
+def pytest_testnodedown(node, error):
+  spent = getattr(node, "workeroutput", {}).get("spent", {})
+  for key, value in spent.items():
+    _SPENT[key] += value
+
+
+def pytest_terminal_summary(terminalreporter):
+  if os.environ.get("PYTEST_XDIST_WORKER") or not _SPENT["test_seconds"]:
+    return
+  share = _SPENT["compile_seconds"] / _SPENT["test_seconds"]
+  terminalreporter.write_line(
+    f"XLA compiles in the test processes: {_SPENT['backend_compiles']} programs, "
+    f"{_SPENT['compile_seconds']:.0f} s of the tests' {_SPENT['test_seconds']:.0f} s "
+    f"({share:.0%}; tracing, lowering and the CLI subprocesses not counted)"
+  )
 
 
 def page_file(page: str, name: str) -> str:
