@@ -210,13 +210,16 @@ def _decode(
 
 @functools.cache
 def _programs(graphdef, cfg: BackboneConfig):
-  """(prefill, extend, fork, release) jitted for one architecture: shared by its engines.
-  release marks slots done on the device (a choice that met a stop string)."""
+  """(prefill, extend) jitted for one architecture: shared by its engines."""
   prefill = jax.jit(functools.partial(_prefill, graphdef, cfg), donate_argnums=(1, 2, 3))
   extend = jax.jit(functools.partial(_extend, graphdef, cfg), donate_argnums=(1, 2, 3))
-  fork = jax.jit(_fork, donate_argnums=(0, 1, 2))
-  release = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask}, donate_argnums=0)
-  return prefill, extend, fork, release
+  return prefill, extend
+
+
+# The programs that do not depend on the architecture, shared by every engine: the fork, and
+# the release, which marks slots done on the device (a choice that met a stop string).
+_FORK = jax.jit(_fork, donate_argnums=(0, 1, 2))
+_RELEASE = jax.jit(lambda rows, mask: rows | {"done": rows["done"] | mask}, donate_argnums=0)
 
 
 @functools.cache
@@ -266,6 +269,10 @@ class SlotEngine:
     eval/bench_text.py can hold the two against each other in one run (the same tokens)."""
     self.lm, self.cfg = lm, lm.cfg
     self.by_length = bool(by_length)
+    # The windows a decode call attends over: `decode_windows` by length, else the prompt
+    # buckets (read for every live slot at every step: `_window`).
+    S = lm.cfg.max_len
+    self._windows = decode_windows(S) if self.by_length else prompt_buckets(S)
     # One device: the slots' arrays split over several CPU devices made every call that
     # reads a prefix of them move the cache between devices (27 against 111 completions/s at
     # one request of n = 16 on 2 cores, eval/bench_text.py part 6).
@@ -281,7 +288,8 @@ class SlotEngine:
     # The programs are shared by every engine of one architecture in this process (jitted once
     # per (graphdef, cfg), `_programs`): an RL run builds an engine per seed, and each would
     # otherwise compile every program again.
-    self._prefill, self._extend, self._fork, self._release = _programs(lm.graphdef, self.cfg)
+    self._prefill, self._extend = _programs(lm.graphdef, self.cfg)
+    self._fork, self._release = _FORK, _RELEASE
     self._decode = {}  # (window, width) -> the shared program, for those this engine ran
     self.tokenizer = lm.tokenizer
     R = self.slots
@@ -625,12 +633,11 @@ class SlotEngine:
   def windows(self) -> tuple[int, ...]:
     """The windows a decode call attends over: `decode_windows` by length, else the prompt
     buckets."""
-    S = self.cfg.max_len
-    return decode_windows(S) if self.by_length else prompt_buckets(S)
+    return self._windows
 
   def _window(self, pos: int) -> int:
     """The smallest window holding a slot at position `pos` through a decode call."""
-    return next((w for w in self.windows() if w >= pos + self.chunk), self.cfg.max_len)
+    return next((w for w in self._windows if w >= pos + self.chunk), self.cfg.max_len)
 
   def _split(self, n: int, window: int) -> tuple[int, list[int]]:
     """(cost, widths): the cheapest calls (`ROW_COST`, `CALL_COST`) that decode n rows over
