@@ -31,7 +31,6 @@ Starts `hindsight text-world serve` in a subprocess and prints:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
@@ -167,13 +166,15 @@ def _small_lm(workdir: str, completions: int, work: str, warmup: bool = True) ->
   ):
     print(f"  skipped: no model in {workdir} (hindsight lm train --workdir {workdir})")
     return
+  from hindsight.lm.server import running_lm
+
   traces = [t for t in world.sample_traces(12, 400) if len(t.steps) == 12][:32]
   prefixes = [t.prefix(j) for t in traces for j in range(12)]
   print(f"{'concurrency':>12}{'completions/s':>15}{'tokens/completion':>19}{'slots live':>12}"
         f"{'prompt tokens computed':>24}{'reused':>9}")  # fmt: skip
   rates = {}
   for by_length, levels in ((True, (1, 16, 64)), (False, (1, 16))):
-    with _served(workdir, warmup, by_length) as (url, model):
+    with running_lm(workdir, warmup=warmup, by_length=by_length) as (url, model):
       before = httpx.get(url.removesuffix("/v1") + "/stats").json()
       for c in levels:
         tag = "" if by_length else "-one-window"
@@ -204,25 +205,6 @@ def _small_lm(workdir: str, completions: int, work: str, warmup: bool = True) ->
         f"window: {rates[True, 16] / rates[False, 16]:.2f}x at 16, "
         f"{rates[True, 1] / rates[False, 1]:.2f}x at 1")  # fmt: skip
   _pools(workdir, traces[: max(1, completions // 64)], warmup)
-
-
-@contextlib.contextmanager
-def _served(workdir: str, warmup: bool, by_length: bool):
-  """`lm.server.running_lm` with the engine's decode chosen (`SlotEngine.by_length`): yields
-  (base URL, model name)."""
-  from hindsight.lm.engine import SlotEngine
-  from hindsight.lm.server import MAX_BATCH, create_app
-  from hindsight.lm.train import load_lm
-  from hindsight.serving.openai_protocol import running_app
-
-  engine = SlotEngine(load_lm(workdir), slots=MAX_BATCH, by_length=by_length)
-  if warmup:
-    engine.warmup()
-  try:
-    with running_app(create_app(engine), "127.0.0.1", 0) as url:
-      yield url, engine.lm.name
-  finally:
-    engine.close()
 
 
 def _pools(workdir: str, traces: list, warmup: bool = True) -> None:

@@ -89,13 +89,15 @@ class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
   tokens: list[int] = []
 
 
-def open_engine(path: str, max_batch: int = MAX_BATCH, max_len: int | None = None) -> SlotEngine:
-  """The slot engine over the model at `path` (`train.load_lm`)."""
+def open_engine(path: str, max_batch: int = MAX_BATCH, max_len: int | None = None,
+                by_length: bool = True) -> SlotEngine:  # fmt: skip
+  """The slot engine over the model at `path` (`train.load_lm`); by_length: the engine's
+  decode (`SlotEngine`; False only for eval/bench_text.py's comparison)."""
   from hindsight.lm.train import load_lm
 
   if max_batch < 1:
     raise HindsightError(f"max_batch must be >= 1, got {max_batch}")
-  return SlotEngine(load_lm(path, max_len), slots=max_batch)
+  return SlotEngine(load_lm(path, max_len), slots=max_batch, by_length=by_length)
 
 
 def _key(seed: int | None, j: int) -> jax.Array:
@@ -327,11 +329,12 @@ def serve_lm(path: str, host: str = "127.0.0.1", port: int = 8101, warmup: bool 
 
 @contextlib.contextmanager
 def running_lm(path: str, host: str = "127.0.0.1", port: int = 0, warmup: bool = False,
-               max_batch: int = MAX_BATCH, name: str | None = None):  # fmt: skip
+               max_batch: int = MAX_BATCH, name: str | None = None,
+               by_length: bool = True):  # fmt: skip
   """The model served from a thread: yields (base URL http://HOST:PORT/v1, model name)."""
   from hindsight.serving.openai_protocol import running_app
 
-  engine = open_engine(path, max_batch)
+  engine = open_engine(path, max_batch, by_length=by_length)
   if warmup:
     engine.warmup()
   try:
