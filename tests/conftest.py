@@ -61,6 +61,25 @@ def pytest_configure(config):
                   ignore_errors=True)  # fmt: skip
 
 
+# Modules in the slow tier as a whole: the language model, its servers, RL and the end-to-end
+# programs, whose shared fixtures train or serve something (each 20-280 s of a cold suite's
+# worker time). `make test-fast` runs the rest, the library's core, in about 4 minutes.
+SLOW_MODULES = frozenset({
+  "test_adapters", "test_agents_text", "test_eval_programs", "test_label_honesty",
+  "test_labeler_vs_exact", "test_lm_engine", "test_lm_hf", "test_lm_serve_chat",
+  "test_lm_server", "test_lm_train_cli", "test_own_lm", "test_rl", "test_rl_credit",
+  "test_rl_pp", "test_rl_text", "test_serving", "test_serving_text", "test_stored_programs",
+  "test_text_model",
+})  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+  """Every test of a `SLOW_MODULES` module is marked slow (beside the tests marked one by one)."""
+  for item in items:
+    if item.path.stem in SLOW_MODULES:
+      item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_logreport(report):
   """The tests' own seconds (setup, call and teardown), as the controller hears of them."""
   if not os.environ.get("PYTEST_XDIST_WORKER"):
