@@ -17,5 +17,8 @@ def get_config(arg: str = ""):
   c.data.tokenizer = "bpe"  # "bpe": byte-level BPE trained on the training steps; "bytes"
   c.data.vocab_size = 512  # BPE ids (PAD, EOS, the 256 bytes, then merges)
   c.data.num_buckets = 2  # traces are 2-20 steps
+  # Every text label's stderr is the tie bound at these K (independent arms of 0/1 outcomes),
+  # so the loss takes out each label's sample stderr instead (hindsight/default_config.py).
+  c.loss.sample_noise = True
   c.train.steps = 4000  # on 8,000 traces at K = 16: K* 213 against the exact credit (docs/text.md)
   return common.with_variant(c, arg)

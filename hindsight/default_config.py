@@ -67,6 +67,13 @@ def base_config() -> ConfigDict:
   # K=1024 reference ties on the same steps); where credits are continuous a tie is an
   # artifact of K (at K=8 most steps tie, and the median would be 0 everywhere).
   c.loss.zero_ties = False
+  # True: the NLL's label noise e_t is the label's plain sample stderr, not its honest stderr,
+  # which is a conservative tie bound where fewer than 5 of K branches left the largest tie.
+  # Text and agent labels (independent arms of 0/1 outcomes at K = 2-16) are all bounded, so
+  # the bound (about twice their noise) would leave the model's own spread nothing to explain
+  # (docs/agents-text.md, "The credit model on agent traces"). The symbolic configs keep the
+  # bound (paired branches: there a bound marks a rare event the sample stderr misses).
+  c.loss.sample_noise = False
 
   c.train = ConfigDict()
   c.train.steps = 2000  # optimizer steps

@@ -88,6 +88,8 @@ def test_pit_coverage_of_a_calibrated_mixture_is_nominal():
   np.testing.assert_allclose(cov, dm.RELIABILITY_LEVELS, atol=0.01)
   # Over-confident (sigma halved): the 80% interval covers far less.
   assert dm.coverage(dm.pit(y, p0, mu, sigma / 2), (0.8,))[0] < 0.7
+  # Under-confident (sigma doubled): the 50% interval covers far more.
+  assert dm.coverage(dm.pit(y, p0, mu, sigma * 2), (0.5,))[0] > 0.6
 
 
 def test_confusion_by_hand():

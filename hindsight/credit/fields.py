@@ -12,7 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from hindsight.credit.estimators import UNDETERMINED, bounded_mean_stderr, classify
+from hindsight.credit.estimators import UNDETERMINED, bounded_mean_stderr, classify, mean_stderr
 from hindsight.credit.replacement import DEGENERATE
 
 # Per-step float fields, in the order they are written.
@@ -124,6 +124,9 @@ def step_fields(
   Every stderr is 0 only where the estimate is exact (w = 1, or a range of width 0).
   `credit_bounded`, `credit_realized_bounded`, `progress_bounded` [H] bool: that field's
   stderr is the tie bound of `credit.estimators`, not the sample stderr.
+  `credit_sample_stderr` [H]: the credit's plain sample stderr (the unbiased estimate of its
+  Monte Carlo noise, where the tie bound replaced it too): the label's noise level, which
+  the credit model's loss may take out (`model.loss`, `sample_noise`); 0 where exact.
   """
   H, K = G.shape[0], G.shape[1]
   chex.assert_shape(G, (H, K, None))
@@ -149,6 +152,7 @@ def _exact_estimates(G, lo, hi, upper_rates, z, exact) -> dict:
   zeros, no = jnp.zeros((H,), jnp.float32), jnp.zeros((H,), bool)
   return {
     "credit": (credit, zeros, no),
+    "credit_sample_stderr": zeros,
     "realized": (realized, zeros, no),
     "progress": (progress, zeros, no),
     "phi": (phi[0], phi_se[0], phi_bounded[0]),
@@ -173,6 +177,8 @@ def _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma) -> dic
   means, ses, bnds = _bounded_rows(rows, los, his, upper_rates, z)
   phi, phi_se, phi_bounded = means[0], ses[0], bnds[0]
   credit = _scaled_credit(w, means[1], ses[1], bnds[1])
+  # The paired difference's plain sample stderr, also where the tie bound replaced it.
+  credit_sample_se = _scaled_credit(w, means[1], mean_stderr(rows[1])[1], bnds[1])[1]
   rep_mean, mix_se, mix_bounded = means[2], ses[2], bnds[2]
   keep_se, keep_bounded, rep_se, rep_bounded = ses[3], bnds[3], ses[4], bnds[4]
   arm_bounded = (keep_bounded & (w > 0)) | (rep_bounded & (scale > 0))
@@ -188,6 +194,7 @@ def _mc_estimates(G, r, g_tau, keep_share, lo, hi, upper_rates, z, gamma) -> dic
   )
   return {
     "credit": credit,
+    "credit_sample_stderr": credit_sample_se,
     "realized": realized,
     "progress": progress,
     "phi": (phi, phi_se, phi_bounded),
@@ -242,6 +249,7 @@ def _label_fields(est, phi_hard, phi_hard_se, g_tau, mask, undefined, tolerance,
   out["return_to_go"] = jnp.where(mask, g_tau, nan)
   out["phi"] = jnp.where(mask, phi, nan)
   out["phi_stderr"] = jnp.where(mask, phi_se, nan)
+  out["credit_sample_stderr"] = jnp.where(mask & ~undefined, est["credit_sample_stderr"], nan)
   out["length"] = mask.sum().astype(jnp.int32)
   out["return"] = g_tau[0]
   return out

@@ -21,6 +21,8 @@ and, when it comes from a label dataset, its labels (None otherwise):
   credit, credit_stderr, progress   float32 [T]
   klass                             int32 [T] (`credit.estimators.KLASS_NAMES`)
   credit_bounded                    bool [T]: the stderr is the tie bound, not a noise level
+  credit_sample_stderr              float32 [T]: the credit's plain sample stderr, its noise
+                                    level (None: labels written before it)
   labeled                           bool [T]: which steps carry labels (an audit's dataset)
   agent_shapley, agent_shapley_stderr  float32 [n] per agent
 
@@ -84,6 +86,7 @@ class Episode:
   progress: np.ndarray | None = None
   klass: np.ndarray | None = None
   credit_bounded: np.ndarray | None = None
+  credit_sample_stderr: np.ndarray | None = None
   labeled: np.ndarray | None = None
   agent_shapley: np.ndarray | None = None
   agent_shapley_stderr: np.ndarray | None = None
@@ -125,6 +128,7 @@ class Episode:
       progress=np.asarray(ex["progress"], np.float32),
       klass=np.asarray(ex["klass"], np.int32),
       credit_bounded=np.asarray(ex.get("credit_bounded", np.zeros(T)), bool),
+      credit_sample_stderr=optional("credit_sample_stderr", np.float32),
       labeled=optional("labeled", bool),
       agent_shapley=optional("agent_shapley", np.float32),
       agent_shapley_stderr=optional("agent_shapley_stderr", np.float32),

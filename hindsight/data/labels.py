@@ -36,8 +36,10 @@ from hindsight.files import atomic_write_text, json_safe, sha256_file
 DATASET_NAME = "hindsight_labels"
 VERSION = "1.0.0"
 
-# Extra per-step float fields written beside STEP_FIELDS.
-AUX_STEP_FIELDS = ("return_to_go", "phi", "phi_stderr")
+# Extra per-step float fields written beside STEP_FIELDS (credit_sample_stderr: the credit's
+# plain sample stderr, its noise level, where credit_stderr may be the tie bound; absent from
+# datasets written before it, whose readers fall back to credit_stderr).
+AUX_STEP_FIELDS = ("return_to_go", "phi", "phi_stderr", "credit_sample_stderr")
 
 
 CHECKSUMS = "hindsight_checksums.json"

@@ -16,7 +16,7 @@ from hindsight.credit.names import KLASS_NAMES
 from hindsight.evaluators.split_pass import predict_split
 from hindsight.files import write_json
 from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metrics
-from hindsight.model.calibration import fit_sigma_scale
+from hindsight.model.calibration import fit_sigma_scale, moment_sigma_scale
 
 
 class SigmaScaleEvaluator:
@@ -29,13 +29,14 @@ class SigmaScaleEvaluator:
 
   def run(self, state) -> tuple[float, int]:
     _, steps = predict_split(self.programs, state, *self.args)
-    scale = fit_sigma_scale(
-      steps["pred_mu"],
-      np.sqrt(steps["pred_var"]),
-      steps["label"],
-      steps["stderr"],
-      bounded=steps["bounded"],
-    )
+    # The label noise the loss took out is the one calibration takes out: the sample stderr
+    # (a noisy noise level on every step: matched in the mean) or the stderr (a bound on tied
+    # steps, left out).
+    mu, sigma, label = steps["pred_mu"], np.sqrt(steps["pred_var"]), steps["label"]
+    if self.programs.loss.sample_noise:
+      scale = moment_sigma_scale(mu, sigma, label, steps["noise"])
+    else:
+      scale = fit_sigma_scale(mu, sigma, label, steps["stderr"], bounded=steps["bounded"])
     return scale, int(steps["label"].size)
 
 
@@ -51,12 +52,14 @@ class LabelFitEvaluator:
     applied as the Predictor applies it."""
     losses, steps = predict_split(self.programs, state, *self.args)
     steps["pred_var"] = steps["pred_var"] * sigma_scale**2
+    # The labels' noise as the loss took it (the reliability and z-scores are about noise).
+    noise = steps["noise"] if self.programs.loss.sample_noise else steps["stderr"]
     out = prediction_metrics(
       steps["pred"],
       steps["pred_mu"],
       steps["pred_var"],
       steps["label"],
-      steps["stderr"],
+      noise,
       steps["progress"],
     )
     out["test_loss"] = losses

@@ -9,7 +9,9 @@ from hindsight.model.batching import make_batch
 from hindsight.model.sharding import global_batch
 
 # Per-step columns predict_split returns (valid steps with a finite label only).
-COLUMNS = ("pred", "pred_mu", "pred_var", "label", "stderr", "progress", "klass", "pred_klass")
+COLUMNS = (
+  "pred", "pred_mu", "pred_var", "label", "stderr", "noise", "progress", "klass", "pred_klass",
+)  # fmt: skip
 
 
 def predict_split(
@@ -41,6 +43,7 @@ def predict_split(
     cols["pred_var"].append(np.exp(out["log_var"][sel]))
     cols["label"].append(labels["credit"][sel])
     cols["stderr"].append(labels["credit_stderr"][sel])
+    cols["noise"].append(labels["credit_noise"][sel])
     cols["progress"].append(labels["progress"][sel])
     cols["klass"].append(labels["klass"][sel])
     cols["pred_klass"].append(np.argmax(out["logits"], -1)[sel])

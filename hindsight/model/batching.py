@@ -206,7 +206,9 @@ def episodes_batch(
   label_mask. mask: valid steps; label_mask: valid steps whose credit label is finite (an
   `undefined` credit under policy_other is NaN and stays out of the regression loss);
   class_mask: valid steps whose class is a label (all of them, except the steps an audit's
-  partial dataset left unlabeled: episode["labeled"] false); success: float [B].
+  partial dataset left unlabeled: episode["labeled"] false); success: float [B];
+  credit_noise: the label's noise level, its sample stderr (`credit_sample_stderr`) where
+  the labels carry one and credit_stderr elsewhere (`model.loss`, `sample_noise`).
   What each step shows comes from the step encoder (`StepEncoder.features`, at its shape
   key `shape`, None: the training shape): observations int [B, T] or float [B, T, D], or a
   text step's tokens [B, T, L].
@@ -220,6 +222,7 @@ def episodes_batch(
     "rewards": np.zeros((B, pad), np.float32),
     "credit": np.zeros((B, pad), np.float32),
     "credit_stderr": np.zeros((B, pad), np.float32),
+    "credit_noise": np.zeros((B, pad), np.float32),
     "progress": np.zeros((B, pad), np.float32),
     "klass": np.full((B, pad), UNDETERMINED, np.int32),
     "mask": np.zeros((B, pad), bool),
@@ -254,6 +257,12 @@ def episodes_batch(
       finite = np.isfinite(credit) & np.isfinite(stderr)
       batch["credit"][row, :n] = np.where(finite, credit, 0.0)
       batch["credit_stderr"][row, :n] = np.where(finite, stderr, 0.0)
+      # The label's noise level: its sample stderr where the labels carry one, else its stderr.
+      noise = stderr
+      if ep.credit_sample_stderr is not None:
+        sample = np.asarray(ep.credit_sample_stderr[:n], np.float32)
+        noise = np.where(np.isfinite(sample), sample, stderr)
+      batch["credit_noise"][row, :n] = np.where(finite, noise, 0.0)
       labeled = np.ones(n, bool) if ep.labeled is None else np.asarray(ep.labeled[:n], bool)
       batch["label_mask"][row, :n] = finite & labeled
       batch["class_mask"][row, :n] = labeled

@@ -20,7 +20,18 @@ tau_cov 0.78 covered 0.886 of the DP; tau_ml 1.02 covers 0.937).
 
 Both use the validation steps whose label is not exactly 0 (those belong to the atom at 0)
 and whose stderr is a sample stderr: a nearly tied label carries the conservative tie bound
-as its e_t, no noise level (such an interval covers its label whatever tau is). Written into
+as its e_t, no noise level (such an interval covers its label whatever tau is).
+
+Under the loss's `sample_noise` (text and agent labels: every one tie-bounded at small K) e_t
+is each label's plain sample stderr, unbiased for its noise variance but itself noisy (a
+K = 8 variance has the spread of a chi-square with 7 degrees of freedom). Both estimators
+above read e_t step by step and are pulled up by that noise (a synthetic check: tau_ml 1.78
+where the truth is 1), so the scale is matched in the mean instead, where the noise of e_t^2
+averages out:
+
+  tau_mm^2 = (mean_t (y_t - mu_t)^2 - mean_t e_t^2) / mean_t s_t^2          (`moment_sigma_scale`)
+
+over the same steps, none left out for a tie (each e_t is a noise level). Written into
 the directory of the checkpoint step it was fitted for (`calibration.json`, covered by the
 step's manifest), so a copied step keeps it; `Predictor.load` applies it (sigma, std) and
 reports it.
@@ -39,7 +50,7 @@ from hindsight.errors import HindsightError
 CALIBRATION_FILE = "calibration.json"
 MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
 LEVEL = 0.95  # the central interval whose coverage tau matches
-TAU_RANGE = (0.1, 10.0)
+TAU_RANGE = (0.01, 1000.0)
 
 
 def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL, bounded=None) -> float:
@@ -73,6 +84,21 @@ def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL, bounded=None) ->
   else:
     tau_cov = float(optimize.brentq(excess, lo, hi, xtol=1e-4))
   return max(tau_ml, tau_cov)
+
+
+def moment_sigma_scale(mu, sigma, y, noise) -> float:
+  """tau_mm of the module docstring from validation columns [N] whose `noise` is each label's
+  sample stderr (an unbiased, noisy variance estimate); 1 with too few steps, TAU_RANGE's
+  low end where the labels' noise explains every residual."""
+  mu, sigma, y, noise = (np.asarray(a, np.float64) for a in (mu, sigma, y, noise))
+  use = np.isfinite(y) & np.isfinite(noise) & (y != 0)
+  if use.sum() < MIN_STEPS:
+    return 1.0
+  excess = np.mean(np.square(y[use] - mu[use])) - np.mean(np.square(noise[use]))
+  lo, hi = TAU_RANGE
+  if excess <= 0:
+    return lo
+  return float(np.clip(np.sqrt(excess / np.mean(np.square(sigma[use]))), lo, hi))
 
 
 def calibration_text(step: int, sigma_scale: float, steps: int) -> str:

@@ -65,6 +65,7 @@ class LossConfig:
   zero_weight: float = 0.1  # the P(credit exactly 0) cross-entropy
   agent_weight: float = 1.0  # the agent-level Shapley NLL (multi-agent datasets)
   no_label_noise: bool = False  # labels treated as exact (no e_t^2 in the NLL; ablation)
+  sample_noise: bool = False  # e_t: the label's sample stderr, not its (tie-bounded) stderr
   zero_ties: bool = False  # P(exactly 0) also learns labels whose branch pairs all tied
 
   def loss_kwargs(self) -> dict:
@@ -75,6 +76,7 @@ class LossConfig:
       "zero_weight": float(self.zero_weight),
       "agent_weight": float(self.agent_weight),
       "label_noise": not self.no_label_noise,
+      "sample_noise": bool(self.sample_noise),
       "zero_ties": bool(self.zero_ties),
     }
 
@@ -89,15 +91,20 @@ def credit_loss(
   agent_weight: float = 1.0,
   label_noise: bool = True,
   zero_ties: bool = False,
+  sample_noise: bool = False,
 ):
   """Scalar loss and its parts {loss, nll, ce, zero_bce, accuracy, mae} as masked means over
   the batch (mae of the point prediction), plus the counts they are means over
   {label_steps, steps}.
 
   label_noise=False drops e_t^2 from v_t (the labels treated as exact: an ablation).
+  sample_noise: e_t is the label's sample stderr (batch "credit_noise") rather than its
+  stderr, which is the conservative tie bound where nearly all branches agreed (module
+  docstring).
   zero_ties: z_t = 1 for every label exactly 0 (all K branch pairs tied, or a step whose
   replacement cannot differ); False: only labels 0 with stderr 0 (the latter alone)."""
-  stderr = batch["credit_stderr"] if label_noise else jnp.zeros_like(batch["credit_stderr"])
+  stderr = batch["credit_noise"] if sample_noise else batch["credit_stderr"]
+  stderr = stderr if label_noise else jnp.zeros_like(stderr)
   nll = gaussian_nll(out["mu"], out["log_var"], batch["credit"], stderr, scale)
   weight = jax.lax.stop_gradient(total_variance(out["log_var"], stderr, scale) ** beta)
   ce = optax.softmax_cross_entropy_with_integer_labels(out["logits"], batch["klass"])

@@ -27,6 +27,7 @@ from hindsight.model.spec import DataSpec
 EVAL_LABELS = (
   "credit",
   "credit_stderr",
+  "credit_noise",
   "progress",
   "klass",
   "label_mask",
@@ -161,6 +162,8 @@ class TrainPrograms:
   init: Callable
   train_step: Callable
   eval_step: Callable
+  # What the loss took as a label's noise (the calibration takes the same out).
+  loss: LossConfig = dataclasses.field(default_factory=LossConfig)
 
 
 def train_programs(config: ProgramsConfig | ConfigDict, spec: DataSpec, mesh) -> TrainPrograms:
@@ -210,4 +213,4 @@ def train_programs(config: ProgramsConfig | ConfigDict, spec: DataSpec, mesh) ->
     _, metrics = loss(out, batch, model.value_scale[...])
     return out, {k: batch[k] for k in EVAL_LABELS if k in batch}, metrics
 
-  return TrainPrograms(graphdef, abstract, init, train_step, eval_step)
+  return TrainPrograms(graphdef, abstract, init, train_step, eval_step, config.loss)

@@ -13,6 +13,8 @@ outcome R is known. For step t:
                 null: continuations of x_t followed by the null step
 
   credit           mean(keep) - mean(replace)
+  credit_sample_stderr  sqrt(s_keep^2 + s_replace^2), the arms' plain sample stderrs (the
+                   label's noise level; credit_stderr is its honest, tie-bounded stderr)
   credit_realized  R - mean(replace)
   progress         mean(keep) - mean(phi)          (= credit under `policy`)
   phi, phi_hard    mean(phi); 1 if any keep continuation succeeds
@@ -60,6 +62,13 @@ def _bounded_rows(x, rates, z: float):
 
 
 _hard_rows = jax.jit(hard_estimate)
+
+
+def sample_stderr(rows: list[np.ndarray]) -> np.ndarray:
+  """The plain sample stderr std(x, ddof=1) / sqrt(K) [R] of each row (inf under 2 samples):
+  an unbiased estimate of the row mean's variance, also where `row_stats` bounds it."""
+  return np.array([np.std(r, ddof=1) / np.sqrt(len(r)) if len(r) >= 2 else np.inf
+                   for r in (np.asarray(r, np.float64) for r in rows)])  # fmt: skip
 
 
 def row_stats(rows: list[np.ndarray], confidence: float):
@@ -139,11 +148,15 @@ def text_step_fields(
   rep_stats = row_stats(replace, confidence)
   undefined = np.array([len(r) < 2 for r in replace])
   credit, credit_se, credit_bounded = difference(keep_stats, rep_stats)
+  # The noise level beside the honest stderr: the arms' sample variances add (independent).
+  keep_sample = np.append(sample_stderr(keep[:-1]), 0.0)  # the last: R itself, exact
+  credit_sample_se = np.sqrt(keep_sample**2 + sample_stderr(replace) ** 2)
   progress, progress_se, progress_bounded = difference(keep_stats, phi_stats)
   realized, realized_se, realized_bounded = outcome - rep_stats[0], rep_stats[1], rep_stats[2]
   credit = np.where(undefined, np.nan, credit)
   realized = np.where(undefined, np.nan, realized)
   credit_se = np.where(undefined, np.nan, credit_se)
+  credit_sample_se = np.where(undefined, np.nan, credit_sample_se)
   realized_se = np.where(undefined, np.nan, realized_se)
   phi_hard, phi_hard_se = _hard(keep, confidence)
   klass = np.asarray(classify(credit, credit_se, tolerance, z_value(confidence)))
@@ -162,6 +175,7 @@ def text_step_fields(
     "return_to_go": np.full(T, outcome, np.float32),
     "phi": f32(phi_stats[0]),
     "phi_stderr": f32(phi_stats[1]),
+    "credit_sample_stderr": f32(credit_sample_se),
     "klass": np.where(undefined, UNDETERMINED, klass).astype(np.int64),
     "undefined": undefined,
     "credit_bounded": credit_bounded & ~undefined,
