@@ -124,9 +124,10 @@ def step_fields(
   Every stderr is 0 only where the estimate is exact (w = 1, or a range of width 0).
   `credit_bounded`, `credit_realized_bounded`, `progress_bounded` [H] bool: that field's
   stderr is the tie bound of `credit.estimators`, not the sample stderr.
-  `credit_sample_stderr` [H]: the credit's plain sample stderr (the unbiased estimate of its
-  Monte Carlo noise, where the tie bound replaced it too): the label's noise level, which
-  the credit model's loss may take out (`model.loss`, `sample_noise`); 0 where exact.
+  `credit_sample_stderr` [H]: the credit's plain sample stderr (its square unbiased for the
+  label's Monte Carlo noise variance; also where the tie bound replaced it, and 0 where every
+  paired difference tied): the label's noise level, which the credit model's loss may take
+  out (`model.loss`, `sample_noise`).
   """
   H, K = G.shape[0], G.shape[1]
   chex.assert_shape(G, (H, K, None))

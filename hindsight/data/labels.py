@@ -38,7 +38,8 @@ VERSION = "1.0.0"
 
 # Extra per-step float fields written beside STEP_FIELDS (credit_sample_stderr: the credit's
 # plain sample stderr, its noise level, where credit_stderr may be the tie bound; absent from
-# datasets written before it, whose readers fall back to credit_stderr).
+# datasets written before it, whose batches fall back to credit_stderr and whose tie-bounded
+# steps the calibration leaves out).
 AUX_STEP_FIELDS = ("return_to_go", "phi", "phi_stderr", "credit_sample_stderr")
 
 

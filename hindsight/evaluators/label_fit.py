@@ -30,11 +30,13 @@ class SigmaScaleEvaluator:
   def run(self, state) -> tuple[float, int]:
     _, steps = predict_split(self.programs, state, *self.args)
     # The label noise the loss took out is the one calibration takes out: the sample stderr
-    # (a noisy noise level on every step: matched in the mean) or the stderr (a bound on tied
-    # steps, left out).
+    # (a noisy noise level on every step: matched in the mean; a label without one, whose
+    # noise fell back to its tie bound, left out) or the stderr (a bound on tied steps, left
+    # out).
     mu, sigma, label = steps["pred_mu"], np.sqrt(steps["pred_var"]), steps["label"]
     if self.programs.loss.sample_noise:
-      scale = moment_sigma_scale(mu, sigma, label, steps["noise"])
+      use = steps["sampled"] | ~steps["bounded"]
+      scale = moment_sigma_scale(mu[use], sigma[use], label[use], steps["noise"][use])
     else:
       scale = fit_sigma_scale(mu, sigma, label, steps["stderr"], bounded=steps["bounded"])
     return scale, int(steps["label"].size)

@@ -18,11 +18,12 @@ def predict_split(
   programs, state, plan, reader, spec, mesh, rows, with_steps: bool = True
 ) -> tuple[dict, dict]:
   """(losses, steps): weighted mean losses over the split and, with_steps, its per-step
-  columns (COLUMNS, tags, episode ids and `bounded`, the label's stderr is a tie bound; each
-  [N] over valid steps with a finite label)."""
+  columns (COLUMNS, tags, episode ids, `bounded`: the label's stderr is a tie bound, and
+  `sampled`: the label carries a sample stderr, the `noise` column; each [N] over valid steps
+  with a finite label)."""
   sums, counts = {}, {}
   cols = {k: [] for k in COLUMNS}
-  tags, episodes, bounded = [], [], []
+  tags, episodes, bounded, sampled = [], [], [], []
   for pad, ids in plan.epoch(0):
     batch = global_batch(make_batch(reader, ids[rows], pad, spec), mesh)
     out, labels, metrics = jax.device_get(programs.eval_step(state, batch))
@@ -61,6 +62,10 @@ def predict_split(
         n = min(len(ep), pad)
         ep_bounded[:n] = ep.credit_bounded[:n]
         bounded.append(ep_bounded[sel[row]])
+        ep_sampled = np.zeros(pad, bool)
+        if ep.credit_sample_stderr is not None:
+          ep_sampled[:n] = np.isfinite(ep.credit_sample_stderr[:n])
+        sampled.append(ep_sampled[sel[row]])
   losses = {k: sums[k] / max(counts[k], 1.0) for k in sums}
   if not with_steps:
     return losses, {}
@@ -68,6 +73,7 @@ def predict_split(
   steps["tags"] = np.concatenate(tags) if tags else np.zeros(0, str)
   steps["episode"] = np.concatenate(episodes) if episodes else np.zeros(0, np.int64)
   steps["bounded"] = np.concatenate(bounded) if bounded else np.zeros(0, bool)
+  steps["sampled"] = np.concatenate(sampled) if sampled else np.zeros(0, bool)
   return losses, steps
 
 

@@ -185,8 +185,9 @@ def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_para
   leaves [E, H + 1, ...], as JAX arrays: traceable, so an RL update scores its own rollouts
   with `Predictor.credit_fn` inside its jit. Every field [E, H] unless noted: observations
   [E, H, D] (or [E, H] ids), actions, rewards, mask, success [E] (float); with `labels` (the
-  labeler's output for these trajectories) also credit, credit_stderr, progress, klass,
-  label_mask (valid steps with a finite credit) and class_mask, so it trains a model too."""
+  labeler's output for these trajectories) also credit, credit_stderr, credit_noise,
+  progress, klass, label_mask (valid steps with a finite credit) and class_mask, so it trains
+  a model too."""
   params = env.default_params() if env_params is None else env_params
   states = jax.tree.map(lambda x: x[:, : env.horizon], traj.states)
   obs = jax.vmap(jax.vmap(env.observation, (0, None)), (0, None))(states, params)
@@ -201,6 +202,10 @@ def trajectory_batch(env, traj: Trajectory, labels: dict | None = None, env_para
     finite = jnp.isfinite(labels["credit"]) & jnp.isfinite(labels["credit_stderr"])
     batch["credit"] = jnp.where(finite, labels["credit"], 0.0)
     batch["credit_stderr"] = jnp.where(finite, labels["credit_stderr"], 0.0)
+    # The label's noise level (`model.batching`'s credit_noise): its sample stderr if carried.
+    sample = labels.get("credit_sample_stderr", labels["credit_stderr"])
+    noise = jnp.where(jnp.isfinite(sample), sample, labels["credit_stderr"])
+    batch["credit_noise"] = jnp.where(finite, noise, 0.0)
     batch["progress"] = jnp.where(jnp.isfinite(labels["progress"]), labels["progress"], 0.0)
     batch["klass"] = labels["klass"]
     batch["label_mask"] = finite & traj.mask

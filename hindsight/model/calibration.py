@@ -23,15 +23,18 @@ and whose stderr is a sample stderr: a nearly tied label carries the conservativ
 as its e_t, no noise level (such an interval covers its label whatever tau is).
 
 Under the loss's `sample_noise` (text and agent labels: every one tie-bounded at small K) e_t
-is each label's plain sample stderr, unbiased for its noise variance but itself noisy (a
-K = 8 variance has the spread of a chi-square with 7 degrees of freedom). Both estimators
+is each label's plain sample stderr, whose square is unbiased for the label's noise variance
+but itself noisy (for Gaussian outcomes at K = 8 a chi-square with 7 degrees of freedom; 0/1
+outcomes spread more, and are often exactly 0). Both estimators
 above read e_t step by step and are pulled up by that noise (a synthetic check: tau_ml 1.78
 where the truth is 1), so the scale is matched in the mean instead, where the noise of e_t^2
 averages out:
 
   tau_mm^2 = (mean_t (y_t - mu_t)^2 - mean_t e_t^2) / mean_t s_t^2          (`moment_sigma_scale`)
 
-over the same steps, none left out for a tie (each e_t is a noise level). Written into
+over the same steps, none left out for a tie (each e_t is a noise level), but the steps of
+labels written before `credit_sample_stderr` existed whose stderr is a tie bound (their
+batches fall back to it; counted as noise it would drive tau to its floor). Written into
 the directory of the checkpoint step it was fitted for (`calibration.json`, covered by the
 step's manifest), so a copied step keeps it; `Predictor.load` applies it (sigma, std) and
 reports it.
@@ -50,7 +53,9 @@ from hindsight.errors import HindsightError
 CALIBRATION_FILE = "calibration.json"
 MIN_STEPS = 20  # fewer validation steps than this: no fit (tau = 1)
 LEVEL = 0.95  # the central interval whose coverage tau matches
-TAU_RANGE = (0.01, 1000.0)
+TAU_RANGE = (0.1, 10.0)
+# The moment scale's range: a model trained on noisy labels may state a spread 10x too small.
+MOMENT_TAU_RANGE = (0.01, 1000.0)
 
 
 def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL, bounded=None) -> float:
@@ -88,14 +93,14 @@ def fit_sigma_scale(mu, sigma, y, stderr, level: float = LEVEL, bounded=None) ->
 
 def moment_sigma_scale(mu, sigma, y, noise) -> float:
   """tau_mm of the module docstring from validation columns [N] whose `noise` is each label's
-  sample stderr (an unbiased, noisy variance estimate); 1 with too few steps, TAU_RANGE's
-  low end where the labels' noise explains every residual."""
+  sample stderr (its square an unbiased, noisy estimate of the label's noise variance); 1 with
+  too few steps, MOMENT_TAU_RANGE's low end where the labels' noise explains every residual."""
   mu, sigma, y, noise = (np.asarray(a, np.float64) for a in (mu, sigma, y, noise))
   use = np.isfinite(y) & np.isfinite(noise) & (y != 0)
   if use.sum() < MIN_STEPS:
     return 1.0
   excess = np.mean(np.square(y[use] - mu[use])) - np.mean(np.square(noise[use]))
-  lo, hi = TAU_RANGE
+  lo, hi = MOMENT_TAU_RANGE
   if excess <= 0:
     return lo
   return float(np.clip(np.sqrt(excess / np.mean(np.square(sigma[use]))), lo, hi))

@@ -65,8 +65,9 @@ _hard_rows = jax.jit(hard_estimate)
 
 
 def sample_stderr(rows: list[np.ndarray]) -> np.ndarray:
-  """The plain sample stderr std(x, ddof=1) / sqrt(K) [R] of each row (inf under 2 samples):
-  an unbiased estimate of the row mean's variance, also where `row_stats` bounds it."""
+  """The plain sample stderr std(x, ddof=1) / sqrt(K) [R] of each row (inf under 2 samples,
+  as `row_stats`): its square is unbiased for the row mean's variance; given also where
+  `row_stats` bounds the stderr."""
   return np.array([np.std(r, ddof=1) / np.sqrt(len(r)) if len(r) >= 2 else np.inf
                    for r in (np.asarray(r, np.float64) for r in rows)])  # fmt: skip
 
