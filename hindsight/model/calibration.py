@@ -25,10 +25,9 @@ as its e_t, no noise level (such an interval covers its label whatever tau is).
 Under the loss's `sample_noise` (text and agent labels: every one tie-bounded at small K) e_t
 is each label's plain sample stderr, whose square is unbiased for the label's noise variance
 but itself noisy (for Gaussian outcomes at K = 8 a chi-square with 7 degrees of freedom; 0/1
-outcomes spread more, and are often exactly 0). Both estimators
-above read e_t step by step and are pulled up by that noise (a synthetic check: tau_ml 1.78
-where the truth is 1), so the scale is matched in the mean instead, where the noise of e_t^2
-averages out:
+outcomes spread more, and are often exactly 0). Both estimators above read e_t step by step
+and are pulled up by that noise (a synthetic check: tau_ml 1.78 where the truth is 1), so
+the scale is matched in the mean instead, where the noise of e_t^2 averages out:
 
   tau_mm^2 = (mean_t (y_t - mu_t)^2 - mean_t e_t^2) / mean_t s_t^2          (`moment_sigma_scale`)
 
