@@ -34,8 +34,9 @@ test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --max-worker-restart=0 --durations=15 tests
 
-# The suite without its slow tier (end-to-end trainings and multi-process runs): a quick check
-# while working. CI runs `make test`, everything.
+# The suite without its slow tier (end-to-end trainings, multi-process runs, and the modules of
+# tests/conftest.py's SLOW_MODULES: the language model, servers, RL): the library's core, a
+# quick check while working. CI runs `make test`, everything.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

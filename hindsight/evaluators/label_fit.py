@@ -19,6 +19,12 @@ from hindsight.metrics.credit_fit import correlation, per_tag, prediction_metric
 from hindsight.model.calibration import fit_sigma_scale, moment_sigma_scale
 
 
+def loss_noise(programs, steps: dict) -> np.ndarray:
+  """Each step's label noise as the loss took it out (`loss.sample_noise`): its sample stderr
+  (the `noise` column) or its stderr."""
+  return steps["noise"] if programs.loss.sample_noise else steps["stderr"]
+
+
 class SigmaScaleEvaluator:
   """run(state) -> (sigma scale, steps it was fitted on): `model.calibration` on one split
   (the validation split: the test split stays untouched for the report)."""
@@ -34,11 +40,12 @@ class SigmaScaleEvaluator:
     # noise fell back to its tie bound, left out) or the stderr (a bound on tied steps, left
     # out).
     mu, sigma, label = steps["pred_mu"], np.sqrt(steps["pred_var"]), steps["label"]
+    noise = loss_noise(self.programs, steps)
     if self.programs.loss.sample_noise:
       use = steps["sampled"] | ~steps["bounded"]
-      scale = moment_sigma_scale(mu[use], sigma[use], label[use], steps["noise"][use])
+      scale = moment_sigma_scale(mu[use], sigma[use], label[use], noise[use])
     else:
-      scale = fit_sigma_scale(mu, sigma, label, steps["stderr"], bounded=steps["bounded"])
+      scale = fit_sigma_scale(mu, sigma, label, noise, bounded=steps["bounded"])
     return scale, int(steps["label"].size)
 
 
@@ -54,14 +61,12 @@ class LabelFitEvaluator:
     applied as the Predictor applies it."""
     losses, steps = predict_split(self.programs, state, *self.args)
     steps["pred_var"] = steps["pred_var"] * sigma_scale**2
-    # The labels' noise as the loss took it (the reliability and z-scores are about noise).
-    noise = steps["noise"] if self.programs.loss.sample_noise else steps["stderr"]
     out = prediction_metrics(
       steps["pred"],
       steps["pred_mu"],
       steps["pred_var"],
       steps["label"],
-      noise,
+      loss_noise(self.programs, steps),  # the reliability and z-scores are about noise
       steps["progress"],
     )
     out["test_loss"] = losses
